@@ -1,0 +1,112 @@
+"""Token ids -> text, incrementally; stop strings; RequestOutputs.
+
+Decoding a growing token list one token at a time must not split a multi-byte character, and
+must keep the spaces that tokenizers drop at the start of a decode. Each step decodes a short
+window (a few earlier tokens for context + the new ones) and keeps only the new text, waiting while
+the window ends in an incomplete character (U+FFFD).
+"""
+from __future__ import annotations
+
+from fasterllm.engine.request import Request
+from fasterllm.loader.tokenizer import TokenizerWrapper
+from fasterllm.outputs import CompletionOutput, Logprob, RequestOutput
+
+_CONTEXT_TOKENS = 6
+_INCOMPLETE = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: TokenizerWrapper, prompt_token_ids: list[int], skip_special_tokens: bool,
+                 stop_strings: list[str], include_stop_str_in_output: bool):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.stop_strings = stop_strings
+        self.include_stop = include_stop_str_in_output
+        self.hold_back = max((len(s) for s in stop_strings), default=1) - 1
+        # the tail of the prompt gives the first output tokens their left context
+        self.tokens = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.tokens)
+        self.text = ""
+
+    def add_tokens(self, token_ids: list[int]) -> str | None:
+        """Append tokens; return the stop string that now ends the text, if any (the text is cut there)."""
+        searched_from = len(self.text)
+        for token_id in token_ids:
+            self.tokens.append(token_id)
+            self._decode_step()
+        if not self.stop_strings:
+            return None
+        return self._find_stop(max(0, searched_from - self.hold_back))
+
+    def _decode_step(self) -> None:
+        window = self.tokens[self.prefix_offset:]
+        before = self.tokenizer.decode(self.tokens[self.prefix_offset:self.read_offset], self.skip_special_tokens)
+        after = self.tokenizer.decode(window, self.skip_special_tokens)
+        if len(after) > len(before) and not after.endswith(_INCOMPLETE):
+            self.text += after[len(before):]
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.tokens)
+
+    def _find_stop(self, search_start: int) -> str | None:
+        best: tuple[int, str] | None = None
+        for stop in self.stop_strings:
+            index = self.text.find(stop, search_start)
+            if index != -1 and (best is None or index < best[0]):
+                best = (index, stop)
+        if best is None:
+            return None
+        index, stop = best
+        self.text = self.text[:index + len(stop) if self.include_stop else index]
+        return stop
+
+    def visible_text(self, finished: bool) -> str:
+        """Text safe to show: while running, a tail that might start a stop string is held back."""
+        if finished or not self.hold_back:
+            return self.text
+        return self.text[:max(0, len(self.text) - self.hold_back)]
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: TokenizerWrapper):
+        self.tokenizer = tokenizer
+        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
+
+    def add_request(self, request: Request) -> None:
+        params = request.sampling_params
+        self.detokenizers[request.request_id] = IncrementalDetokenizer(
+            self.tokenizer, request.prompt_token_ids, params.skip_special_tokens, params.stop_strings,
+            params.include_stop_str_in_output)
+
+    def new_tokens(self, request: Request, token_ids: list[int]) -> str | None:
+        """Detokenize a request's new tokens; returns a stop string if one was found."""
+        detok = self.detokenizers[request.request_id]
+        if request.finish_reason == "stop" and request.stop_reason is None and token_ids:
+            token_ids = token_ids[:-1] if token_ids[-1] in request.eos_token_ids else token_ids
+        return detok.add_tokens(token_ids)
+
+    def make_output(self, request: Request) -> RequestOutput:
+        detok = self.detokenizers[request.request_id]
+        finished = request.finished
+        completion = CompletionOutput(
+            index=0, text=detok.visible_text(finished), token_ids=list(request.output_token_ids),
+            cumulative_logprob=request.cumulative_logprob if request.logprobs is not None else None,
+            logprobs=request.logprobs, finish_reason=request.finish_reason, stop_reason=request.stop_reason)
+        if finished:
+            del self.detokenizers[request.request_id]
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, [completion],
+                             finished, request.metrics)
+
+    def remove(self, request_id: str) -> None:
+        self.detokenizers.pop(request_id, None)
+
+    def decode_logprobs(self, ids: list[int], values: list[float], rank_of_sampled: int,
+                        num_wanted: int) -> dict[int, Logprob]:
+        """One position's logprobs: the sampled token (first) and the top num_wanted alternatives."""
+        def text(token_id: int) -> str:
+            return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+        entry = {ids[0]: Logprob(values[0], rank_of_sampled, text(ids[0]))}
+        for rank, (token_id, value) in enumerate(zip(ids[1:1 + num_wanted], values[1:1 + num_wanted]), start=1):
+            entry.setdefault(token_id, Logprob(value, rank, text(token_id)))
+        return entry

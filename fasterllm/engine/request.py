@@ -1,0 +1,71 @@
+"""A request's state: its tokens, how many of them have KV in the cache, and where it is in its life."""
+from __future__ import annotations
+
+import enum
+import time
+
+import torch
+
+from fasterllm.outputs import RequestMetrics, SampleLogprobs
+from fasterllm.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Request:
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                 sampling_params: SamplingParams, eos_token_ids: list[int], max_model_len: int,
+                 arrival_time: float | None = None, generator: torch.Generator | None = None):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_token_ids
+        self.sampling_params = sampling_params
+        self.eos_token_ids = () if sampling_params.ignore_eos else tuple(eos_token_ids)
+        self.stop_token_ids = tuple(sampling_params.stop_token_ids or ())
+        # never past the context: generation ends with "length" there
+        room = max_model_len - len(prompt_token_ids)
+        self.max_tokens = room if sampling_params.max_tokens is None else min(sampling_params.max_tokens, room)
+        self.output_token_ids: list[int] = []
+        self.all_token_ids = list(prompt_token_ids)
+        self.num_computed_tokens = 0  # tokens whose KV is in the cache
+        self.status = RequestStatus.WAITING
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.generator = generator
+        self.logprobs: SampleLogprobs | None = [] if sampling_params.logprobs is not None else None
+        self.cumulative_logprob = 0.0
+        self.num_preemptions = 0
+        self.metrics = RequestMetrics(arrival_time=time.time() if arrival_time is None else arrival_time)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def check_token_stop(self) -> bool:
+        """Stop on eos, a stop token id, or the token limit; stop strings are found by the detokenizer."""
+        last = self.output_token_ids[-1]
+        if last in self.eos_token_ids:
+            self.finish("stop")
+        elif last in self.stop_token_ids:
+            self.finish("stop", last)
+        elif len(self.output_token_ids) >= self.max_tokens:
+            self.finish("length")
+        return self.finished
+
+    def finish(self, reason: str, stop_reason: int | str | None = None) -> None:
+        self.status = RequestStatus.FINISHED
+        self.finish_reason = reason
+        self.stop_reason = stop_reason
+        self.metrics.finished_time = time.time()

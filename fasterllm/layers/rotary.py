@@ -1,0 +1,57 @@
+"""Rotary position embedding (rotate-half form) with the llama3 and linear frequency scalings."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None,
+                  freq_factors: torch.Tensor | None = None) -> torch.Tensor:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    if freq_factors is not None:
+        inv_freq = inv_freq / freq_factors.to(torch.float64)
+    if scaling is None:
+        return inv_freq.float()
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        return (inv_freq / scaling["factor"]).float()
+    if kind == "llama3":
+        return _llama3_inv_freq(inv_freq, scaling).float()
+    raise ValueError(f"rope scaling type {kind!r} is not supported; supported: llama3, linear (or none)")
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a linear blend in between."""
+    factor = scaling["factor"]
+    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    original_context = scaling.get("original_max_position_embeddings", 8192)
+    wavelength = 2 * math.pi / inv_freq
+    blend = (original_context / wavelength - low) / (high - low)
+    blended = (1 - blend) * inv_freq / factor + blend * inv_freq
+    result = torch.where(wavelength > original_context / low, inv_freq / factor, inv_freq)
+    in_between = (wavelength <= original_context / low) & (wavelength >= original_context / high)
+    return torch.where(in_between, blended, result)
+
+
+class RotaryEmbedding:
+    """cos/sin tables for every position up to max_positions, applied to Q and K in one call."""
+
+    def __init__(self, head_dim: int, max_positions: int, inv_freq: torch.Tensor,
+                 device: torch.device, dtype: torch.dtype):
+        self.head_dim = head_dim
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        # cos and sin side by side for a single gather per step
+        self.cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1).to(device=device, dtype=dtype)
+
+    def cos_sin_for(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token tables, gathered once per step and shared by every layer: [T, 1, D/2] each."""
+        cos, sin = self.cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
+        return cos, sin
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, D] -> rotated copy (rotate-half form, as Hugging Face's LLaMA)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)

@@ -1,0 +1,129 @@
+"""LLM: the offline API, shaped like vLLM's (change the import, keep the code)."""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any, Union
+
+from fasterllm.config import EngineArgs
+from fasterllm.engine.engine import Engine
+from fasterllm.loader.tokenizer import TokenizerWrapper
+from fasterllm.outputs import RequestOutput
+from fasterllm.sampling_params import SamplingParams
+
+# a text, a list of token ids, or vLLM's {"prompt": ...} / {"prompt_token_ids": [...]}
+PromptType = Union[str, list[int], dict[str, Any]]
+Message = dict[str, Any]
+
+
+class LLM:
+    """Offline generation over a paged KV cache with continuous batching.
+
+    LLM() runs the embedded SmolLM2-135M-Instruct; model= takes a Hugging Face directory, a .gguf
+    file or a hub id already in the local cache. Other keyword arguments are EngineArgs fields
+    (dtype, device, max_model_len, block_size, gpu_memory_utilization, cpu_kv_cache_gib,
+    max_num_seqs, max_num_batched_tokens, seed, ...).
+    """
+
+    def __init__(self, model: str | None = None, **kwargs: Any):
+        self.engine = Engine(EngineArgs(model=model, **kwargs))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> TokenizerWrapper:
+        return self.engine.tokenizer
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in input order."""
+        prompt_list = _as_prompt_list(prompts)
+        params = _params_per_prompt(sampling_params, len(prompt_list))
+        return self._run(prompt_list, params, use_tqdm)
+
+    def chat(self, messages: list[Message] | list[list[Message]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
+             add_generation_prompt: bool = True, chat_template: str | None = None,
+             **template_kwargs: Any) -> list[RequestOutput]:
+        """Apply the model's chat template to each conversation and generate its reply."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        if not conversations:
+            raise ValueError("chat() got no conversation; pass a list of {'role', 'content'} messages")
+        tokenizer = self.engine.tokenizer
+        prompts = [{"prompt_token_ids": tokenizer.encode(
+            tokenizer.apply_chat_template(conv, add_generation_prompt, chat_template, **template_kwargs),
+            add_special_tokens=False)} for conv in conversations]
+        return self._run(prompts, _params_per_prompt(sampling_params, len(prompts)), use_tqdm)
+
+    def _run(self, prompts: list[PromptType], params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
+        request_ids = []
+        try:  # all prompts are checked before any runs: one bad prompt names itself and runs nothing
+            for index, (prompt, p) in enumerate(zip(prompts, params)):
+                request_id = str(next(self._ids))
+                try:
+                    self.engine.add_request(request_id, _prompt_value(prompt), p)
+                except ValueError as exc:
+                    raise ValueError(f"prompt {index}: {exc}") from exc
+                request_ids.append(request_id)
+        except BaseException:
+            for request_id in request_ids:
+                self.engine.abort_request(request_id)
+            raise
+        finished: dict[str, RequestOutput] = {}
+        bar = _progress_bar(len(prompts), use_tqdm)
+        try:
+            while len(finished) < len(request_ids):
+                for output in self.engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        if bar is not None:
+                            bar.update(1)
+        except BaseException:
+            for request_id in request_ids:
+                self.engine.abort_request(request_id)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [finished[request_id] for request_id in request_ids]
+
+
+def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]  # one prompt given as token ids
+    if not prompts:
+        raise ValueError("generate() got no prompts; pass a string, a list of strings or token-id lists")
+    return prompts
+
+
+def _prompt_value(prompt: PromptType) -> str | list[int]:
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            return list(prompt["prompt_token_ids"])
+        if "prompt" in prompt:
+            return prompt["prompt"]
+        raise ValueError(f"prompt dict {prompt!r} needs a 'prompt' or 'prompt_token_ids' key")
+    if isinstance(prompt, (str, list)):
+        return prompt
+    raise ValueError(f"prompt of type {type(prompt).__name__} is not supported; pass a string or a list of token ids")
+
+
+def _params_per_prompt(params: SamplingParams | Sequence[SamplingParams] | None, count: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams() for _ in range(count)]
+    if isinstance(params, SamplingParams):
+        return [params] * count
+    params = list(params)
+    if len(params) != count:
+        raise ValueError(f"got {len(params)} SamplingParams for {count} prompts; pass one, or one per prompt")
+    return params
+
+
+def _progress_bar(total: int, enabled: bool):
+    if not enabled or total < 2:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)

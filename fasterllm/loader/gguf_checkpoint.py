@@ -1,0 +1,140 @@
+"""GGUF files: metadata -> ModelConfig, tensors -> Hugging Face names, dequantized to float."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fasterllm.config import ModelConfig
+
+# GGUF architecture -> (our model class name, whether llama.cpp permuted Q/K rows for interleaved RoPE)
+_ARCHITECTURES = {
+    "llama": ("LlamaForCausalLM", True),
+    "mistral": ("MistralForCausalLM", True),
+    "qwen2": ("Qwen2ForCausalLM", False),
+}
+
+_TENSOR_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_TENSOR_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+class GGUFFile:
+    """An opened GGUF file; tensors are memory-mapped until dequantized."""
+
+    def __init__(self, path: Path):
+        import gguf
+
+        self.path = path
+        try:
+            self.reader = gguf.GGUFReader(str(path))
+        except Exception as exc:  # the reader raises many kinds of errors on bad bytes
+            raise ValueError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc}); "
+                             "the file is corrupt or truncated: download it again") from exc
+        self.metadata: dict[str, Any] = {}
+        for key, value in self.reader.fields.items():
+            if key.startswith("GGUF."):
+                continue
+            self.metadata[key] = value.contents()
+        self.arch = self.metadata.get("general.architecture")
+        if self.arch not in _ARCHITECTURES:
+            raise ValueError(f"GGUF architecture {self.arch!r} in {path.name} is not supported; "
+                             f"supported: {', '.join(sorted(_ARCHITECTURES))}")
+
+    def model_config(self) -> ModelConfig:
+        meta, arch = self.metadata, self.arch
+        names = {t.name for t in self.reader.tensors}
+        num_heads = meta[f"{arch}.attention.head_count"]
+        hidden = meta[f"{arch}.embedding_length"]
+        head_dim = meta.get(f"{arch}.attention.key_length", hidden // num_heads)
+        vocab = meta.get(f"{arch}.vocab_size", len(meta.get("tokenizer.ggml.tokens", [])))
+        eos = meta.get("tokenizer.ggml.eos_token_id")
+        rope_freqs = None
+        if "rope_freqs.weight" in names:
+            rope_freqs = torch.from_numpy(self._dequantize(self._tensor("rope_freqs.weight")).copy()).reshape(-1)
+        scaling = None
+        if meta.get(f"{arch}.rope.scaling.type") == "linear":
+            scaling = {"rope_type": "linear", "factor": meta[f"{arch}.rope.scaling.factor"]}
+        return ModelConfig(
+            architecture=_ARCHITECTURES[arch][0],
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=meta[f"{arch}.feed_forward_length"],
+            num_hidden_layers=meta[f"{arch}.block_count"],
+            num_attention_heads=num_heads,
+            num_key_value_heads=meta.get(f"{arch}.attention.head_count_kv", num_heads),
+            head_dim=head_dim,
+            rms_norm_eps=meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
+            rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+            rope_scaling=scaling,
+            max_position_embeddings=meta.get(f"{arch}.context_length", 2048),
+            tie_word_embeddings="output.weight" not in names,
+            attention_bias="blk.0.attn_q.bias" in names,
+            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+            eos_token_ids=[] if eos is None else [eos],
+            rope_freq_factors=rope_freqs,
+        )
+
+    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(Hugging Face name, float32 tensor) for every weight, with llama.cpp's Q/K permutation undone."""
+        cfg_heads = self.metadata[f"{self.arch}.attention.head_count"]
+        kv_heads = self.metadata.get(f"{self.arch}.attention.head_count_kv", cfg_heads)
+        permuted = _ARCHITECTURES[self.arch][1]
+        for tensor in self.reader.tensors:
+            if tensor.name == "rope_freqs.weight":
+                continue  # folded into the rotary embedding by model_config()
+            name = _hf_name(tensor.name)
+            weight = torch.from_numpy(self._dequantize(tensor).copy())
+            if permuted and ".self_attn.q_proj." in name:
+                weight = _unpermute_rows(weight, cfg_heads)
+            elif permuted and ".self_attn.k_proj." in name:
+                weight = _unpermute_rows(weight, kv_heads)
+            yield name, weight
+
+    def _tensor(self, name: str):
+        return next(t for t in self.reader.tensors if t.name == name)
+
+    def _dequantize(self, tensor) -> np.ndarray:
+        from gguf import quants
+
+        try:
+            values = quants.dequantize(tensor.data, tensor.tensor_type)
+        except NotImplementedError as exc:
+            raise ValueError(f"GGUF tensor {tensor.name!r} in {self.path.name} has type {tensor.tensor_type.name}, "
+                             "which this gguf package cannot dequantize; convert the file to F16, Q8_0, Q4_0 or "
+                             "Q4_1 (llama.cpp's llama-quantize)") from exc
+        # GGUF lists dimensions innermost first; torch wants them outermost first
+        return values.reshape(tuple(int(d) for d in reversed(tensor.shape))).astype(np.float32, copy=False)
+
+
+def _hf_name(gguf_name: str) -> str:
+    if gguf_name in _TENSOR_NAMES:
+        return _TENSOR_NAMES[gguf_name]
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_TENSOR_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_TENSOR_NAMES[parts[2]]}.{parts[3]}"
+    raise ValueError(f"GGUF tensor {gguf_name!r} is not part of a supported LLaMA-family model")
+
+
+def _unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's convert-time row order (pairs interleaved per head) back to Hugging Face's halves."""
+    rows = weight.shape[0]
+    head_dim = rows // num_heads
+    return (weight.reshape(num_heads, head_dim // 2, 2, *weight.shape[1:])
+            .transpose(1, 2).reshape(weight.shape))

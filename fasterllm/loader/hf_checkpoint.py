@@ -1,0 +1,80 @@
+"""Hugging Face model directories: config.json and safetensors (one file or sharded with an index)."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import safe_open
+
+from fasterllm.config import ModelConfig
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); the model directory is corrupt") from exc
+
+
+def load_hf_config(model_dir: Path) -> ModelConfig:
+    raw = read_json(model_dir / "config.json")
+    architectures = raw.get("architectures") or []
+    if not architectures:
+        raise ValueError(f"{model_dir / 'config.json'} names no 'architectures'; cannot tell which model to build")
+    # transformers 5 keeps rope settings in rope_parameters; older configs use rope_theta + rope_scaling
+    rope = dict(raw.get("rope_parameters") or {})
+    rope_theta = rope.pop("rope_theta", raw.get("rope_theta", 10000.0))
+    scaling = raw.get("rope_scaling") or rope or None
+    if scaling is not None and scaling.get("rope_type", scaling.get("type", "default")) == "default":
+        scaling = None
+    eos = raw.get("eos_token_id")
+    generation_config = model_dir / "generation_config.json"
+    if generation_config.is_file():  # chat models often list extra stop ids here
+        eos = read_json(generation_config).get("eos_token_id", eos)
+    num_heads = raw["num_attention_heads"]
+    return ModelConfig(
+        architecture=architectures[0],
+        vocab_size=raw["vocab_size"],
+        hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"],
+        num_hidden_layers=raw["num_hidden_layers"],
+        num_attention_heads=num_heads,
+        num_key_value_heads=raw.get("num_key_value_heads") or num_heads,
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=float(rope_theta),
+        rope_scaling=scaling,
+        max_position_embeddings=raw.get("max_position_embeddings", 2048),
+        tie_word_embeddings=raw.get("tie_word_embeddings", False),
+        # Qwen2 always has q/k/v biases; LLaMA-style configs say so with attention_bias
+        attention_bias=raw.get("attention_bias", architectures[0].startswith("Qwen2")),
+        mlp_bias=raw.get("mlp_bias", False),
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+    )
+
+
+def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor of the checkpoint, shard by shard."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(read_json(index)["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir} has no *.safetensors weights (only safetensors checkpoints are loaded)")
+    for name in files:
+        path = model_dir / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{index} lists shard {name!r} but {path} does not exist")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():
+                    yield key, f.get_tensor(key)
+        except SafetensorError as exc:
+            raise ValueError(f"{path} is not a readable safetensors file ({exc}); the checkpoint is corrupt") from exc

@@ -1,0 +1,141 @@
+"""Tokenizers from a Hugging Face directory or from GGUF metadata, and chat templates rendered with jinja2."""
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, processors
+from tokenizers.models import BPE
+
+from fasterllm.loader.hf_checkpoint import read_json
+
+_GGUF_CONTROL_TOKEN = 3
+
+# Pre-tokenizer splits for GGUF `tokenizer.ggml.pre` values whose merges were learned on a split
+# other than GPT-2's; the rest get GPT-2's byte-level split, as transformers' GGUF loader does.
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GGUF_SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT,
+                "smaug-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT}
+
+
+class TokenizerWrapper:
+    """Encode, decode and render chat prompts; the one tokenizer API the engine uses."""
+
+    def __init__(self, tokenizer: Tokenizer, *, bos_token: str | None, eos_token: str | None,
+                 chat_template: str | None, extra_eos_ids: list[int] | None = None):
+        self.tokenizer = tokenizer
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.chat_template = chat_template
+        self.bos_token_id = tokenizer.token_to_id(bos_token) if bos_token else None
+        self.eos_token_id = tokenizer.token_to_id(eos_token) if eos_token else None
+        eos_ids = {self.eos_token_id} | set(extra_eos_ids or [])
+        self.eos_token_ids = sorted(i for i in eos_ids if i is not None)
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.special_ids = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.tokenizer.id_to_token(token_id)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            chat_template: str | None = None, **kwargs: Any) -> str:
+        template = chat_template or self.chat_template
+        if template is None:
+            raise ValueError("This model has no chat template (none in tokenizer_config.json or the GGUF metadata); "
+                             "pass chat_template=... or use generate() with a plain prompt")
+        _check_messages(messages)
+        return _compile_template(template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
+
+
+def _check_messages(messages: list[dict[str, Any]]) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or "role" not in message or "content" not in message:
+            raise ValueError(f"messages[{i}]={message!r} must be a dict with 'role' and 'content'")
+
+
+_TEMPLATE_CACHE: dict[str, Any] = {}
+
+
+def _compile_template(source: str):
+    if source not in _TEMPLATE_CACHE:
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        _TEMPLATE_CACHE[source] = env.from_string(source)
+    return _TEMPLATE_CACHE[source]
+
+
+def _token_content(value: Any) -> str | None:
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def load_hf_tokenizer(model_dir: Path, extra_eos_ids: list[int]) -> TokenizerWrapper:
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{model_dir} has no tokenizer.json; fasterllm needs a fast tokenizer file "
+                                "(save one with transformers' AutoTokenizer(...).save_pretrained)")
+    tokenizer = Tokenizer.from_file(str(path))
+    config_path = model_dir / "tokenizer_config.json"
+    config = read_json(config_path) if config_path.is_file() else {}
+    template = config.get("chat_template")
+    template_file = model_dir / "chat_template.jinja"
+    if template is None and template_file.is_file():
+        template = template_file.read_text(encoding="utf-8")
+    if isinstance(template, list):  # named templates: use the default one
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    return TokenizerWrapper(tokenizer, bos_token=_token_content(config.get("bos_token")),
+                            eos_token=_token_content(config.get("eos_token")),
+                            chat_template=template, extra_eos_ids=extra_eos_ids)
+
+
+def load_gguf_tokenizer(metadata: dict[str, Any], extra_eos_ids: list[int]) -> TokenizerWrapper:
+    kind = metadata.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(f"GGUF tokenizer type {kind!r} is not supported yet (only byte-level BPE, 'gpt2'); "
+                         "use the model's Hugging Face directory with tokenizer.json instead")
+    tokens: list[str] = metadata["tokenizer.ggml.tokens"]
+    merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges", [])]
+    tokenizer = Tokenizer(BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+                              fuse_unk=False, continuing_subword_prefix="", end_of_word_suffix=""))
+    split = _GGUF_SPLITS.get(metadata.get("tokenizer.ggml.pre"))
+    if split is None:
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    types = metadata.get("tokenizer.ggml.token_type") or []
+    tokenizer.add_special_tokens([AddedToken(t, normalized=False, special=True)
+                                  for t, kind in zip(tokens, types) if kind == _GGUF_CONTROL_TOKEN])
+
+    def token(key: str) -> str | None:
+        index = metadata.get(f"tokenizer.ggml.{key}")
+        return tokens[index] if index is not None else None
+
+    bos = token("bos_token_id")
+    if metadata.get("tokenizer.ggml.add_bos_token") and bos is not None:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 $B:1", special_tokens=[(bos, metadata["tokenizer.ggml.bos_token_id"])])
+    return TokenizerWrapper(tokenizer, bos_token=bos, eos_token=token("eos_token_id"),
+                            chat_template=metadata.get("tokenizer.chat_template"), extra_eos_ids=extra_eos_ids)

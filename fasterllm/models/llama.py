@@ -1,0 +1,127 @@
+"""The LLaMA family (Llama 2/3/3.1, Mistral, Qwen2, SmolLM2): one implementation over a flat token batch.
+
+Q/K/V are fused into one projection and gate/up into another at load time; the batch is the
+concatenation of every scheduled sequence's new tokens (no padding, no prefill/decode split).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fasterllm.config import ModelConfig
+from fasterllm.layers.attention import AttentionMetadata, paged_attention, store_kv
+from fasterllm.layers.norm import RMSNorm
+from fasterllm.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.scale = self.head_dim ** -0.5
+
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                kv_cache: torch.Tensor, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, residual = self.input_layernorm(hidden, residual)
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden).view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        # Q and K rotated together in one call
+        qk = apply_rotary(qkv[:, :self.num_heads + self.num_kv_heads], *cos_sin)
+        query, key = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        value = qkv[:, self.num_heads + self.num_kv_heads:]
+        store_kv(kv_cache, key, value, meta)
+        hidden = self.o_proj(paged_attention(query, key, value, kv_cache, meta, self.scale))
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        gate, up = self.gate_up_proj(hidden).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_positions: int, device: torch.device, dtype: torch.dtype):
+        super().__init__()
+        self.config = cfg
+        with torch.device("meta"):  # allocate once, below, without a random init
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+            self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.to(dtype).to_empty(device=device).requires_grad_(False)
+        inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.rope_freq_factors)
+        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, inv_freq, device, dtype)
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,
+                meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
+        """Flat batch of new tokens -> fp32 logits of the rows in logits_indices only."""
+        hidden = self.embed_tokens(input_ids)
+        cos_sin = self.rotary.cos_sin_for(positions)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden, residual = layer(hidden, residual, cos_sin, kv_cache, meta)
+        hidden, _ = self.norm(hidden[logits_indices], residual[logits_indices])
+        return F.linear(hidden, self.output_weight).float()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (Hugging Face names) in, fusing q/k/v and gate/up as they arrive."""
+        cfg = self.config
+        q_size, kv_size = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        fused = {"q_proj": ("qkv_proj", 0, q_size), "k_proj": ("qkv_proj", q_size, kv_size),
+                 "v_proj": ("qkv_proj", q_size + kv_size, kv_size),
+                 "gate_proj": ("gate_up_proj", 0, cfg.intermediate_size),
+                 "up_proj": ("gate_up_proj", cfg.intermediate_size, cfg.intermediate_size)}
+        params = dict(self.named_parameters())
+        expected = set()
+        for pname in params:
+            kind = pname.split(".")[-2]
+            starts = [start for new, start, _ in fused.values() if new == kind]
+            if starts:
+                expected.update(f"{pname}#{start}" for start in starts)
+            else:
+                expected.add(pname)
+        loaded = set()
+        for name, tensor in weights:
+            target, rows = _our_name(name), None
+            if target.endswith(".rotary_emb.inv_freq") or (target == "lm_head.weight" and self.lm_head is None):
+                continue  # a RoPE table we compute, or a copy of the tied embedding
+            parts = target.split(".")
+            if len(parts) >= 2 and parts[-2] in fused:
+                new, start, size = fused[parts[-2]]
+                target, rows = ".".join(parts[:-2] + [new, parts[-1]]), (start, size)
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {name!r} does not belong to a {cfg.architecture} "
+                                 "with this config; the checkpoint and its config disagree")
+            param = params[target]
+            dest = param if rows is None else param.narrow(0, *rows)
+            if dest.shape != tensor.shape:
+                raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)} but the config "
+                                 f"implies {tuple(dest.shape)}; the checkpoint and its config disagree")
+            dest.copy_(tensor)
+            loaded.add(target if rows is None else f"{target}#{rows[0]}")
+        missing = expected - loaded
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}; "
+                             "the file is incomplete or for another architecture")
+
+
+def _our_name(hf_name: str) -> str:
+    """Hugging Face parameter name -> ours (before q/k/v and gate/up fusion)."""
+    name = hf_name.removeprefix("model.")
+    for hf_part, ours in ((".self_attn.o_proj.", ".o_proj."), (".mlp.down_proj.", ".down_proj."),
+                          (".self_attn.", "."), (".mlp.", ".")):
+        name = name.replace(hf_part, ours)
+    return name

@@ -1,0 +1,71 @@
+"""SamplingParams: how one request picks its tokens and when it stops. Bad values raise ValueError."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+MAX_LOGPROBS = 20
+_GREEDY_TEMPERATURE = 1e-5
+
+
+@dataclass
+class SamplingParams:
+    """Per-request decoding settings, named as in vLLM and the OpenAI API.
+
+    temperature 0 means greedy. top_k 0 or -1, top_p 1 and min_p 0 switch those filters off.
+    Filters apply in transformers' order: temperature, top-k, top-p, min-p.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stop_strings: list[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.n != 1:
+            raise ValueError(f"n={self.n}: only n=1 is supported so far (parallel sampling comes with "
+                             "copy-on-write blocks); submit the prompt several times with different seeds instead")
+        _check_number("temperature", self.temperature, 0.0, math.inf, "must be >= 0 (0 means greedy)")
+        _check_number("top_p", self.top_p, 0.0, 1.0, "must be in (0, 1]")
+        if self.top_p <= 0.0:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1]; use top_p=1 to disable it")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
+            raise ValueError(f"top_k={self.top_k!r} must be an integer >= 1, or 0 / -1 to disable it")
+        _check_number("min_p", self.min_p, 0.0, 1.0, "must be in [0, 1]")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise ValueError(f"seed={self.seed!r} must be an integer or None")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens={self.max_tokens!r} must be an integer >= 1 (or None for "
+                             "as many as the context allows)")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or
+                                          not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs={self.logprobs!r} must be an integer in [0, {MAX_LOGPROBS}]")
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        for s in stops:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop={self.stop!r}: every stop string must be a non-empty string")
+        self.stop_strings = stops
+        for t in self.stop_token_ids or []:
+            if not isinstance(t, int) or t < 0:
+                raise ValueError(f"stop_token_ids={self.stop_token_ids!r} must be non-negative token ids")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_TEMPERATURE
+
+
+def _check_number(name: str, value: object, low: float, high: float, rule: str) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be a finite number; it {rule}")
+    if not low <= value <= high:
+        raise ValueError(f"{name}={value} is out of range: it {rule}")

@@ -1,0 +1,112 @@
+"""The device side: holds the model and the KV cache, turns a SchedulerOutput into one forward pass."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from fasterllm.config import CacheConfig, ModelConfig, SchedulerConfig
+from fasterllm.engine.scheduler import SchedulerOutput
+from fasterllm.layers.attention import AttentionMetadata
+from fasterllm.loader.checkpoint import Checkpoint
+from fasterllm.models.registry import model_class
+from fasterllm.worker.sampler import SamplerOutput, SamplingMetadata, sample
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelRunnerOutput:
+    request_ids: list[str]  # the requests that sampled, in row order
+    sampler_output: SamplerOutput | None
+
+
+class ModelRunner:
+    def __init__(self, checkpoint: Checkpoint, max_model_len: int, device: torch.device, dtype: torch.dtype):
+        self.model_config: ModelConfig = checkpoint.config
+        self.device, self.dtype = device, dtype
+        start = time.perf_counter()
+        self.model = model_class(self.model_config.architecture)(self.model_config, max_model_len, device, dtype)
+        self.model.load_weights(checkpoint.weights())
+        self.load_seconds = time.perf_counter() - start
+        self.kv_caches: torch.Tensor | None = None
+        self.block_size = 0
+
+    def bytes_per_block(self, block_size: int) -> int:
+        cfg = self.model_config
+        elements = 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim
+        return elements * torch.finfo(self.dtype).bits // 8
+
+    def determine_num_blocks(self, cache: CacheConfig, sched: SchedulerConfig, gpu_memory_utilization: float,
+                             cpu_kv_cache_gib: float) -> int:
+        """Blocks that fit the KV budget: measured after a profiling pass on a GPU, configured on the CPU."""
+        per_block = self.bytes_per_block(cache.block_size)
+        if self.device.type != "cuda":
+            return int(cpu_kv_cache_gib * 2**30) // per_block
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.profile_run(cache.block_size, sched)
+        free, total = torch.cuda.mem_get_info(self.device)
+        # what others hold + our weights + the activations' peak must stay inside the fraction
+        used_by_others = total - free - torch.cuda.memory_reserved(self.device)
+        budget = total * gpu_memory_utilization - used_by_others - torch.cuda.max_memory_allocated(self.device)
+        logger.info("profile: peak %.2f GiB, KV budget %.2f GiB",
+                    torch.cuda.max_memory_allocated(self.device) / 2**30, budget / 2**30)
+        torch.cuda.empty_cache()
+        return max(int(budget) // per_block, 0)
+
+    @torch.inference_mode()
+    def profile_run(self, block_size: int, sched: SchedulerConfig) -> None:
+        """One forward pass at the largest batch shape: max_num_batched_tokens over max_num_seqs prompts."""
+        num_seqs = max(1, min(sched.max_num_seqs, sched.max_num_batched_tokens))
+        lens = [sched.max_num_batched_tokens // num_seqs] * num_seqs
+        lens[-1] += sched.max_num_batched_tokens - sum(lens)
+        blocks_each = [-(-n // block_size) for n in lens]
+        tables, next_block = [], 0
+        for count in blocks_each:
+            tables.append(list(range(next_block, next_block + count)))
+            next_block += count
+        self.allocate_kv_cache(next_block, block_size)
+        meta = AttentionMetadata.build(lens, lens, tables, block_size, self.device)
+        tokens = sum(lens)
+        ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
+        positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
+        last_rows = torch.tensor(lens, device=self.device).cumsum(0) - 1
+        self.model(ids, positions, self.kv_caches, meta, last_rows)
+        self.kv_caches = None
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
+        cfg = self.model_config
+        self.block_size = block_size
+        self.kv_caches = torch.zeros(cfg.num_hidden_layers, 2, num_blocks, block_size, cfg.num_key_value_heads,
+                                     cfg.head_dim, dtype=self.dtype, device=self.device)
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> ModelRunnerOutput:
+        token_ids: list[int] = []
+        positions: list[int] = []
+        query_lens, seq_lens, tables = [], [], []
+        logits_rows: list[int] = []
+        sampling = []
+        for item in out.scheduled:
+            request, start = item.request, item.request.num_computed_tokens
+            end = start + item.num_new_tokens
+            token_ids.extend(request.all_token_ids[start:end])
+            positions.extend(range(start, end))
+            query_lens.append(item.num_new_tokens)
+            seq_lens.append(end)
+            tables.append(block_tables[request.request_id])
+            if item.samples:
+                logits_rows.append(len(token_ids) - 1)
+                sampling.append(request)
+        meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, self.device)
+        device = self.device
+        logits = self.model(torch.tensor(token_ids, device=device), torch.tensor(positions, device=device),
+                            self.kv_caches, meta, torch.tensor(logits_rows, dtype=torch.long, device=device))
+        if not sampling:
+            return ModelRunnerOutput([], None)
+        md = SamplingMetadata.build([r.sampling_params for r in sampling], [r.generator for r in sampling],
+                                    logits.shape[-1], device)
+        return ModelRunnerOutput([r.request_id for r in sampling], sample(logits, md))
