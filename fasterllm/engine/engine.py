@@ -38,6 +38,7 @@ class Engine:
         self.dtype = args.resolve_dtype(self.device)
         torch.manual_seed(args.seed)
         checkpoint = open_checkpoint(args.model, args.tokenizer)
+        self.source = checkpoint.source
         self.model_name = checkpoint.source.name
         self.model_config = checkpoint.config
         self.tokenizer = checkpoint.tokenizer

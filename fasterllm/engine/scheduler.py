@@ -21,11 +21,10 @@ from fasterllm.engine.request import Request, RequestStatus
 class ScheduledRequest:
     request: Request
     num_new_tokens: int
+    samples: bool = field(init=False)  # this chunk reaches the last known token: the step yields a new one
 
-    @property
-    def samples(self) -> bool:
-        """True when this chunk reaches the last known token, so the step yields a new token."""
-        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+    def __post_init__(self) -> None:
+        self.samples = self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
 
 
 @dataclass

@@ -11,6 +11,7 @@ from fasterllm.config import ModelConfig
 from fasterllm.loader.gguf_checkpoint import GGUFFile
 from fasterllm.loader.hf_checkpoint import iter_safetensors, load_hf_config
 from fasterllm.loader.model_source import ModelSource, resolve_model
+from fasterllm.models.registry import model_class
 from fasterllm.loader.tokenizer import TokenizerWrapper, load_gguf_tokenizer, load_hf_tokenizer
 
 
@@ -31,6 +32,7 @@ def open_checkpoint(model: str | None, tokenizer: str | None = None) -> Checkpoi
                else load_hf_tokenizer(resolve_model(tokenizer).path, config.eos_token_ids))
         return Checkpoint(source, config, tok, gguf_file.iter_weights)
     config = load_hf_config(source.path)
+    model_class(config.architecture)  # an unsupported architecture is the first thing to report
     tok_dir = source.path if tokenizer is None else Path(resolve_model(tokenizer).path)
     return Checkpoint(source, config, load_hf_tokenizer(tok_dir, config.eos_token_ids),
                       lambda: iter_safetensors(source.path))

@@ -1,0 +1,147 @@
+"""The `fasterllm` command: generate, chat, bench."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+
+from fasterllm.config import EngineArgs
+from fasterllm.sampling_params import SamplingParams
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    defaults = EngineArgs()
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=None,
+                   help="HF model directory, .gguf file or cached hub id (default: embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--tokenizer", default=None, help="tokenizer directory, if not the model's")
+    g.add_argument("--dtype", default=defaults.dtype, help="auto, float32, bfloat16 or float16")
+    g.add_argument("--device", default=defaults.device, help="auto, cpu or cuda")
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--block-size", type=int, default=defaults.block_size)
+    g.add_argument("--gpu-memory-utilization", type=float, default=defaults.gpu_memory_utilization)
+    g.add_argument("--cpu-kv-cache-gib", type=float, default=defaults.cpu_kv_cache_gib)
+    g.add_argument("--num-kv-blocks", type=int, default=None)
+    g.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
+    g.add_argument("--max-num-batched-tokens", type=int, default=None)
+    g.add_argument("--seed", type=int, default=defaults.seed)
+
+
+def engine_args_from(ns: argparse.Namespace, **overrides) -> EngineArgs:
+    names = {f.name for f in dataclasses.fields(EngineArgs)}
+    values = {k: v for k, v in vars(ns).items() if k in names}
+    values.update(overrides)
+    return EngineArgs(**values)
+
+
+def add_sampling_args(parser: argparse.ArgumentParser, temperature: float) -> None:
+    g = parser.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=temperature, help="0 = greedy")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--sampling-seed", type=int, default=None, help="per-request seed for reproducible sampling")
+    g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true")
+
+
+def sampling_params_from(ns: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k, min_p=ns.min_p,
+                          seed=ns.sampling_seed, max_tokens=ns.max_tokens, stop=ns.stop, ignore_eos=ns.ignore_eos)
+
+
+def cmd_generate(ns: argparse.Namespace) -> None:
+    from fasterllm.llm import LLM
+
+    params = sampling_params_from(ns)
+    llm = LLM(**dataclasses.asdict(engine_args_from(ns)))
+    use_template = not ns.no_chat_template and llm.get_tokenizer().chat_template is not None
+    if use_template:
+        outputs = llm.chat([[{"role": "user", "content": p}] for p in ns.prompts], params)
+    else:
+        outputs = llm.generate(ns.prompts, params)
+    for prompt, output in zip(ns.prompts, outputs):
+        if len(ns.prompts) > 1:
+            print(f"### {prompt}")
+        print(output.outputs[0].text)
+
+
+def cmd_chat(ns: argparse.Namespace) -> None:
+    from fasterllm.engine.engine import Engine
+
+    engine = Engine(engine_args_from(ns))
+    params = sampling_params_from(ns)
+    history: list[dict[str, str]] = [{"role": "system", "content": ns.system}] if ns.system else []
+    print("Chatting with", engine.model_name, "- empty line or Ctrl-D to quit.", file=sys.stderr)
+    for turn in range(1_000_000):
+        try:
+            line = input("> ")
+        except EOFError:
+            break
+        if not line.strip():
+            break
+        history.append({"role": "user", "content": line})
+        prompt = engine.tokenizer.encode(engine.tokenizer.apply_chat_template(history), add_special_tokens=False)
+        engine.add_request(f"chat-{turn}", prompt, params)
+        shown = ""
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                text = output.outputs[0].text
+                print(text[len(shown):], end="", flush=True)
+                shown = text
+        print()
+        history.append({"role": "assistant", "content": shown})
+
+
+def cmd_bench(ns: argparse.Namespace) -> None:
+    from fasterllm.bench.offline import run_offline_bench
+
+    run_offline_bench(engine_args_from(ns), ns.num_prompts, ns.input_len, ns.output_len, not ns.no_hf)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fasterllm", description="LLM inference with a paged KV cache")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log engine start-up and progress")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text for one or more prompts")
+    gen.add_argument("prompts", nargs="+")
+    gen.add_argument("--no-chat-template", action="store_true",
+                     help="send the prompt as raw text (by default an instruct model's chat template wraps it)")
+    add_engine_args(gen)
+    add_sampling_args(gen, temperature=0.0)
+    gen.set_defaults(func=cmd_generate)
+
+    chat = sub.add_parser("chat", help="interactive chat, streaming the reply")
+    chat.add_argument("--system", default=None, help="system prompt")
+    add_engine_args(chat)
+    add_sampling_args(chat, temperature=0.7)
+    chat.set_defaults(func=cmd_chat)
+
+    bench = sub.add_parser("bench", help="offline throughput/latency benchmark, next to transformers")
+    bench.add_argument("--num-prompts", type=int, default=32)
+    bench.add_argument("--input-len", type=int, default=128)
+    bench.add_argument("--output-len", type=int, default=128)
+    bench.add_argument("--no-hf", action="store_true", help="skip the transformers run")
+    add_engine_args(bench)
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        ns.func(ns)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

