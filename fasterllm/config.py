@@ -30,8 +30,10 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
+    attention_bias: bool = False  # q/k/v biases
+    o_proj_bias: bool = False
     mlp_bias: bool = False
+    sliding_window: int | None = None  # attend to at most this many most recent tokens
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     # llama3-style per-frequency divisors stored as a tensor in some GGUF files

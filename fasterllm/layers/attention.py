@@ -30,7 +30,7 @@ class DecodeGroup:
     """All sequences with exactly one new token, attended to in one padded call."""
 
     token_index: torch.Tensor  # rows of the flat batch
-    slots: torch.Tensor  # [B, max_len] cache slots (padded with 0)
+    slots: torch.Tensor  # [B, max_len] cache slots (padding points at real slots and is masked)
     mask: torch.Tensor  # [B, 1, 1, max_len] True where the key is real
 
 
@@ -43,41 +43,48 @@ class AttentionMetadata:
 
     @staticmethod
     def build(query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
-              block_size: int, device: torch.device) -> "AttentionMetadata":
-        """query_lens[i] new tokens for sequence i, which then holds seq_lens[i] tokens in all."""
-        slot_mapping: list[int] = []
+              block_size: int, device: torch.device, sliding_window: int | None = None) -> "AttentionMetadata":
+        """query_lens[i] new tokens for sequence i, which then holds seq_lens[i] tokens in all.
+
+        With a sliding window, a query at position p sees keys p - window < k <= p.
+        """
+        width = max(len(t) for t in block_tables)
+        tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.long)
+        # every slot of every sequence, in order: [B, width * block_size]
+        all_slots = (tables[:, :, None] * block_size + torch.arange(block_size)).view(len(block_tables), -1)
+        seq_index = torch.repeat_interleave(torch.arange(len(query_lens)), torch.tensor(query_lens))
+        positions = torch.cat([torch.arange(s - q, s) for q, s in zip(query_lens, seq_lens)])
+        slot_mapping = all_slots[seq_index, positions]
         prefills: list[PrefillGroup] = []
         decode_rows: list[int] = []
-        decode_slots: list[list[int]] = []
         start = 0
-        for query_len, seq_len, table in zip(query_lens, seq_lens, block_tables):
+        for i, (query_len, seq_len) in enumerate(zip(query_lens, seq_lens)):
             context_len = seq_len - query_len
-            slots = _slots(table, seq_len, block_size)
-            slot_mapping.extend(slots[context_len:])
             if query_len == 1:
-                decode_rows.append(start)
-                decode_slots.append(slots)
-            elif context_len == 0:
+                decode_rows.append(i)
+            elif context_len == 0 and (sliding_window is None or query_len <= sliding_window):
                 prefills.append(PrefillGroup(start, start + query_len, None, None))
             else:
-                positions = torch.arange(seq_len, device=device)
-                mask = positions[None, :] <= positions[context_len:, None]
-                prefills.append(PrefillGroup(start, start + query_len,
-                                             torch.tensor(slots, device=device), mask))
+                key_positions = torch.arange(seq_len, device=device)
+                offset = key_positions[None, :] - key_positions[context_len:, None]  # key - query position
+                mask = offset <= 0
+                if sliding_window is not None:
+                    mask &= offset > -sliding_window
+                prefills.append(PrefillGroup(start, start + query_len, all_slots[i, :seq_len].to(device), mask))
             start += query_len
         decode = None
         if decode_rows:
-            width = max(len(s) for s in decode_slots)
-            lens = torch.tensor([len(s) for s in decode_slots], device=device)
-            padded = torch.tensor([s + [0] * (width - len(s)) for s in decode_slots], device=device)
-            mask = (torch.arange(width, device=device)[None, :] < lens[:, None])[:, None, None, :]
-            decode = DecodeGroup(torch.tensor(decode_rows, device=device), padded, mask)
-        return AttentionMetadata(torch.tensor(slot_mapping, dtype=torch.long, device=device),
-                                 start, prefills, decode)
-
-
-def _slots(block_table: list[int], length: int, block_size: int) -> list[int]:
-    return [block_table[i // block_size] * block_size + i % block_size for i in range(length)]
+            rows = torch.tensor(decode_rows)
+            lens = torch.tensor(seq_lens)[rows]
+            longest = int(lens.max())
+            token_index = torch.tensor(query_lens).cumsum(0)[rows] - 1
+            key_positions = torch.arange(longest)[None, :]
+            mask = key_positions < lens[:, None]
+            if sliding_window is not None:
+                mask &= key_positions >= lens[:, None] - sliding_window
+            mask = mask[:, None, None, :]
+            decode = DecodeGroup(token_index.to(device), all_slots[rows, :longest].to(device), mask.to(device))
+        return AttentionMetadata(slot_mapping.to(device), start, prefills, decode)
 
 
 def store_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: AttentionMetadata) -> None:

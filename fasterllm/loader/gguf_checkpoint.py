@@ -86,6 +86,8 @@ class GGUFFile:
             max_position_embeddings=meta.get(f"{arch}.context_length", 2048),
             tie_word_embeddings="output.weight" not in names,
             attention_bias="blk.0.attn_q.bias" in names,
+            o_proj_bias="blk.0.attn_output.bias" in names,
+            sliding_window=meta.get(f"{arch}.attention.sliding_window"),
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=[] if eos is None else [eos],
             rope_freq_factors=rope_freqs,

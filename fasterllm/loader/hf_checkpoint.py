@@ -37,6 +37,7 @@ def load_hf_config(model_dir: Path) -> ModelConfig:
     if generation_config.is_file():  # chat models often list extra stop ids here
         eos = read_json(generation_config).get("eos_token_id", eos)
     num_heads = raw["num_attention_heads"]
+    qwen2 = architectures[0].startswith("Qwen2")
     return ModelConfig(
         architecture=architectures[0],
         vocab_size=raw["vocab_size"],
@@ -51,8 +52,10 @@ def load_hf_config(model_dir: Path) -> ModelConfig:
         rope_scaling=scaling,
         max_position_embeddings=raw.get("max_position_embeddings", 2048),
         tie_word_embeddings=raw.get("tie_word_embeddings", False),
-        # Qwen2 always has q/k/v biases; LLaMA-style configs say so with attention_bias
-        attention_bias=raw.get("attention_bias", architectures[0].startswith("Qwen2")),
+        # Qwen2 always has q/k/v biases (and no o_proj bias); LLaMA-style configs say so with attention_bias
+        attention_bias=raw.get("attention_bias", qwen2),
+        o_proj_bias=raw.get("attention_bias", False) and not qwen2,
+        sliding_window=raw.get("sliding_window") if raw.get("use_sliding_window", not qwen2) else None,
         mlp_bias=raw.get("mlp_bias", False),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),

@@ -69,7 +69,7 @@ class ModelRunner:
             tables.append(list(range(next_block, next_block + count)))
             next_block += count
         self.allocate_kv_cache(next_block, block_size)
-        meta = AttentionMetadata.build(lens, lens, tables, block_size, self.device)
+        meta = AttentionMetadata.build(lens, lens, tables, block_size, self.device, self.model_config.sliding_window)
         tokens = sum(lens)
         ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
         positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
@@ -101,7 +101,8 @@ class ModelRunner:
             if item.samples:
                 logits_rows.append(len(token_ids) - 1)
                 sampling.append(request)
-        meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, self.device)
+        meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, self.device,
+                                       self.model_config.sliding_window)
         device = self.device
         logits = self.model(torch.tensor(token_ids, device=device), torch.tensor(positions, device=device),
                             self.kv_caches, meta, torch.tensor(logits_rows, dtype=torch.long, device=device))

