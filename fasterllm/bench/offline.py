@@ -53,15 +53,17 @@ def run_transformers(engine: Engine, prompts: list[list[int]], output_len: int) 
         model = AutoModelForCausalLM.from_pretrained(str(source.path), **kwargs)
     model = model.to(engine.device).eval()
     ids = torch.tensor(prompts, device=engine.device)
-    generate = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0)
+
+    def generate(batch: torch.Tensor, new_tokens: int) -> float:
+        start = time.perf_counter()
+        model.generate(batch, attention_mask=torch.ones_like(batch), do_sample=False, pad_token_id=0,
+                       max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+        return time.perf_counter() - start
+
     with torch.inference_mode():
-        model.generate(ids[:1, :8], max_new_tokens=2, **generate)  # warm-up
-        start = time.perf_counter()
-        model.generate(ids, max_new_tokens=1, min_new_tokens=1, **generate)
-        ttft = time.perf_counter() - start
-        start = time.perf_counter()
-        model.generate(ids, max_new_tokens=output_len, min_new_tokens=output_len, **generate)
-        elapsed = time.perf_counter() - start
+        generate(ids[:1, :8], 2)  # warm-up
+        ttft = generate(ids, 1)
+        elapsed = generate(ids, output_len)
     return {"seconds": elapsed, "requests_per_s": len(prompts) / elapsed,
             "output_tokens_per_s": len(prompts) * output_len / elapsed, "ttft_ms": 1e3 * ttft,
             "tpot_ms": 1e3 * (elapsed - ttft) / max(output_len - 1, 1)}

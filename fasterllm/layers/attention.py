@@ -21,7 +21,7 @@ class PrefillGroup:
 
     token_start: int
     token_end: int
-    context_slots: torch.Tensor | None  # cache slots of the whole sequence; None when nothing is cached before
+    context_blocks: torch.Tensor | None  # the sequence's blocks; None when nothing is cached before the chunk
     mask: torch.Tensor | None  # [q, kv] causal mask offset by the cached context
 
 
@@ -29,9 +29,9 @@ class PrefillGroup:
 class DecodeGroup:
     """All sequences with exactly one new token, attended to in one padded call."""
 
-    token_index: torch.Tensor  # rows of the flat batch
-    slots: torch.Tensor  # [B, max_len] cache slots (padding points at real slots and is masked)
-    mask: torch.Tensor  # [B, 1, 1, max_len] True where the key is real
+    token_index: torch.Tensor | None  # rows of the flat batch; None when every row is a decode
+    blocks: torch.Tensor  # [B * max_blocks] block ids, row by row (short rows padded with real blocks, masked)
+    mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size] True where the key is real
 
 
 @dataclass
@@ -50,11 +50,9 @@ class AttentionMetadata:
         """
         width = max(len(t) for t in block_tables)
         tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.long)
-        # every slot of every sequence, in order: [B, width * block_size]
-        all_slots = (tables[:, :, None] * block_size + torch.arange(block_size)).view(len(block_tables), -1)
         seq_index = torch.repeat_interleave(torch.arange(len(query_lens)), torch.tensor(query_lens))
         positions = torch.cat([torch.arange(s - q, s) for q, s in zip(query_lens, seq_lens)])
-        slot_mapping = all_slots[seq_index, positions]
+        slot_mapping = tables[seq_index, positions // block_size] * block_size + positions % block_size
         prefills: list[PrefillGroup] = []
         decode_rows: list[int] = []
         start = 0
@@ -70,20 +68,22 @@ class AttentionMetadata:
                 mask = offset <= 0
                 if sliding_window is not None:
                     mask &= offset > -sliding_window
-                prefills.append(PrefillGroup(start, start + query_len, all_slots[i, :seq_len].to(device), mask))
+                blocks = tables[i, :-(-seq_len // block_size)]
+                prefills.append(PrefillGroup(start, start + query_len, blocks.to(device), mask))
             start += query_len
         decode = None
         if decode_rows:
             rows = torch.tensor(decode_rows)
             lens = torch.tensor(seq_lens)[rows]
-            longest = int(lens.max())
-            token_index = torch.tensor(query_lens).cumsum(0)[rows] - 1
-            key_positions = torch.arange(longest)[None, :]
+            num_blocks = -(-int(lens.max()) // block_size)
+            all_decode = len(decode_rows) == len(query_lens)
+            token_index = None if all_decode else (torch.tensor(query_lens).cumsum(0)[rows] - 1).to(device)
+            key_positions = torch.arange(num_blocks * block_size)[None, :]
             mask = key_positions < lens[:, None]
             if sliding_window is not None:
                 mask &= key_positions >= lens[:, None] - sliding_window
             mask = mask[:, None, None, :]
-            decode = DecodeGroup(token_index.to(device), all_slots[rows, :longest].to(device), mask.to(device))
+            decode = DecodeGroup(token_index, tables[rows, :num_blocks].reshape(-1).to(device), mask.to(device))
         return AttentionMetadata(slot_mapping.to(device), start, prefills, decode)
 
 
@@ -100,31 +100,42 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """query [T, Hq, D], key/value [T, Hkv, D] of the new tokens -> [T, Hq * D].
 
-    The new K/V must already be stored (store_kv); cached context is read through the slots.
+    The new K/V must already be stored (store_kv); cached context is read back whole blocks at a
+    time (a block is one contiguous run of memory, far cheaper to gather than single slots).
     """
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = key.shape[1]
-    out = torch.zeros(num_tokens, num_heads, head_dim, dtype=query.dtype, device=query.device)
-    flat = kv_cache.view(2, -1, num_kv_heads, head_dim)
+    decode = meta.decode
+    if decode is not None and decode.token_index is None:  # a pure decode batch: no scatter needed
+        return _decode_attention(query, kv_cache, decode, scale).view(num_tokens, num_heads * head_dim)
+    out = torch.empty(num_tokens, num_heads, head_dim, dtype=query.dtype, device=query.device)
     for group in meta.prefills:
         q = query[group.token_start:group.token_end].transpose(0, 1)  # [Hq, q, D]
-        if group.context_slots is None:  # the whole sequence is new: attend to it directly
+        if group.context_blocks is None:  # the whole sequence is new: attend to it directly
             k = key[group.token_start:group.token_end].transpose(0, 1)
             v = value[group.token_start:group.token_end].transpose(0, 1)
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
         else:
-            k = flat[0][group.context_slots].transpose(0, 1)
-            v = flat[1][group.context_slots].transpose(0, 1)
+            seq_len = group.mask.shape[1]
+            k, v = (kv_cache[i].index_select(0, group.context_blocks).view(-1, num_kv_heads, head_dim)[:seq_len]
+                    .transpose(0, 1) for i in (0, 1))
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask, scale=scale, enable_gqa=True)
         out[group.token_start:group.token_end] = o.transpose(0, 1)
-    if meta.decode is not None:
-        d = meta.decode
-        batch, width = d.slots.shape
-        group_size = num_heads // num_kv_heads
-        # each KV head's query heads become rows of one query block: no K/V repeat needed
-        q = query[d.token_index].view(batch, num_kv_heads, group_size, head_dim)
-        k = flat[0][d.slots].permute(0, 2, 1, 3)  # [B, Hkv, L, D]
-        v = flat[1][d.slots].permute(0, 2, 1, 3)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=d.mask, scale=scale)
-        out[d.token_index] = o.reshape(batch, num_heads, head_dim)
+    if decode is not None:
+        out[decode.token_index] = _decode_attention(query[decode.token_index], kv_cache, decode, scale)
     return out.view(num_tokens, num_heads * head_dim)
+
+
+def _decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, d: DecodeGroup, scale: float) -> torch.Tensor:
+    """One new token per sequence: [B, Hq, D] -> [B, Hq, D], all sequences in one padded batch."""
+    batch, num_heads, head_dim = query.shape
+    num_kv_heads = kv_cache.shape[-2]
+    width = d.mask.shape[-1]
+    # each KV head's query heads become rows of one query block: no K/V repeat needed
+    q = query.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    k, v = (kv_cache[i].index_select(0, d.blocks).view(batch, width, num_kv_heads, head_dim)
+            .transpose(1, 2).contiguous() for i in (0, 1))
+    # plain matmuls beat the CPU SDPA kernel for a handful of query rows per head
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    probs = scores.masked_fill(~d.mask, float("-inf")).softmax(dim=-1).to(v.dtype)
+    return torch.matmul(probs, v).view(batch, num_heads, head_dim)

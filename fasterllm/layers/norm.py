@@ -17,6 +17,5 @@ class RMSNorm(nn.Module):
         """Returns (normed, new residual); the residual stream is the sum before the norm."""
         if residual is not None:
             x = x + residual
-        # statistics in fp32, as the reference models compute them
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-        return normed * self.weight, x
+        # one fused call; it accumulates in fp32 for bf16/fp16 inputs
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps), x

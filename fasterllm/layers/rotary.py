@@ -42,11 +42,12 @@ class RotaryEmbedding:
                  device: torch.device, dtype: torch.dtype):
         self.head_dim = head_dim
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        # cos and sin side by side for a single gather per step
-        self.cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1).to(device=device, dtype=dtype)
+        cos, sin = angles.cos(), angles.sin()
+        # full-width tables, sin signed for the rotate-half form: x * cos + swap_halves(x) * sin
+        self.cos_sin = torch.cat([cos, cos, -sin, sin], dim=-1).to(device=device, dtype=dtype)
 
     def cos_sin_for(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-token tables, gathered once per step and shared by every layer: [T, 1, D/2] each."""
+        """Per-token tables, gathered once per step and shared by every layer: [T, 1, D] each."""
         cos, sin = self.cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
         return cos, sin
 
@@ -54,4 +55,4 @@ class RotaryEmbedding:
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, heads, D] -> rotated copy (rotate-half form, as Hugging Face's LLaMA)."""
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return torch.addcmul(x * cos, torch.cat([x2, x1], dim=-1), sin)
