@@ -17,5 +17,6 @@ class RMSNorm(nn.Module):
         """Returns (normed, new residual); the residual stream is the sum before the norm."""
         if residual is not None:
             x = x + residual
-        # one fused call; it accumulates in fp32 for bf16/fp16 inputs
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps), x
+        # normalise in fp32 and round once before the weight, as the reference models do: the fused
+        # bf16 call loses enough precision to change SmolLM2's answers
+        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight, x

@@ -57,11 +57,17 @@ class GGUFFile:
             raise ValueError(f"GGUF architecture {self.arch!r} in {path.name} is not supported; "
                              f"supported: {', '.join(sorted(_ARCHITECTURES))}")
 
+    def required(self, key: str) -> Any:
+        if key not in self.metadata:
+            raise ValueError(f"GGUF file {self.path.name} lacks the metadata key {key!r}; the file is incomplete "
+                             "or was not written by a llama.cpp-compatible converter")
+        return self.metadata[key]
+
     def model_config(self) -> ModelConfig:
-        meta, arch = self.metadata, self.arch
+        meta, arch, required = self.metadata, self.arch, self.required
         names = {t.name for t in self.reader.tensors}
-        num_heads = meta[f"{arch}.attention.head_count"]
-        hidden = meta[f"{arch}.embedding_length"]
+        num_heads = required(f"{arch}.attention.head_count")
+        hidden = required(f"{arch}.embedding_length")
         head_dim = meta.get(f"{arch}.attention.key_length", hidden // num_heads)
         vocab = meta.get(f"{arch}.vocab_size", len(meta.get("tokenizer.ggml.tokens", [])))
         eos = meta.get("tokenizer.ggml.eos_token_id")
@@ -75,8 +81,8 @@ class GGUFFile:
             architecture=_ARCHITECTURES[arch][0],
             vocab_size=vocab,
             hidden_size=hidden,
-            intermediate_size=meta[f"{arch}.feed_forward_length"],
-            num_hidden_layers=meta[f"{arch}.block_count"],
+            intermediate_size=required(f"{arch}.feed_forward_length"),
+            num_hidden_layers=required(f"{arch}.block_count"),
             num_attention_heads=num_heads,
             num_key_value_heads=meta.get(f"{arch}.attention.head_count_kv", num_heads),
             head_dim=head_dim,
@@ -95,7 +101,7 @@ class GGUFFile:
 
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(Hugging Face name, float32 tensor) for every weight, with llama.cpp's Q/K permutation undone."""
-        cfg_heads = self.metadata[f"{self.arch}.attention.head_count"]
+        cfg_heads = self.required(f"{self.arch}.attention.head_count")
         kv_heads = self.metadata.get(f"{self.arch}.attention.head_count_kv", cfg_heads)
         permuted = _ARCHITECTURES[self.arch][1]
         for tensor in self.reader.tensors:

@@ -1,0 +1,45 @@
+"""The `fasterllm` command as a user runs it."""
+import subprocess
+import sys
+
+import pytest
+
+CLI = [sys.executable, "-m", "fasterllm.entrypoints.cli"]
+SMALL = ["--cpu-kv-cache-gib", "0.1", "--max-model-len", "512"]
+
+
+def run(args, stdin=None, timeout=300):
+    return subprocess.run(CLI + args, input=stdin, capture_output=True, text=True, timeout=timeout)
+
+
+def test_generate_with_the_default_model_answers():
+    result = run(["generate", "What is the capital of France?", *SMALL])
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+
+
+def test_chat_streams_replies_and_keeps_the_conversation():
+    result = run(["chat", "--temperature", "0", *SMALL],
+                 stdin="What is the capital of France?\nAnd what is the capital of Italy?\n\n")
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout and "Rome" in result.stdout
+
+
+def test_bench_runs_ours_and_transformers_and_prints_the_ratio():
+    result = run(["bench", "--num-prompts", "2", "--input-len", "8", "--output-len", "4", "--dtype", "float32",
+                  *SMALL])
+    assert result.returncode == 0, result.stderr
+    assert "fasterllm     :" in result.stdout and "transformers  :" in result.stdout
+    assert "ratio (output tok/s, fasterllm / transformers):" in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "--model", "/no/such/model", "hi"], "error: Model '/no/such/model' is neither an existing path"),
+    (["generate", "--temperature", "-1", "hi"], "error: temperature=-1.0 is out of range"),
+    (["generate", "--max-model-len", "100000", "hi"], "error: max_model_len=100000 exceeds"),
+    (["bench", "--input-len", "0", *SMALL], "error: num_prompts=32, input_len=0, output_len=128 must all be >= 1"),
+])
+def test_bad_arguments_print_one_clear_line_not_a_traceback(args, message):
+    result = run(args)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,142 @@
+"""GGUF files written the way llama.cpp's converter writes them load into the same network."""
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter, quants
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from fasterllm import LLM
+
+HEADS, KV_HEADS, HIDDEN, LAYERS, VOCAB, FFN = 4, 2, 64, 2, 128, 128
+EOS = VOCAB - 1
+GGUF_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+              "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=256,
+                         rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, eos_token_id=EOS)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # weights big enough that attention is far from uniform
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if p.dim() > 1 else 1.0) + (1.0 if p.dim() == 1 else 0.0))
+    return model
+
+
+def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """The row order llama.cpp's convert_hf_to_gguf.py gives Q and K (pairs interleaved per head)."""
+    rows = weight.shape[0]
+    return weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def write_gguf(path, model, qtype, arch="llama"):
+    writer = GGUFWriter(str(path), arch)
+    writer.add_block_count(LAYERS)
+    writer.add_context_length(256)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tokenizer_model("gpt2")
+    byte_chars = list(bytes_to_unicode().values())
+    writer.add_token_list(byte_chars[:VOCAB - 1] + ["<|endoftext|>"])
+    writer.add_token_types([1] * (VOCAB - 1) + [3])
+    writer.add_token_merges([])
+    writer.add_eos_token_id(EOS)
+    reference = {}  # what the file's weights dequantize to, in Hugging Face names and row order
+    for name, tensor in model.state_dict().items():
+        data = tensor.numpy().astype(np.float32)
+        if name == "model.embed_tokens.weight":
+            gguf_name = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gguf_name = "output_norm.weight"
+        elif name == "lm_head.weight":
+            gguf_name = "output.weight"
+        else:
+            parts = name.split(".")  # model.layers.N.<module...>.weight
+            gguf_name = f"blk.{parts[2]}.{GGUF_NAMES['.'.join(parts[3:-1])]}.{parts[-1]}"
+        stored = data
+        if "attn_q" in gguf_name:
+            stored = llama_cpp_permute(data, HEADS)
+        elif "attn_k" in gguf_name:
+            stored = llama_cpp_permute(data, KV_HEADS)
+        kind = qtype if data.ndim == 2 else GGMLQuantizationType.F32
+        packed = quants.quantize(stored, kind)
+        writer.add_tensor(gguf_name, packed, raw_dtype=kind)
+        restored = quants.dequantize(packed, kind).reshape(stored.shape)
+        if "attn_q" in gguf_name or "attn_k" in gguf_name:  # back to HF order for the reference model
+            n = HEADS if "attn_q" in gguf_name else KV_HEADS
+            restored = restored.reshape(n, -1, 2, *restored.shape[1:]).swapaxes(1, 2).reshape(restored.shape)
+        reference[name] = torch.from_numpy(np.ascontiguousarray(restored))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return reference
+
+
+@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"])
+def test_gguf_types_and_qk_permutation_give_the_reference_logits(tmp_path, tiny_llama, qtype):
+    path = tmp_path / f"tiny-{qtype}.gguf"
+    reference_weights = write_gguf(path, tiny_llama, GGMLQuantizationType[qtype])
+    reference = LlamaForCausalLM(tiny_llama.config).eval()
+    reference.load_state_dict(reference_weights)
+    llm = LLM(str(path), dtype="float32", cpu_kv_cache_gib=0.01)
+    ids = [int(t) for t in torch.randint(0, VOCAB - 1, (40,), generator=torch.Generator().manual_seed(1))]
+    with torch.no_grad():
+        ref_tokens = reference.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+                                        pad_token_id=EOS)[0, len(ids):].tolist()
+    from fasterllm import SamplingParams
+
+    ours = llm.generate(ids, SamplingParams(temperature=0, max_tokens=12, logprobs=1), use_tqdm=False)[0].outputs[0]
+    n = len(ours.token_ids)
+    assert ours.token_ids == ref_tokens[:n]
+    with torch.no_grad():
+        ref_logprobs = reference(torch.tensor([ids + ours.token_ids])).logits[0].log_softmax(-1)
+    for i, (token, position) in enumerate(zip(ours.token_ids, ours.logprobs)):
+        assert position[token].logprob == pytest.approx(ref_logprobs[len(ids) - 1 + i, token].item(), abs=1e-3)
+
+
+def test_unsupported_architecture_and_tensor_type_are_named(tmp_path, tiny_llama):
+    path = tmp_path / "gpt2.gguf"
+    write_gguf(path, tiny_llama, GGMLQuantizationType.F32, arch="gpt2")
+    with pytest.raises(ValueError, match="GGUF architecture 'gpt2' in gpt2.gguf is not supported; supported: llama"):
+        LLM(str(path))
+    path = tmp_path / "f64.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_head_count(HEADS)
+    writer.add_tensor("token_embd.weight", np.zeros((VOCAB, HIDDEN), dtype=np.float64))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    from fasterllm.loader.gguf_checkpoint import GGUFFile
+
+    with pytest.raises(ValueError, match="'token_embd.weight' in f64.gguf has type F64"):
+        list(GGUFFile(path).iter_weights())
+    with pytest.raises(ValueError, match="f64.gguf lacks the metadata key 'llama.embedding_length'"):
+        LLM(str(path))
+
+
+def test_hub_id_resolves_through_the_local_cache_offline(tmp_path, tiny_llama, monkeypatch):
+    import huggingface_hub.constants
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--someone--tiny-llama"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    write_gguf(snapshot / "tiny.gguf", tiny_llama, GGMLQuantizationType.F16)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    llm = LLM("someone/tiny-llama", dtype="float32", cpu_kv_cache_gib=0.01)
+    assert llm.engine.source.path == snapshot / "tiny.gguf"
+    with pytest.raises(FileNotFoundError, match="'someone/other' is not in the local Hugging Face cache"):
+        LLM("someone/other")
