@@ -41,18 +41,22 @@ def run_engine(engine: Engine, prompts: list[list[int]], output_len: int) -> dic
             "peak_kv_blocks": peak_blocks}
 
 
-def run_transformers(engine: Engine, prompts: list[list[int]], output_len: int) -> dict[str, float]:
-    """The same workload through transformers' generate, all prompts in one batch (they share a length)."""
+def load_transformers(engine: Engine):
+    """The same weights through transformers (sdpa attention), in the engine's dtype and device."""
     from transformers import AutoModelForCausalLM
 
     source = engine.source
-    kwargs = {"dtype": engine.dtype}
+    kwargs = {"dtype": engine.dtype, "attn_implementation": "sdpa"}
     if source.format == "gguf":
         model = AutoModelForCausalLM.from_pretrained(str(source.path.parent), gguf_file=source.path.name, **kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(str(source.path), **kwargs)
-    model = model.to(engine.device).eval()
-    ids = torch.tensor(prompts, device=engine.device)
+    return model.to(engine.device).eval()
+
+
+def run_transformers(model, prompts: list[list[int]], output_len: int) -> dict[str, float]:
+    """The workload through transformers' generate, all prompts in one batch (they share a length)."""
+    ids = torch.tensor(prompts, device=model.device)
 
     def generate(batch: torch.Tensor, new_tokens: int) -> float:
         start = time.perf_counter()
@@ -69,29 +73,40 @@ def run_transformers(engine: Engine, prompts: list[list[int]], output_len: int) 
             "tpot_ms": 1e3 * (elapsed - ttft) / max(output_len - 1, 1)}
 
 
+def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The run with the median throughput (whole runs, so its figures stay consistent with each other)."""
+    return sorted(runs, key=lambda r: r["output_tokens_per_s"])[len(runs) // 2]
+
+
 def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output_len: int,
-                      with_transformers: bool) -> dict[str, dict[str, float]]:
-    if num_prompts < 1 or input_len < 1 or output_len < 1:
-        raise ValueError(f"num_prompts={num_prompts}, input_len={input_len}, output_len={output_len} must all be >= 1")
+                      with_transformers: bool, repeats: int = 3) -> dict[str, dict[str, float]]:
+    if min(num_prompts, input_len, output_len, repeats) < 1:
+        raise ValueError(f"num_prompts={num_prompts}, input_len={input_len}, output_len={output_len}, "
+                         f"repeats={repeats} must all be >= 1")
     engine = Engine(args)
     if input_len + output_len > engine.max_model_len:
         raise ValueError(f"input_len + output_len = {input_len + output_len} exceeds max_model_len="
                          f"{engine.max_model_len}; shorten them")
     prompts = random_prompts(engine, num_prompts, input_len, args.seed)
-    run_engine(engine, prompts[:1], 4)  # warm-up
+    hf_model = load_transformers(engine) if with_transformers else None
     print(f"workload: {num_prompts} prompts x {input_len} input tokens, {output_len} output tokens (greedy, "
           f"ignore_eos); model {engine.model_name}, {str(engine.dtype).removeprefix('torch.')} on {engine.device}, "
-          f"torch threads {torch.get_num_threads()}")
-    ours = run_engine(engine, prompts, output_len)
+          f"torch threads {torch.get_num_threads()}; median of {repeats} interleaved runs")
+    run_engine(engine, prompts[:1], 4)  # warm-up
+    ours_runs, hf_runs = [], []
+    for _ in range(repeats):  # interleaved, so a noisy spell on the machine hits both
+        ours_runs.append(run_engine(engine, prompts, output_len))
+        if hf_model is not None:
+            hf_runs.append(run_transformers(hf_model, prompts, output_len))
+    ours = _median_run(ours_runs)
     stats = engine.stats()
     print(f"fasterllm     : {ours['requests_per_s']:8.2f} req/s {ours['output_tokens_per_s']:9.1f} output tok/s  "
           f"TTFT median {ours['ttft_median_ms']:8.1f} ms (max {ours['ttft_max_ms']:.1f})  "
           f"TPOT median {ours['tpot_median_ms']:6.2f} ms  peak KV blocks {ours['peak_kv_blocks']}/{stats.num_kv_blocks}"
           f"  preemptions {stats.num_preemptions}")
     results = {"fasterllm": ours}
-    if with_transformers:
-        hf = run_transformers(engine, prompts, output_len)
-        results["transformers"] = hf
+    if hf_runs:
+        hf = results["transformers"] = _median_run(hf_runs)
         print(f"transformers  : {hf['requests_per_s']:8.2f} req/s {hf['output_tokens_per_s']:9.1f} output tok/s  "
               f"TTFT {hf['ttft_ms']:8.1f} ms  TPOT {hf['tpot_ms']:6.2f} ms  (batched generate, sdpa)")
         print(f"ratio (output tok/s, fasterllm / transformers): {ours['output_tokens_per_s'] / hf['output_tokens_per_s']:.2f}x")

@@ -98,7 +98,7 @@ def cmd_chat(ns: argparse.Namespace) -> None:
 def cmd_bench(ns: argparse.Namespace) -> None:
     from fasterllm.bench.offline import run_offline_bench
 
-    run_offline_bench(engine_args_from(ns), ns.num_prompts, ns.input_len, ns.output_len, not ns.no_hf)
+    run_offline_bench(engine_args_from(ns), ns.num_prompts, ns.input_len, ns.output_len, not ns.no_hf, ns.repeats)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--input-len", type=int, default=128)
     bench.add_argument("--output-len", type=int, default=128)
     bench.add_argument("--no-hf", action="store_true", help="skip the transformers run")
+    bench.add_argument("--repeats", type=int, default=3, help="interleaved runs of each; the median is reported")
     add_engine_args(bench)
     bench.set_defaults(func=cmd_bench)
     return parser

@@ -13,6 +13,7 @@ from torch import nn
 
 from fasterllm.config import ModelConfig
 from fasterllm.layers.attention import AttentionMetadata, paged_attention, store_kv
+from fasterllm.layers.linear import pack_linears
 from fasterllm.layers.norm import RMSNorm
 from fasterllm.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
 
@@ -60,9 +61,12 @@ class LlamaForCausalLM(nn.Module):
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.rope_freq_factors)
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, inv_freq, device, dtype)
 
-    @property
-    def output_weight(self) -> torch.Tensor:
-        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+    def pack_for_cpu(self) -> None:
+        """Reorder every projection's weight (the tied output head too) for oneDNN, after loading."""
+        if self.lm_head is None:  # tied: the embedding table keeps its rows for lookups, the head gets a copy
+            self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False, device="meta")
+            self.lm_head.weight = self.embed_tokens.weight
+        pack_linears(self)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,
                 meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
@@ -73,7 +77,8 @@ class LlamaForCausalLM(nn.Module):
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden, residual = layer(hidden, residual, cos_sin, kv_cache, meta)
         hidden, _ = self.norm(hidden[logits_indices], residual[logits_indices])
-        return F.linear(hidden, self.output_weight).float()
+        logits = F.linear(hidden, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(hidden)
+        return logits.float()
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

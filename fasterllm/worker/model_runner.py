@@ -10,6 +10,7 @@ import torch
 from fasterllm.config import CacheConfig, ModelConfig, SchedulerConfig
 from fasterllm.engine.scheduler import SchedulerOutput
 from fasterllm.layers.attention import AttentionMetadata
+from fasterllm.layers.linear import can_pack
 from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.models.registry import model_class
 from fasterllm.worker.sampler import SamplerOutput, SamplingMetadata, sample
@@ -30,6 +31,8 @@ class ModelRunner:
         start = time.perf_counter()
         self.model = model_class(self.model_config.architecture)(self.model_config, max_model_len, device, dtype)
         self.model.load_weights(checkpoint.weights())
+        if can_pack(device, dtype):
+            self.model.pack_for_cpu()
         self.load_seconds = time.perf_counter() - start
         self.kv_caches: torch.Tensor | None = None
         self.block_size = 0

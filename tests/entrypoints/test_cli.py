@@ -26,7 +26,8 @@ def test_chat_streams_replies_and_keeps_the_conversation():
 
 
 def test_bench_runs_ours_and_transformers_and_prints_the_ratio():
-    result = run(["bench", "--num-prompts", "2", "--input-len", "8", "--output-len", "4", "--dtype", "float32",
+    result = run(["bench", "--num-prompts", "2", "--input-len", "8", "--output-len", "4", "--repeats", "1",
+                  "--dtype", "float32",
                   *SMALL])
     assert result.returncode == 0, result.stderr
     assert "fasterllm     :" in result.stdout and "transformers  :" in result.stdout
@@ -37,7 +38,7 @@ def test_bench_runs_ours_and_transformers_and_prints_the_ratio():
     (["generate", "--model", "/no/such/model", "hi"], "error: Model '/no/such/model' is neither an existing path"),
     (["generate", "--temperature", "-1", "hi"], "error: temperature=-1.0 is out of range"),
     (["generate", "--max-model-len", "100000", "hi"], "error: max_model_len=100000 exceeds"),
-    (["bench", "--input-len", "0", *SMALL], "error: num_prompts=32, input_len=0, output_len=128 must all be >= 1"),
+    (["bench", "--input-len", "0", *SMALL], "error: num_prompts=32, input_len=0, output_len=128, repeats=3 must all be >= 1"),
 ])
 def test_bad_arguments_print_one_clear_line_not_a_traceback(args, message):
     result = run(args)
