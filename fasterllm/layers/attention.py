@@ -110,20 +110,21 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     num_kv_heads = key.shape[1]
     decode = meta.decode
     if decode is not None and decode.token_index is None:  # a pure decode batch: no scatter needed
-        return _decode_attention(query, kv_cache, decode, scale).view(num_tokens, num_heads * head_dim)
+        return _decode_attention(query, kv_cache, decode, scale).reshape(num_tokens, num_heads * head_dim)
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=query.dtype, device=query.device)
     for group in meta.prefills:
-        q = query[group.token_start:group.token_end].transpose(0, 1)  # [Hq, q, D]
+        # SDPA's GQA support wants [batch, heads, tokens, D]: 3-D inputs give wrong results on CUDA
+        q = query[group.token_start:group.token_end].transpose(0, 1)[None]
         if group.context_blocks is None:  # the whole sequence is new: attend to it directly
-            k = key[group.token_start:group.token_end].transpose(0, 1)
-            v = value[group.token_start:group.token_end].transpose(0, 1)
+            k = key[group.token_start:group.token_end].transpose(0, 1)[None]
+            v = value[group.token_start:group.token_end].transpose(0, 1)[None]
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
         else:
             seq_len = group.mask.shape[1]
             k, v = (kv_cache[i].index_select(0, group.context_blocks).view(-1, num_kv_heads, head_dim)[:seq_len]
-                    .transpose(0, 1) for i in (0, 1))
+                    .transpose(0, 1)[None] for i in (0, 1))
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask, scale=scale, enable_gqa=True)
-        out[group.token_start:group.token_end] = o.transpose(0, 1)
+        out[group.token_start:group.token_end] = o[0].transpose(0, 1)
     if decode is not None:
         out[decode.token_index] = _decode_attention(query[decode.token_index], kv_cache, decode, scale)
     return out.view(num_tokens, num_heads * head_dim)
@@ -139,9 +140,10 @@ def _decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, d: DecodeGrou
     k, v = (kv_cache[i].index_select(0, d.blocks).view(batch, width, num_kv_heads, head_dim).transpose(1, 2)
             for i in (0, 1))
     if batch < _MATMUL_DECODE_MIN_BATCH:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=d.mask, scale=scale).view(batch, num_heads, head_dim)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=d.mask, scale=scale)
+        return o.reshape(batch, num_heads, head_dim)
     # with many sequences, plain matmuls beat the CPU SDPA kernel (a handful of query rows per head)
     k, v = k.contiguous(), v.contiguous()
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
     probs = scores.masked_fill(~d.mask, float("-inf")).softmax(dim=-1).to(v.dtype)
-    return torch.matmul(probs, v).view(batch, num_heads, head_dim)
+    return torch.matmul(probs, v).reshape(batch, num_heads, head_dim)
