@@ -64,6 +64,11 @@ class EngineArgs:
     max_num_seqs: int = 128
     max_num_batched_tokens: int | None = None
     enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    preemption_mode: str = "recompute"  # or "swap": copy a preempted request's KV to a CPU pool
+    swap_space_gib: float = 4.0  # size of that CPU pool
+    watermark: float = 0.01
+    long_prefill_token_threshold: int = 0
 
     def validate(self) -> None:
         if self.block_size not in (8, 16, 32, 64, 128):
@@ -80,6 +85,15 @@ class EngineArgs:
             raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len={self.max_model_len} must be >= 1")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode={self.preemption_mode!r} must be 'recompute' or 'swap'")
+        if self.swap_space_gib < 0:
+            raise ValueError(f"swap_space_gib={self.swap_space_gib} must be >= 0")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark={self.watermark} must be in [0, 1)")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold={self.long_prefill_token_threshold} must be >= 0 "
+                             "(0 = no cap)")
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
@@ -108,6 +122,9 @@ class SchedulerConfig:
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
+    preemption_mode: str = "recompute"
+    watermark: float = 0.0  # fraction of blocks new admissions leave free for running requests
+    long_prefill_token_threshold: int = 0  # most prompt tokens one request may take per step; 0 = no cap
 
 
 @dataclass

@@ -103,7 +103,8 @@ def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output
     print(f"fasterllm     : {ours['requests_per_s']:8.2f} req/s {ours['output_tokens_per_s']:9.1f} output tok/s  "
           f"TTFT median {ours['ttft_median_ms']:8.1f} ms (max {ours['ttft_max_ms']:.1f})  "
           f"TPOT median {ours['tpot_median_ms']:6.2f} ms  peak KV blocks {ours['peak_kv_blocks']}/{stats.num_kv_blocks}"
-          f"  preemptions {stats.num_preemptions}")
+          f"  preemptions {stats.num_preemptions} (swaps out/in {stats.num_swapped_out}/{stats.num_swapped_in})  "
+          f"prefix cache hit rate {stats.prefix_cache_hit_rate:.1%}")
     results = {"fasterllm": ours}
     if hf_runs:
         hf = results["transformers"] = _median_run(hf_runs)

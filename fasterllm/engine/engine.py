@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from fasterllm.config import CacheConfig, EngineArgs, SchedulerConfig
-from fasterllm.engine.kv_cache_manager import KVCacheManager
+from fasterllm.engine.kv_cache_manager import KVCacheManager, SwapSpace
 from fasterllm.engine.output_processor import OutputProcessor
 from fasterllm.engine.request import Request
 from fasterllm.engine.scheduler import Scheduler
@@ -24,9 +24,19 @@ logger = logging.getLogger("fasterllm")
 class EngineStats:
     num_running: int
     num_waiting: int
-    kv_cache_usage: float
+    num_swapped: int
+    kv_cache_usage: float  # fraction of blocks referenced by requests
     num_kv_blocks: int
+    num_cached_blocks: int  # blocks findable by prefix hash (in use or free)
+    prefix_cache_queries: int  # prompt tokens looked up
+    prefix_cache_hits: int  # of which found cached
     num_preemptions: int
+    num_swapped_out: int
+    num_swapped_in: int
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
 
 class Engine:
@@ -44,7 +54,9 @@ class Engine:
         self.tokenizer = checkpoint.tokenizer
         self.max_model_len = self._max_model_len(args.max_model_len)
         max_batched = args.max_num_batched_tokens or (8192 if self.device.type == "cuda" else 2048)
-        self.scheduler_config = SchedulerConfig(args.max_num_seqs, max_batched, self.max_model_len)
+        self.scheduler_config = SchedulerConfig(args.max_num_seqs, max_batched, self.max_model_len,
+                                                args.preemption_mode, args.watermark,
+                                                args.long_prefill_token_threshold)
         self.runner = ModelRunner(checkpoint, self.max_model_len, self.device, self.dtype)
         cache = CacheConfig(args.block_size)
         profile_start = time.perf_counter()
@@ -52,8 +64,13 @@ class Engine:
             cache, self.scheduler_config, args.gpu_memory_utilization, args.cpu_kv_cache_gib)
         self._check_fits(cache)
         self.runner.allocate_kv_cache(cache.num_blocks, cache.block_size)
-        self.kv_cache = KVCacheManager(cache.num_blocks, cache.block_size)
-        self.scheduler = Scheduler(self.scheduler_config, self.kv_cache)
+        self.kv_cache = KVCacheManager(cache.num_blocks, cache.block_size, args.enable_prefix_caching)
+        swap_space = None
+        if args.preemption_mode == "swap":
+            cpu_blocks = int(args.swap_space_gib * 2**30) // self.runner.bytes_per_block(cache.block_size)
+            self.runner.allocate_swap_space(cpu_blocks)
+            swap_space = SwapSpace(cpu_blocks)
+        self.scheduler = Scheduler(self.scheduler_config, self.kv_cache, swap_space)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.requests: dict[str, Request] = {}
         logger.info("engine ready in %.1fs (weights %.1fs, KV sizing %.1fs): %s, %s on %s, %d KV blocks of %d tokens, "
@@ -129,6 +146,8 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one step; return an output for every request that produced a token or finished."""
         out = self.scheduler.schedule()
+        if out.swap_out or out.swap_in:  # before anything can overwrite the blocks a swap-out frees
+            self.runner.swap(out)
         if not out.scheduled:
             return []
         try:
@@ -168,5 +187,7 @@ class Engine:
             request.cumulative_logprob += values[row][0]
 
     def stats(self) -> EngineStats:
-        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.kv_cache.usage,
-                           self.kv_cache.num_blocks, self.scheduler.num_preemptions)
+        kv, sched = self.kv_cache, self.scheduler
+        return EngineStats(len(sched.running), len(sched.waiting), len(sched.swapped), kv.usage, kv.num_blocks,
+                           kv.num_cached_blocks, kv.prefix_cache_queries, kv.prefix_cache_hits,
+                           sched.stats.num_preemptions, sched.stats.num_swapped_out, sched.stats.num_swapped_in)

@@ -1,41 +1,167 @@
-"""The block pool and each request's block table. Blocks hold block_size tokens of KV for every layer."""
+"""The block pool, block tables, and the prefix cache.
+
+Blocks hold block_size tokens of KV for every layer. A full block is identified by a hash chained
+from its parent block's hash and its own token ids, so equal hashes mean equal prefixes. Reference
+counts let many requests share a block; a block whose count drops to zero keeps its contents and its
+hash and stays findable in the free queue until it is reused, least recently freed first.
+"""
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 
 from fasterllm.engine.request import Request
 
 
+def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
+    return hash((parent, token_ids))
+
+
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.free_blocks: deque[int] = deque(range(num_blocks))
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_hashes: list[int | None] = [None] * num_blocks
+        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        self.cached: dict[int, int] = {}  # hash -> block id
+        # blocks with no reference, in eviction order (front = evicted first)
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.block_tables: dict[str, list[int]] = {}
+        self.prefix_cache_queries = 0  # prompt tokens looked up
+        self.prefix_cache_hits = 0  # of which found in the cache
 
+    # ---- sizes -----------------------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_blocks)
+        return len(self.free_queue)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self.cached)
 
     @property
     def usage(self) -> float:
-        """Fraction of the pool in use, 0..1."""
-        return 1.0 - len(self.free_blocks) / self.num_blocks
+        """Fraction of the pool referenced by requests, 0..1 (free cached blocks count as free)."""
+        return 1.0 - len(self.free_queue) / self.num_blocks
 
     def blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
-        """Grow the request's table to hold num_new_tokens more; False (and nothing taken) if the pool is short."""
+    def block_table(self, request_id: str) -> list[int]:
+        return self.block_tables.get(request_id, [])
+
+    # ---- prefix cache ----------------------------------------------------------------------------------
+    def match_prefix(self, request: Request) -> int:
+        """Give a request with nothing computed the cached blocks of its longest cached prefix.
+
+        Returns the number of tokens covered; at least one token is always left to compute, so the
+        step that finishes the prompt has logits to sample from.
+        """
+        assert request.num_computed_tokens == 0 and not self.block_tables.get(request.request_id)
+        if not self.enable_prefix_caching:
+            return 0
+        self.prefix_cache_queries += request.num_tokens
+        hits: list[int] = []
+        for index, h in enumerate(self._full_block_hashes(request, (request.num_tokens - 1) // self.block_size)):
+            block = self.cached.get(h)
+            start = index * self.block_size
+            if block is None or self.block_tokens[block] != tuple(request.all_token_ids[start:start + self.block_size]):
+                break  # a miss, or a hash collision caught by comparing the tokens
+            hits.append(block)
+        for block in hits:
+            self._reference(block)
+        self.block_tables[request.request_id] = hits
+        self.prefix_cache_hits += len(hits) * self.block_size
+        return len(hits) * self.block_size
+
+    def undo_match(self, request: Request, num_hit_tokens: int) -> None:
+        """Give back what match_prefix took when the request could not be admitted after all."""
+        self.free(request)
+        if self.enable_prefix_caching:
+            self.prefix_cache_queries -= request.num_tokens
+            self.prefix_cache_hits -= num_hit_tokens
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """Register the request's blocks that are full and computed, so later requests can reuse them."""
+        if not self.enable_prefix_caching:
+            return
+        table = self.block_tables.get(request.request_id, [])
+        num_full = min(request.num_computed_tokens // self.block_size, len(table))
+        for index, h in enumerate(self._full_block_hashes(request, num_full)):
+            block = table[index]
+            if self.block_hashes[block] is not None or h in self.cached:
+                continue  # already registered, or the same content lives in another block
+            start = index * self.block_size
+            self.block_hashes[block] = h
+            self.block_tokens[block] = tuple(request.all_token_ids[start:start + self.block_size])
+            self.cached[h] = block
+
+    def _full_block_hashes(self, request: Request, count: int) -> list[int]:
+        hashes = request.block_hashes
+        while len(hashes) < count:  # computed once per block of the request, then kept
+            start = len(hashes) * self.block_size
+            parent = hashes[-1] if hashes else None
+            hashes.append(block_hash(parent, tuple(request.all_token_ids[start:start + self.block_size])))
+        return hashes[:count]
+
+    # ---- allocation ------------------------------------------------------------------------------------
+    def can_allocate(self, request: Request, num_new_tokens: int, reserve: int = 0) -> bool:
+        table = self.block_tables.get(request.request_id, [])
+        needed = self.blocks_for_tokens(request.num_computed_tokens + num_new_tokens) - len(table)
+        return needed + reserve <= len(self.free_queue)
+
+    def allocate_slots(self, request: Request, num_new_tokens: int, reserve: int = 0) -> bool:
+        """Grow the request's table to hold num_new_tokens more, keeping `reserve` blocks free.
+
+        Returns False, taking nothing, when the pool is short.
+        """
+        if not self.can_allocate(request, num_new_tokens, reserve):
+            return False
         table = self.block_tables.setdefault(request.request_id, [])
         needed = self.blocks_for_tokens(request.num_computed_tokens + num_new_tokens) - len(table)
-        if needed > len(self.free_blocks):
-            return False
-        table.extend(self.free_blocks.popleft() for _ in range(needed))
+        table.extend(self._take_free_block() for _ in range(needed))
         return True
 
     def free(self, request: Request) -> None:
-        self.free_blocks.extend(self.block_tables.pop(request.request_id, []))
+        """Drop the request's references; its tail blocks become the first candidates for eviction."""
+        for block in reversed(self.block_tables.pop(request.request_id, [])):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free_queue[block] = None
 
-    def block_table(self, request_id: str) -> list[int]:
-        return self.block_tables[request_id]
+    def _reference(self, block: int) -> None:
+        if self.ref_counts[block] == 0:
+            del self.free_queue[block]
+        self.ref_counts[block] += 1
+
+    def _take_free_block(self) -> int:
+        block, _ = self.free_queue.popitem(last=False)
+        if self.block_hashes[block] is not None:  # evict its cached contents
+            del self.cached[self.block_hashes[block]]
+            self.block_hashes[block] = None
+            self.block_tokens[block] = None
+        self.ref_counts[block] = 1
+        return block
+
+
+class SwapSpace:
+    """Block ids of the CPU pool that swapped-out requests' KV is copied into."""
+
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self.free_blocks = list(range(num_blocks))
+        self.tables: dict[str, list[int]] = {}
+
+    def can_hold(self, num_blocks: int) -> bool:
+        return num_blocks <= len(self.free_blocks)
+
+    def take(self, request_id: str, num_blocks: int) -> list[int]:
+        blocks = [self.free_blocks.pop() for _ in range(num_blocks)]
+        self.tables[request_id] = blocks
+        return blocks
+
+    def release(self, request_id: str) -> list[int]:
+        blocks = self.tables.pop(request_id, [])
+        self.free_blocks.extend(blocks)
+        return blocks

@@ -13,6 +13,7 @@ from fasterllm.sampling_params import SamplingParams
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    SWAPPED = "swapped"  # preempted with its KV copied to the CPU pool
     FINISHED = "finished"
 
 
@@ -32,6 +33,7 @@ class Request:
         self.output_token_ids: list[int] = []
         self.all_token_ids = list(prompt_token_ids)
         self.num_computed_tokens = 0  # tokens whose KV is in the cache
+        self.block_hashes: list[int] = []  # prefix-cache hashes of its full blocks, filled as they are needed
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None

@@ -1,10 +1,12 @@
 """Continuous batching under a token budget (vLLM v1's model).
 
 Every step each scheduled request contributes some new tokens: a whole prompt, a chunk of one, or
-the one token it sampled last step. Running requests go first (oldest first), then waiting ones
-are admitted while the token budget, max_num_seqs and the block pool allow. When blocks run out,
-the latest-admitted running request is preempted by recompute: its blocks are freed and it goes
-back to the front of the queue, keeping the tokens it generated.
+the one token it sampled last step. Running requests go first (oldest first), then swapped-out
+ones come back, then waiting ones are admitted while the token budget, max_num_seqs and the block
+pool allow (new admissions keep a watermark of blocks free for the running ones). A new request
+starts from its longest cached prefix. When blocks run out, the latest-admitted running request is
+preempted: by recompute (blocks freed, back to the front of the queue, generated tokens kept) or by
+swap (its KV copied to the CPU pool, copied back when blocks free up).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from fasterllm.config import SchedulerConfig
-from fasterllm.engine.kv_cache_manager import KVCacheManager
+from fasterllm.engine.kv_cache_manager import KVCacheManager, SwapSpace
 from fasterllm.engine.request import Request, RequestStatus
 
 
@@ -31,25 +33,44 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    # block copies the runner makes before the forward pass: (device block, CPU block) / (CPU, device)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         return sum(s.num_new_tokens for s in self.scheduled)
 
 
+@dataclass
+class SchedulerStats:
+    num_preemptions: int = 0
+    num_swapped_out: int = 0
+    num_swapped_in: int = 0
+
+
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager):
+    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, swap_space: SwapSpace | None = None):
         self.config = config
         self.kv_cache = kv_cache
+        self.swap_space = swap_space
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.num_preemptions = 0
+        self.swapped: deque[Request] = deque()
+        self.stats = SchedulerStats()
+        self.watermark_blocks = max(1, int(config.watermark * kv_cache.num_blocks)) if config.watermark else 0
 
     def add_request(self, request: Request) -> None:
+        needed = self.kv_cache.blocks_for_tokens(len(request.prompt_token_ids) + request.max_tokens)
+        if needed > self.kv_cache.num_blocks:
+            raise ValueError(
+                f"request {request.request_id!r} needs up to {needed} KV blocks ({len(request.prompt_token_ids)} "
+                f"prompt + {request.max_tokens} new tokens) but the pool has {self.kv_cache.num_blocks}; it could "
+                "never run. Lower max_tokens or give the KV cache more memory")
         self.waiting.append(request)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -57,43 +78,83 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = self._chunk(request, budget)
             if not self._allocate_or_preempt(request, num_new, out):
                 break  # the request itself was preempted: nothing after it runs either
             out.scheduled.append(ScheduledRequest(request, num_new))
             budget -= num_new
             index += 1
-        # admitting new work in a step that had to preempt would only thrash
-        while (not out.preempted and self.waiting and budget > 0
-               and len(self.running) < self.config.max_num_seqs):
+        if not out.preempted:  # admitting work in a step that had to preempt would only thrash
+            budget = self._swap_in(out, budget)
+            if not self.swapped:  # swapped-out requests come back before new ones start
+                self._admit_waiting(out, budget)
+        return out
+
+    def _chunk(self, request: Request, budget: int) -> int:
+        num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+        threshold = self.config.long_prefill_token_threshold
+        return min(num_new, threshold) if threshold else num_new
+
+    def _swap_in(self, out: SchedulerOutput, budget: int) -> int:
+        while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.swapped[0]
+            num_new = self._chunk(request, budget)
+            if not self.kv_cache.allocate_slots(request, num_new, reserve=self.watermark_blocks):
+                break
+            self.swapped.popleft()
+            cpu_blocks = self.swap_space.release(request.request_id)
+            out.swap_in.extend(zip(cpu_blocks, self.kv_cache.block_table(request.request_id)))
+            self.stats.num_swapped_in += 1
+            self._start(request, num_new, out)
+            budget -= num_new
+        return budget
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self.kv_cache.allocate_slots(request, num_new):
+            hit_tokens = self.kv_cache.match_prefix(request)
+            request.num_computed_tokens = hit_tokens
+            num_new = self._chunk(request, budget)
+            if not self.kv_cache.allocate_slots(request, num_new, reserve=self.watermark_blocks):
+                self.kv_cache.undo_match(request, hit_tokens)
+                request.num_computed_tokens = 0
                 break
             self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
             if request.metrics.first_scheduled_time is None:
                 request.metrics.first_scheduled_time = time.time()
-            self.running.append(request)
-            out.scheduled.append(ScheduledRequest(request, num_new))
+            self._start(request, num_new, out)
             budget -= num_new
-        return out
+
+    def _start(self, request: Request, num_new: int, out: SchedulerOutput) -> None:
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        out.scheduled.append(ScheduledRequest(request, num_new))
 
     def _allocate_or_preempt(self, request: Request, num_new: int, out: SchedulerOutput) -> bool:
         while not self.kv_cache.allocate_slots(request, num_new):
             victim = self.running.pop()
-            self._preempt(victim)
-            out.preempted.append(victim)
+            self._preempt(victim, out)
             if victim is request:
                 return False
         return True
 
-    def _preempt(self, request: Request) -> None:
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        out.preempted.append(request)
+        self.stats.num_preemptions += 1
+        request.num_preemptions += 1
+        table = self.kv_cache.block_table(request.request_id)
+        if (self.config.preemption_mode == "swap" and self.swap_space is not None
+                and self.swap_space.can_hold(len(table))):
+            out.swap_out.extend(zip(table, self.swap_space.take(request.request_id, len(table))))
+            self.kv_cache.free(request)
+            request.status = RequestStatus.SWAPPED
+            self.stats.num_swapped_out += 1
+            self.swapped.appendleft(request)
+            return
+        # recompute (also the fallback when the CPU pool is full): its cached full blocks may still hit
         self.kv_cache.free(request)
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
-        request.num_preemptions += 1
-        self.num_preemptions += 1
         self.waiting.appendleft(request)
 
     def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> None:
@@ -102,6 +163,7 @@ class Scheduler:
         for item in out.scheduled:
             request = item.request
             request.num_computed_tokens += item.num_new_tokens
+            self.kv_cache.cache_full_blocks(request)
             token = sampled.get(request.request_id)
             if token is None:
                 continue
@@ -116,8 +178,11 @@ class Scheduler:
         if request.finished:
             return
         request.finish(reason, stop_reason)
-        if request in self.waiting:
-            self.waiting.remove(request)
+        for queue in (self.waiting, self.swapped):
+            if request in queue:
+                queue.remove(request)
+        if self.swap_space is not None:
+            self.swap_space.release(request.request_id)
         self._release(request)
 
     def _release(self, request: Request) -> None:

@@ -26,6 +26,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
     g.add_argument("--max-num-batched-tokens", type=int, default=None)
     g.add_argument("--seed", type=int, default=defaults.seed)
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=defaults.enable_prefix_caching, help="reuse the KV of shared prompt prefixes")
+    g.add_argument("--preemption-mode", choices=["recompute", "swap"], default=defaults.preemption_mode)
+    g.add_argument("--swap-space-gib", type=float, default=defaults.swap_space_gib,
+                   help="CPU pool for preemption by swap")
+    g.add_argument("--long-prefill-token-threshold", type=int, default=defaults.long_prefill_token_threshold,
+                   help="most prompt tokens one request takes per step (0 = no cap)")
 
 
 def engine_args_from(ns: argparse.Namespace, **overrides) -> EngineArgs:

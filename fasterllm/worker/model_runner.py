@@ -35,6 +35,7 @@ class ModelRunner:
             self.model.pack_for_cpu()
         self.load_seconds = time.perf_counter() - start
         self.kv_caches: torch.Tensor | None = None
+        self.swap_caches: torch.Tensor | None = None  # the CPU pool for preemption by swap
         self.block_size = 0
 
     def bytes_per_block(self, block_size: int) -> int:
@@ -85,6 +86,21 @@ class ModelRunner:
         self.block_size = block_size
         self.kv_caches = torch.zeros(cfg.num_hidden_layers, 2, num_blocks, block_size, cfg.num_key_value_heads,
                                      cfg.head_dim, dtype=self.dtype, device=self.device)
+
+    def allocate_swap_space(self, num_blocks: int) -> None:
+        shape = list(self.kv_caches.shape)
+        shape[2] = num_blocks
+        self.swap_caches = torch.zeros(shape, dtype=self.dtype, pin_memory=self.device.type == "cuda")
+
+    @torch.inference_mode()
+    def swap(self, out: SchedulerOutput) -> None:
+        """Copy preempted requests' blocks to the CPU pool, and returning ones back, before the forward pass."""
+        if out.swap_out:
+            device_blocks, cpu_blocks = (torch.tensor(c) for c in zip(*out.swap_out))
+            self.swap_caches[:, :, cpu_blocks] = self.kv_caches[:, :, device_blocks.to(self.device)].cpu()
+        if out.swap_in:
+            cpu_blocks, device_blocks = (torch.tensor(c) for c in zip(*out.swap_in))
+            self.kv_caches[:, :, device_blocks.to(self.device)] = self.swap_caches[:, :, cpu_blocks].to(self.device)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> ModelRunnerOutput:

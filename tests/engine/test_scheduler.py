@@ -6,7 +6,9 @@ from fasterllm.sampling_params import SamplingParams
 
 
 def make_request(request_id: str, num_prompt_tokens: int, max_tokens: int = 4) -> Request:
-    return Request(request_id, None, list(range(1, num_prompt_tokens + 1)),
+    """Prompts of different requests share no tokens, so the prefix cache stays out of these tests."""
+    base = 1000 * ord(request_id[0])
+    return Request(request_id, None, list(range(base, base + num_prompt_tokens)),
                    SamplingParams(max_tokens=max_tokens, ignore_eos=True), [0], 1024)
 
 
@@ -92,7 +94,7 @@ def test_out_of_blocks_preempts_the_latest_request_by_recompute_and_keeps_its_to
     assert [s.request.request_id for s in out.scheduled] == ["a"]
     assert b.status is RequestStatus.WAITING and b.num_computed_tokens == 0
     assert b.output_token_ids == [7] and b.num_tokens == 4  # generated token kept, recomputed later
-    assert scheduler.waiting[0] is b and scheduler.num_preemptions == 1
+    assert scheduler.waiting[0] is b and scheduler.stats.num_preemptions == 1
     while not a.finished:
         run_step(scheduler)
     out = run_step(scheduler)  # a finished and freed its blocks: b recomputes prompt + its token
