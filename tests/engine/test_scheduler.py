@@ -1,3 +1,5 @@
+import pytest
+
 from fasterllm.config import SchedulerConfig
 from fasterllm.engine.kv_cache_manager import KVCacheManager
 from fasterllm.engine.request import Request, RequestStatus
@@ -112,3 +114,10 @@ def test_finish_request_removes_waiting_and_running_requests():
     assert not scheduler.has_unfinished_requests()
     assert scheduler.kv_cache.num_free_blocks == scheduler.kv_cache.num_blocks
     assert a.finish_reason == b.finish_reason == "abort"
+
+
+def test_a_request_that_could_never_fit_is_rejected_not_queued():
+    scheduler = make_scheduler(num_blocks=4, block_size=4)  # 16 tokens in all
+    with pytest.raises(ValueError, match="needs up to 5 KV blocks .* but the pool has 4; it could never run"):
+        scheduler.add_request(make_request("a", 10, max_tokens=10))
+    assert not scheduler.has_unfinished_requests()
