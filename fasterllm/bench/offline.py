@@ -12,32 +12,53 @@ from fasterllm.engine.engine import Engine
 from fasterllm.sampling_params import SamplingParams
 
 
-def random_prompts(engine: Engine, num_prompts: int, input_len: int, seed: int = 0) -> list[list[int]]:
+def random_prompts(engine: Engine, num_prompts: int, input_len: int, seed: int = 0,
+                   shared_prefix_len: int = 0) -> list[list[int]]:
+    """Random token prompts; with shared_prefix_len, all start with the same random prefix."""
     rng = random.Random(seed)
     special = engine.tokenizer.special_ids
     usable = [t for t in range(min(engine.model_config.vocab_size, engine.tokenizer.vocab_size)) if t not in special]
-    return [[rng.choice(usable) for _ in range(input_len)] for _ in range(num_prompts)]
+    prefix = [rng.choice(usable) for _ in range(shared_prefix_len)]
+    return [prefix + [rng.choice(usable) for _ in range(input_len)] for _ in range(num_prompts)]
 
 
-def run_engine(engine: Engine, prompts: list[list[int]], output_len: int) -> dict[str, float]:
+def run_engine(engine: Engine, prompts: list[list[int]], output_len: int,
+               late_prompt: list[int] | None = None) -> dict[str, float]:
+    """All prompts arrive at once; late_prompt (if any) arrives once every one of them is decoding.
+
+    Inter-token latencies (ITL) are those of the prompts' requests, the late one excluded.
+    """
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     start = time.perf_counter()
     wall_start = time.time()
     for i, prompt in enumerate(prompts):
         engine.add_request(f"bench-{i}", prompt, params, arrival_time=wall_start)
+    token_times: dict[str, list[float]] = {f"bench-{i}": [] for i in range(len(prompts))}
     finished = []
     peak_blocks = 0
     while engine.has_unfinished_requests():
-        finished.extend(o for o in engine.step() if o.finished)
+        outputs = engine.step()
+        now = time.perf_counter()
+        for output in outputs:
+            if output.request_id in token_times:
+                token_times[output.request_id].append(now)
+            if output.finished:
+                finished.append(output)
+        if late_prompt is not None and all(token_times.values()):
+            engine.add_request("bench-late", late_prompt, SamplingParams(temperature=0.0, max_tokens=1))
+            late_prompt = None
         peak_blocks = max(peak_blocks, engine.kv_cache.num_blocks - engine.kv_cache.num_free_blocks)
     elapsed = time.perf_counter() - start
-    ttft = [o.metrics.time_to_first_token for o in finished]
-    tpot = [(o.metrics.last_token_time - o.metrics.first_token_time) / (output_len - 1)
-            for o in finished if output_len > 1]
+    ttft = [o.metrics.time_to_first_token for o in finished if o.request_id in token_times]
+    itl = sorted(b - a for times in token_times.values() for a, b in zip(times, times[1:]))
+    tpot = [(times[-1] - times[0]) / (len(times) - 1) for times in token_times.values() if len(times) > 1]
     return {"seconds": elapsed, "requests_per_s": len(prompts) / elapsed,
             "output_tokens_per_s": len(prompts) * output_len / elapsed,
             "ttft_median_ms": 1e3 * statistics.median(ttft), "ttft_max_ms": 1e3 * max(ttft),
             "tpot_median_ms": 1e3 * statistics.median(tpot) if tpot else float("nan"),
+            "itl_p50_ms": 1e3 * itl[len(itl) // 2] if itl else float("nan"),
+            "itl_p99_ms": 1e3 * itl[min(len(itl) - 1, int(0.99 * len(itl)))] if itl else float("nan"),
+            "itl_max_ms": 1e3 * itl[-1] if itl else float("nan"),
             "peak_kv_blocks": peak_blocks}
 
 
@@ -79,32 +100,42 @@ def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
 
 
 def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output_len: int,
-                      with_transformers: bool, repeats: int = 3) -> dict[str, dict[str, float]]:
-    if min(num_prompts, input_len, output_len, repeats) < 1:
+                      with_transformers: bool, repeats: int = 3, shared_prefix_len: int = 0,
+                      long_prompt_len: int = 0) -> dict[str, dict[str, float]]:
+    if min(num_prompts, input_len, output_len, repeats) < 1 or min(shared_prefix_len, long_prompt_len) < 0:
         raise ValueError(f"num_prompts={num_prompts}, input_len={input_len}, output_len={output_len}, "
-                         f"repeats={repeats} must all be >= 1")
+                         f"repeats={repeats} must all be >= 1 (shared_prefix_len, long_prompt_len >= 0)")
     engine = Engine(args)
-    if input_len + output_len > engine.max_model_len:
-        raise ValueError(f"input_len + output_len = {input_len + output_len} exceeds max_model_len="
-                         f"{engine.max_model_len}; shorten them")
-    prompts = random_prompts(engine, num_prompts, input_len, args.seed)
+    longest = max(shared_prefix_len + input_len + output_len, long_prompt_len + 1)
+    if longest > engine.max_model_len:
+        raise ValueError(f"the workload needs {longest} tokens per request but max_model_len="
+                         f"{engine.max_model_len}; shorten it")
     hf_model = load_transformers(engine) if with_transformers else None
-    print(f"workload: {num_prompts} prompts x {input_len} input tokens, {output_len} output tokens (greedy, "
-          f"ignore_eos); model {engine.model_name}, {str(engine.dtype).removeprefix('torch.')} on {engine.device}, "
+    print(f"workload: {num_prompts} prompts x {input_len} input tokens"
+          + (f" after a shared {shared_prefix_len}-token prefix" if shared_prefix_len else "")
+          + f", {output_len} output tokens (greedy, ignore_eos)"
+          + (f", one {long_prompt_len}-token prompt arriving mid-decode" if long_prompt_len else "")
+          + f"; model {engine.model_name}, {str(engine.dtype).removeprefix('torch.')} on {engine.device}, "
           f"torch threads {torch.get_num_threads()}; median of {repeats} interleaved runs")
-    run_engine(engine, prompts[:1], 4)  # warm-up
+    run_engine(engine, random_prompts(engine, 1, 8, seed=-1), 4)  # warm-up
     ours_runs, hf_runs = [], []
-    for _ in range(repeats):  # interleaved, so a noisy spell on the machine hits both
-        ours_runs.append(run_engine(engine, prompts, output_len))
+    for repeat in range(repeats):  # interleaved, so a noisy spell on the machine hits both
+        # fresh prompts each run, so no run reuses the prefix cache a previous one filled
+        prompts = random_prompts(engine, num_prompts, input_len, args.seed + repeat, shared_prefix_len)
+        late = random_prompts(engine, 1, long_prompt_len, args.seed - repeat - 1)[0] if long_prompt_len else None
+        ours_runs.append(run_engine(engine, prompts, output_len, late))
         if hf_model is not None:
             hf_runs.append(run_transformers(hf_model, prompts, output_len))
     ours = _median_run(ours_runs)
     stats = engine.stats()
     print(f"fasterllm     : {ours['requests_per_s']:8.2f} req/s {ours['output_tokens_per_s']:9.1f} output tok/s  "
-          f"TTFT median {ours['ttft_median_ms']:8.1f} ms (max {ours['ttft_max_ms']:.1f})  "
-          f"TPOT median {ours['tpot_median_ms']:6.2f} ms  peak KV blocks {ours['peak_kv_blocks']}/{stats.num_kv_blocks}"
-          f"  preemptions {stats.num_preemptions} (swaps out/in {stats.num_swapped_out}/{stats.num_swapped_in})  "
-          f"prefix cache hit rate {stats.prefix_cache_hit_rate:.1%}")
+          f"total {ours['seconds']:.2f} s  TTFT median {ours['ttft_median_ms']:.1f} ms (max {ours['ttft_max_ms']:.1f})"
+          f"  TPOT median {ours['tpot_median_ms']:.2f} ms  ITL p50/p99/max {ours['itl_p50_ms']:.1f}/"
+          f"{ours['itl_p99_ms']:.1f}/{ours['itl_max_ms']:.1f} ms")
+    print(f"engine stats  : peak KV blocks {ours['peak_kv_blocks']}/{stats.num_kv_blocks}, preemptions "
+          f"{stats.num_preemptions} (swaps out/in {stats.num_swapped_out}/{stats.num_swapped_in}), prefix cache "
+          f"hit rate {stats.prefix_cache_hit_rate:.1%} ({stats.prefix_cache_hits}/{stats.prefix_cache_queries} "
+          f"tokens), cached blocks {stats.num_cached_blocks}")
     results = {"fasterllm": ours}
     if hf_runs:
         hf = results["transformers"] = _median_run(hf_runs)

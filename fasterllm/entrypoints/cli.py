@@ -105,7 +105,8 @@ def cmd_chat(ns: argparse.Namespace) -> None:
 def cmd_bench(ns: argparse.Namespace) -> None:
     from fasterllm.bench.offline import run_offline_bench
 
-    run_offline_bench(engine_args_from(ns), ns.num_prompts, ns.input_len, ns.output_len, not ns.no_hf, ns.repeats)
+    run_offline_bench(engine_args_from(ns), ns.num_prompts, ns.input_len, ns.output_len, not ns.no_hf, ns.repeats,
+                      ns.shared_prefix_len, ns.long_prompt_len)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--output-len", type=int, default=128)
     bench.add_argument("--no-hf", action="store_true", help="skip the transformers run")
     bench.add_argument("--repeats", type=int, default=3, help="interleaved runs of each; the median is reported")
+    bench.add_argument("--shared-prefix-len", type=int, default=0,
+                       help="every prompt starts with the same random prefix of this many tokens")
+    bench.add_argument("--long-prompt-len", type=int, default=0,
+                       help="one prompt of this many tokens arrives once the others are decoding (ITL under load)")
     add_engine_args(bench)
     bench.set_defaults(func=cmd_bench)
     return parser
