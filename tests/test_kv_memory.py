@@ -62,3 +62,25 @@ def test_preemption_gives_identical_tokens(reference, mode, caching):
 def test_long_prefill_cap_gives_identical_tokens(reference):
     rounds, _ = generate_twice(long_prefill_token_threshold=8, num_kv_blocks=200)
     assert rounds == [reference, reference]
+
+
+def test_a_shared_prefix_is_computed_once():
+    llm = LLM(dtype="float32", max_model_len=256, num_kv_blocks=64)
+    engine = llm.engine
+    computed = []
+    execute = engine.runner.execute
+
+    def counting_execute(out, block_tables):
+        computed.append({item.request.request_id: item.num_new_tokens for item in out.scheduled})
+        return execute(out, block_tables)
+
+    engine.runner.execute = counting_execute
+    first, second = prompts(llm)[:2]
+    shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)  # system prompt + template
+    assert shared >= 32
+    llm.generate(first, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    computed.clear()
+    llm.generate(second, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    cached = shared // 16 * 16  # whole blocks only
+    assert computed[0] == {"1": len(second) - cached}  # the prompt step computed only the uncached tail
+    assert engine.stats().prefix_cache_hits == cached

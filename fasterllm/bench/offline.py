@@ -117,12 +117,14 @@ def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output
           + (f", one {long_prompt_len}-token prompt arriving mid-decode" if long_prompt_len else "")
           + f"; model {engine.model_name}, {str(engine.dtype).removeprefix('torch.')} on {engine.device}, "
           f"torch threads {torch.get_num_threads()}; median of {repeats} interleaved runs")
-    run_engine(engine, random_prompts(engine, 1, 8, seed=-1), 4)  # warm-up
+    # seeds: runs use seed + repeat; the late prompt and the warm-up get seeds of their own (far apart:
+    # random.Random treats -n like n)
+    run_engine(engine, random_prompts(engine, 1, 8, seed=10**6), 4)  # warm-up
     ours_runs, hf_runs = [], []
     for repeat in range(repeats):  # interleaved, so a noisy spell on the machine hits both
         # fresh prompts each run, so no run reuses the prefix cache a previous one filled
         prompts = random_prompts(engine, num_prompts, input_len, args.seed + repeat, shared_prefix_len)
-        late = random_prompts(engine, 1, long_prompt_len, args.seed - repeat - 1)[0] if long_prompt_len else None
+        late = random_prompts(engine, 1, long_prompt_len, 10**6 + 1 + repeat)[0] if long_prompt_len else None
         ours_runs.append(run_engine(engine, prompts, output_len, late))
         if hf_model is not None:
             hf_runs.append(run_transformers(hf_model, prompts, output_len))

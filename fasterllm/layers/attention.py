@@ -14,9 +14,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-# measured on a 2-core AMD EPYC (bf16, SmolLM2): SDPA wins below ~8 sequences, matmuls above
-_MATMUL_DECODE_MIN_BATCH = 8
-
 
 @dataclass
 class PrefillGroup:
@@ -139,11 +136,4 @@ def _decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, d: DecodeGrou
     q = query.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     k, v = (kv_cache[i].index_select(0, d.blocks).view(batch, width, num_kv_heads, head_dim).transpose(1, 2)
             for i in (0, 1))
-    if batch < _MATMUL_DECODE_MIN_BATCH:
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=d.mask, scale=scale)
-        return o.reshape(batch, num_heads, head_dim)
-    # with many sequences, plain matmuls beat the CPU SDPA kernel (a handful of query rows per head)
-    k, v = k.contiguous(), v.contiguous()
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
-    probs = scores.masked_fill(~d.mask, float("-inf")).softmax(dim=-1).to(v.dtype)
-    return torch.matmul(probs, v).reshape(batch, num_heads, head_dim)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=d.mask, scale=scale).reshape(batch, num_heads, head_dim)
