@@ -63,7 +63,7 @@ class EngineArgs:
     num_kv_blocks: int | None = None
     max_num_seqs: int = 128
     max_num_batched_tokens: int | None = None
-    enforce_eager: bool = False
+    enforce_eager: bool = False  # CUDA graphs come with the GPU fast path; until then every run is eager
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"  # or "swap": copy a preempted request's KV to a CPU pool
     swap_space_gib: float = 4.0  # size of that CPU pool
