@@ -29,6 +29,14 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # logit controls, applied to the raw logits before temperature and the filters
+    repetition_penalty: float = 1.0  # transformers' definition: prompt and generated tokens
+    presence_penalty: float = 0.0  # OpenAI's definitions: generated tokens only
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    min_tokens: int = 0  # eos and stop_token_ids are banned until this many tokens exist
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -58,10 +66,30 @@ class SamplingParams:
         for t in self.stop_token_ids or []:
             if not isinstance(t, int) or t < 0:
                 raise ValueError(f"stop_token_ids={self.stop_token_ids!r} must be non-negative token ids")
+        _check_number("repetition_penalty", self.repetition_penalty, 1e-6, math.inf, "must be > 0 (1 = off)")
+        _check_number("presence_penalty", self.presence_penalty, -2.0, 2.0, "must be in [-2, 2]")
+        _check_number("frequency_penalty", self.frequency_penalty, -2.0, 2.0, "must be in [-2, 2]")
+        for token, bias in (self.logit_bias or {}).items():
+            if not isinstance(token, int) or token < 0:
+                raise ValueError(f"logit_bias key {token!r} must be a non-negative token id")
+            _check_number(f"logit_bias[{token}]", bias, -100.0, 100.0, "must be in [-100, 100]")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0 or (
+                self.max_tokens is not None and self.min_tokens > self.max_tokens):
+            raise ValueError(f"min_tokens={self.min_tokens!r} must be an integer in [0, max_tokens={self.max_tokens}]")
+        if any(not isinstance(w, str) or not w.strip() for w in self.bad_words or []):
+            raise ValueError(f"bad_words={self.bad_words!r} must be non-empty strings")
+        if self.allowed_token_ids is not None and (not self.allowed_token_ids or any(
+                not isinstance(t, int) or t < 0 for t in self.allowed_token_ids)):
+            raise ValueError(f"allowed_token_ids={self.allowed_token_ids!r} must be a non-empty list of token ids")
 
     @property
     def greedy(self) -> bool:
         return self.temperature < _GREEDY_TEMPERATURE
+
+    @property
+    def controls_logits(self) -> bool:
+        return bool(self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty
+                    or self.logit_bias or self.min_tokens or self.bad_words or self.allowed_token_ids)
 
 
 def _check_number(name: str, value: object, low: float, high: float, rule: str) -> None:

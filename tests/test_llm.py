@@ -169,3 +169,23 @@ def test_unknown_models_and_corrupt_files_get_clear_errors(tmp_path):
                                             '"num_attention_heads": 2}')
     with pytest.raises(ValueError, match="architecture 'GPT2LMHeadModel' is not supported"):
         LLM(str(bad_config))
+
+
+def test_logit_controls_reach_generation(llm):
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    plain = llm.chat(question, SamplingParams(temperature=0, max_tokens=30), use_tqdm=False)[0].outputs[0]
+    assert "Paris" in plain.text
+    banned = llm.chat(question, SamplingParams(temperature=0, max_tokens=30, bad_words=["Paris"]),
+                      use_tqdm=False)[0].outputs[0]
+    assert "Paris" not in banned.text
+    tokenizer = llm.get_tokenizer()
+    long = llm.chat(question, SamplingParams(temperature=0, max_tokens=40, min_tokens=len(plain.token_ids) + 5),
+                    use_tqdm=False)[0].outputs[0]
+    assert len(long.token_ids) >= len(plain.token_ids) + 5
+    assert tokenizer.eos_token_id not in long.token_ids[:len(plain.token_ids) + 5]
+    forced = tokenizer.encode(" banana", add_special_tokens=False)[0]
+    biased = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=4, logit_bias={forced: 100}),
+                          use_tqdm=False)[0].outputs[0]
+    assert biased.token_ids == [forced] * 4
+    with pytest.raises(ValueError, match=r"logit_bias has token ids \[49152\] outside the vocabulary"):
+        llm.generate(PROMPTS[0], SamplingParams(logit_bias={49152: 1.0}), use_tqdm=False)

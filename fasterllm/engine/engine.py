@@ -104,11 +104,13 @@ class Engine:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use; request ids must be unique")
         text, token_ids = self._tokenize(prompt)
+        self._check_token_ids(params)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
         request = Request(request_id, text, token_ids, params, self.tokenizer.eos_token_ids or
                           self.model_config.eos_token_ids, self.max_model_len, arrival_time, generator)
+        request.bad_word_ids = self._bad_word_ids(params.bad_words)
         self.requests[request_id] = request
         self.output_processor.add_request(request)
         self.scheduler.add_request(request)
@@ -132,6 +134,24 @@ class Engine:
                              "(room for at least one generated token is needed); shorten the prompt or raise "
                              "max_model_len (--max-model-len)")
         return text, token_ids
+
+    def _bad_word_ids(self, words: list[str] | None) -> list[list[int]]:
+        """Each bad word as token ids, as written and with a leading space (how it appears mid-text)."""
+        sequences: list[list[int]] = []
+        for word in words or []:
+            for form in (word, " " + word.lstrip()):
+                ids = self.tokenizer.encode(form, add_special_tokens=False)
+                if ids and ids not in sequences:
+                    sequences.append(ids)
+        return sequences
+
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        vocab = self.model_config.vocab_size
+        for name, ids in (("stop_token_ids", params.stop_token_ids), ("allowed_token_ids", params.allowed_token_ids),
+                          ("logit_bias", list(params.logit_bias or {}))):
+            bad = [t for t in ids or [] if t >= vocab]
+            if bad:
+                raise ValueError(f"{name} has token ids {bad[:5]} outside the vocabulary [0, {vocab})")
 
     def abort_request(self, request_id: str) -> None:
         request = self.requests.pop(request_id, None)

@@ -34,6 +34,7 @@ class Request:
         self.all_token_ids = list(prompt_token_ids)
         self.num_computed_tokens = 0  # tokens whose KV is in the cache
         self.block_hashes: list[int] = []  # prefix-cache hashes of its full blocks, filled as they are needed
+        self.bad_word_ids: list[list[int]] = []  # sampling_params.bad_words as token sequences
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None

@@ -52,11 +52,17 @@ def add_sampling_args(parser: argparse.ArgumentParser, temperature: float) -> No
     g.add_argument("--sampling-seed", type=int, default=None, help="per-request seed for reproducible sampling")
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--min-tokens", type=int, default=0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--presence-penalty", type=float, default=0.0)
+    g.add_argument("--frequency-penalty", type=float, default=0.0)
 
 
 def sampling_params_from(ns: argparse.Namespace) -> SamplingParams:
     return SamplingParams(temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k, min_p=ns.min_p,
-                          seed=ns.sampling_seed, max_tokens=ns.max_tokens, stop=ns.stop, ignore_eos=ns.ignore_eos)
+                          seed=ns.sampling_seed, max_tokens=ns.max_tokens, stop=ns.stop, ignore_eos=ns.ignore_eos,
+                          min_tokens=ns.min_tokens, repetition_penalty=ns.repetition_penalty,
+                          presence_penalty=ns.presence_penalty, frequency_penalty=ns.frequency_penalty)
 
 
 def cmd_generate(ns: argparse.Namespace) -> None:

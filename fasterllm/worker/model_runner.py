@@ -13,6 +13,7 @@ from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.linear import can_pack
 from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.models.registry import model_class
+from fasterllm.worker.logit_controls import LogitControls
 from fasterllm.worker.sampler import SamplerOutput, SamplingMetadata, sample
 
 logger = logging.getLogger(__name__)
@@ -127,6 +128,7 @@ class ModelRunner:
                             self.kv_caches, meta, torch.tensor(logits_rows, dtype=torch.long, device=device))
         if not sampling:
             return ModelRunnerOutput([], None)
-        md = SamplingMetadata.build([r.sampling_params for r in sampling], [r.generator for r in sampling],
-                                    logits.shape[-1], device)
+        vocab = logits.shape[-1]
+        md = SamplingMetadata.build([r.sampling_params for r in sampling], [r.generator for r in sampling], vocab,
+                                    device, LogitControls.build(sampling, vocab, device))
         return ModelRunnerOutput([r.request_id for r in sampling], sample(logits, md))

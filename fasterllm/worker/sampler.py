@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from fasterllm.sampling_params import SamplingParams
+from fasterllm.worker.logit_controls import LogitControls
 
 
 @dataclass
@@ -23,10 +24,11 @@ class SamplingMetadata:
     all_greedy: bool
     generators: list[torch.Generator | None]
     max_num_logprobs: int | None
+    controls: LogitControls | None = None  # penalties, biases, bans; None when no row uses any
 
     @staticmethod
     def build(params: list[SamplingParams], generators: list[torch.Generator | None], vocab_size: int,
-              device: torch.device) -> "SamplingMetadata":
+              device: torch.device, controls: LogitControls | None = None) -> "SamplingMetadata":
         def column(values: list, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=device)
 
@@ -42,6 +44,7 @@ class SamplingMetadata:
             all_greedy=all(greedy),
             generators=generators,
             max_num_logprobs=max(wanted) if wanted else None,
+            controls=controls,
         )
 
 
@@ -84,6 +87,9 @@ def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.
 
 def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
     """logits: [S, V] fp32, one row per request that samples this step."""
+    raw_logits = logits
+    if md.controls is not None:
+        logits = md.controls.apply(logits)
     greedy_tokens = logits.argmax(dim=-1)
     if md.all_greedy:
         tokens = greedy_tokens
@@ -96,8 +102,8 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         tokens = torch.where(md.greedy, greedy_tokens, (probs / noise).argmax(dim=-1))
     if md.max_num_logprobs is None:
         return SamplerOutput(tokens)
-    # logprobs of the model's own distribution, before any filter (as vLLM reports them)
-    logprobs = logits.log_softmax(dim=-1)
+    # logprobs of the model's own distribution, before any penalty or filter (as vLLM reports them)
+    logprobs = raw_logits.log_softmax(dim=-1)
     top = logprobs.topk(md.max_num_logprobs, dim=-1) if md.max_num_logprobs else None
     sampled_logprob = logprobs.gather(-1, tokens[:, None])
     ranks = (logprobs > sampled_logprob).sum(dim=-1) + 1
