@@ -111,9 +111,9 @@ class Engine:
         request = Request(request_id, text, token_ids, params, self.tokenizer.eos_token_ids or
                           self.model_config.eos_token_ids, self.max_model_len, arrival_time, generator)
         request.bad_word_ids = self._bad_word_ids(params.bad_words)
+        self.scheduler.add_request(request)  # first: it may still refuse the request
         self.requests[request_id] = request
         self.output_processor.add_request(request)
-        self.scheduler.add_request(request)
         return request
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
