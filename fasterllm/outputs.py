@@ -50,3 +50,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics = field(repr=False, default=None)  # type: ignore[assignment]
+    # with SamplingParams.prompt_logprobs: None for the first token, then one dict per prompt token
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

@@ -27,6 +27,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # top-n alternatives at every prompt position (no prefix-cache reuse)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     # logit controls, applied to the raw logits before temperature and the filters
@@ -58,6 +59,9 @@ class SamplingParams:
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or
                                           not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs={self.logprobs!r} must be an integer in [0, {MAX_LOGPROBS}]")
+        if self.prompt_logprobs is not None and (not isinstance(self.prompt_logprobs, int) or
+                                                 not 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"prompt_logprobs={self.prompt_logprobs!r} must be an integer in [0, {MAX_LOGPROBS}]")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         for s in stops:
             if not isinstance(s, str) or not s:

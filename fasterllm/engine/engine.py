@@ -185,6 +185,7 @@ class Engine:
         self.scheduler.update(out, dict(zip(result.request_ids, tokens)))
         if sampled is not None and sampled.logprobs is not None:
             self._record_logprobs(result.request_ids, sampled)
+        self._record_prompt_logprobs(result.prompt_logprobs)
         outputs = []
         for request_id, token in zip(result.request_ids, tokens):
             request = self.requests[request_id]
@@ -205,6 +206,15 @@ class Engine:
                 continue
             request.logprobs.append(self.output_processor.decode_logprobs(ids[row], values[row], ranks[row], wanted))
             request.cumulative_logprob += values[row][0]
+
+    def _record_prompt_logprobs(self, scored: dict) -> None:
+        for request_id, (start, ids, values, ranks) in scored.items():
+            request = self.requests[request_id]
+            wanted = request.sampling_params.prompt_logprobs
+            for offset, (row_ids, row_values, rank) in enumerate(zip(ids, values, ranks)):
+                if len(request.prompt_logprobs) == start + offset + 1:  # a recompute scores positions again
+                    request.prompt_logprobs.append(
+                        self.output_processor.decode_logprobs(row_ids, row_values, rank, wanted))
 
     def stats(self) -> EngineStats:
         kv, sched = self.kv_cache, self.scheduler

@@ -59,8 +59,8 @@ class KVCacheManager:
         step that finishes the prompt has logits to sample from.
         """
         assert request.num_computed_tokens == 0 and not self.block_tables.get(request.request_id)
-        if not self.enable_prefix_caching:
-            return 0
+        if not self.enable_prefix_caching or request.prompt_logprobs is not None:
+            return 0  # prompt logprobs need every prompt position computed
         self.prefix_cache_queries += request.num_tokens
         hits: list[int] = []
         for index, h in enumerate(self._full_block_hashes(request, (request.num_tokens - 1) // self.block_size)):
@@ -78,7 +78,7 @@ class KVCacheManager:
     def undo_match(self, request: Request, num_hit_tokens: int) -> None:
         """Give back what match_prefix took when the request could not be admitted after all."""
         self.free(request)
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and request.prompt_logprobs is None:
             self.prefix_cache_queries -= request.num_tokens
             self.prefix_cache_hits -= num_hit_tokens
 

@@ -95,7 +95,7 @@ class OutputProcessor:
         if finished:
             del self.detokenizers[request.request_id]
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, [completion],
-                             finished, request.metrics)
+                             finished, request.metrics, request.prompt_logprobs)
 
     def remove(self, request_id: str) -> None:
         self.detokenizers.pop(request_id, None)

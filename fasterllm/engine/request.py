@@ -40,6 +40,7 @@ class Request:
         self.stop_reason: int | str | None = None
         self.generator = generator
         self.logprobs: SampleLogprobs | None = [] if sampling_params.logprobs is not None else None
+        self.prompt_logprobs: list | None = [None] if sampling_params.prompt_logprobs is not None else None
         self.cumulative_logprob = 0.0
         self.num_preemptions = 0
         self.metrics = RequestMetrics(arrival_time=time.time() if arrival_time is None else arrival_time)

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from fasterllm.config import CacheConfig, ModelConfig, SchedulerConfig
+from fasterllm.engine.request import Request
 from fasterllm.engine.scheduler import SchedulerOutput
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.linear import can_pack
@@ -23,6 +24,9 @@ logger = logging.getLogger(__name__)
 class ModelRunnerOutput:
     request_ids: list[str]  # the requests that sampled, in row order
     sampler_output: SamplerOutput | None
+    # request id -> (first prompt position, [ids per position: actual next token first, then the top-n],
+    #                [their logprobs], [rank of the actual token])
+    prompt_logprobs: dict[str, tuple[int, list[list[int]], list[list[float]], list[int]]] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -110,6 +114,7 @@ class ModelRunner:
         query_lens, seq_lens, tables = [], [], []
         logits_rows: list[int] = []
         sampling = []
+        prompt_rows: list[tuple[Request, int, int, int]] = []  # request, first position, first row, count
         for item in out.scheduled:
             request, start = item.request, item.request.num_computed_tokens
             end = start + item.num_new_tokens
@@ -118,17 +123,42 @@ class ModelRunner:
             query_lens.append(item.num_new_tokens)
             seq_lens.append(end)
             tables.append(block_tables[request.request_id])
+            scored_end = min(end, len(request.prompt_token_ids) - 1)  # positions that predict a prompt token
+            if request.prompt_logprobs is not None and start < scored_end:
+                prompt_rows.append((request, start, len(token_ids) - (end - start), scored_end - start))
             if item.samples:
                 logits_rows.append(len(token_ids) - 1)
                 sampling.append(request)
         meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, self.device,
                                        self.model_config.sliding_window)
         device = self.device
+        for _, _, first_row, count in prompt_rows:  # prompt-scoring rows go after the sampling rows
+            logits_rows.extend(range(first_row, first_row + count))
         logits = self.model(torch.tensor(token_ids, device=device), torch.tensor(positions, device=device),
                             self.kv_caches, meta, torch.tensor(logits_rows, dtype=torch.long, device=device))
+        prompt_logprobs = self._prompt_logprobs(logits[len(sampling):], prompt_rows)
         if not sampling:
-            return ModelRunnerOutput([], None)
+            return ModelRunnerOutput([], None, prompt_logprobs)
+        logits = logits[:len(sampling)]
         vocab = logits.shape[-1]
         md = SamplingMetadata.build([r.sampling_params for r in sampling], [r.generator for r in sampling], vocab,
                                     device, LogitControls.build(sampling, vocab, device))
-        return ModelRunnerOutput([r.request_id for r in sampling], sample(logits, md))
+        return ModelRunnerOutput([r.request_id for r in sampling], sample(logits, md), prompt_logprobs)
+
+    def _prompt_logprobs(self, logits: torch.Tensor, prompt_rows: list[tuple[Request, int, int, int]]):
+        """Each scored position's logprob of the actual next prompt token, its rank and the top-n."""
+        if not prompt_rows:
+            return {}
+        targets = torch.tensor([t for request, start, _, count in prompt_rows
+                                for t in request.prompt_token_ids[start + 1:start + 1 + count]], device=self.device)
+        logprobs = logits.log_softmax(dim=-1)
+        actual = logprobs.gather(-1, targets[:, None])
+        ranks = ((logprobs > actual).sum(dim=-1) + 1).tolist()
+        top = logprobs.topk(max(r.sampling_params.prompt_logprobs for r, *_ in prompt_rows), dim=-1)
+        ids = torch.cat([targets[:, None], top.indices], dim=1).tolist()
+        values = torch.cat([actual, top.values], dim=1).tolist()
+        result, row = {}, 0
+        for request, start, _, count in prompt_rows:
+            result[request.request_id] = (start, ids[row:row + count], values[row:row + count], ranks[row:row + count])
+            row += count
+        return result
