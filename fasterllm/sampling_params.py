@@ -17,6 +17,7 @@ class SamplingParams:
     """
 
     n: int = 1
+    best_of: int | None = None  # sample this many, return the n with the highest cumulative logprob
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -41,9 +42,12 @@ class SamplingParams:
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.n != 1:
-            raise ValueError(f"n={self.n}: only n=1 is supported so far (parallel sampling comes with "
-                             "copy-on-write blocks); submit the prompt several times with different seeds instead")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            raise ValueError(f"n={self.n!r} must be an integer >= 1")
+        if self.best_of is None:
+            self.best_of = self.n
+        if not isinstance(self.best_of, int) or self.best_of < self.n:
+            raise ValueError(f"best_of={self.best_of!r} must be an integer >= n={self.n}")
         _check_number("temperature", self.temperature, 0.0, math.inf, "must be >= 0 (0 means greedy)")
         _check_number("top_p", self.top_p, 0.0, 1.0, "must be in (0, 1]")
         if self.top_p <= 0.0:
@@ -89,6 +93,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < _GREEDY_TEMPERATURE
+
+    @property
+    def ranks_samples(self) -> bool:
+        """best_of > n: every sample's cumulative logprob is needed to choose the n returned."""
+        return self.best_of > self.n
 
     @property
     def controls_logits(self) -> bool:

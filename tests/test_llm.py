@@ -132,7 +132,7 @@ def test_bad_request_mid_generation_does_not_disturb_running_ones(llm):
     ({"top_p": 0.0}, "top_p"), ({"top_p": 1.01}, "top_p"), ({"top_k": -2}, "top_k"), ({"top_k": 1.5}, "top_k"),
     ({"min_p": 1.5}, "min_p"), ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": -5}, "max_tokens"),
     ({"logprobs": 21}, "logprobs"), ({"seed": "x"}, "seed"), ({"stop": [""]}, "stop"),
-    ({"stop_token_ids": [-1]}, "stop_token_ids"), ({"n": 2}, "n=2"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids"), ({"n": 0}, "n=0"), ({"n": 2, "best_of": 1}, "best_of=1"),
 ])
 def test_invalid_sampling_values_name_the_parameter(kwargs, field):
     with pytest.raises(ValueError, match=field):

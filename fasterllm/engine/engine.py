@@ -105,11 +105,9 @@ class Engine:
             raise ValueError(f"request_id {request_id!r} is already in use; request ids must be unique")
         text, token_ids = self._tokenize(prompt)
         self._check_token_ids(params)
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        request = Request(request_id, text, token_ids, params, self.tokenizer.eos_token_ids or
-                          self.model_config.eos_token_ids, self.max_model_len, arrival_time, generator)
+        request = Request(request_id, text, token_ids, params, self._eos_ids(), self.max_model_len, arrival_time,
+                          self._generator(params, 0))
+        request.fork_generators = [self._generator(params, i) for i in range(1, params.best_of)]
         request.bad_word_ids = self._bad_word_ids(params.bad_words)
         self.scheduler.add_request(request)  # first: it may still refuse the request
         self.requests[request_id] = request
@@ -135,6 +133,34 @@ class Engine:
                              "max_model_len (--max-model-len)")
         return text, token_ids
 
+    def _eos_ids(self) -> list[int]:
+        return self.tokenizer.eos_token_ids or self.model_config.eos_token_ids
+
+    def _generator(self, params: SamplingParams, sample_index: int) -> torch.Generator | None:
+        """Sample i of a seeded request draws from its own stream, the same whatever else runs."""
+        if params.seed is None:
+            return None
+        return torch.Generator(device=self.device).manual_seed(params.seed + 1_000_003 * sample_index)
+
+    def _fork(self, parent: Request, sample_index: int, first_token: int, num_computed_tokens: int) -> Request:
+        """Sample i of a parallel-sampling request: shares the parent's prompt blocks copy-on-write.
+
+        Called before the step's bookkeeping, so num_computed_tokens is the parent's after this step.
+        """
+        child = Request(f"{parent.request_id}#{sample_index}", parent.prompt, parent.prompt_token_ids,
+                        parent.sampling_params, self._eos_ids(), self.max_model_len, parent.metrics.arrival_time,
+                        parent.fork_generators[sample_index - 1])
+        child.bad_word_ids = parent.bad_word_ids
+        child.num_computed_tokens = num_computed_tokens
+        child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
+        child.family = parent.family
+        parent.family.append(child)
+        self.kv_cache.fork(parent, child)
+        self.requests[child.request_id] = child
+        self.output_processor.add_request(child)
+        self.scheduler.add_forked(child, first_token)
+        return child
+
     def _bad_word_ids(self, words: list[str] | None) -> list[list[int]]:
         """Each bad word as token ids, as written and with a leading space (how it appears mid-text)."""
         sequences: list[list[int]] = []
@@ -154,10 +180,11 @@ class Engine:
                 raise ValueError(f"{name} has token ids {bad[:5]} outside the vocabulary [0, {vocab})")
 
     def abort_request(self, request_id: str) -> None:
-        request = self.requests.pop(request_id, None)
-        if request is not None:
-            self.scheduler.finish_request(request, "abort")
-            self.output_processor.remove(request_id)
+        request = self.requests.get(request_id)
+        for member in request.family if request is not None else []:
+            self.scheduler.finish_request(member, "abort")
+            self.requests.pop(member.request_id, None)
+            self.output_processor.remove(member.request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -166,8 +193,8 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one step; return an output for every request that produced a token or finished."""
         out = self.scheduler.schedule()
-        if out.swap_out or out.swap_in:  # before anything can overwrite the blocks a swap-out frees
-            self.runner.swap(out)
+        if out.swap_out or out.swap_in or out.copies:  # before the forward pass writes into any of them
+            self.runner.move_blocks(out)
         if not out.scheduled:
             return []
         try:
@@ -182,30 +209,47 @@ class Engine:
             raise
         sampled = result.sampler_output
         tokens = sampled.token_ids.tolist() if sampled is not None else []
-        self.scheduler.update(out, dict(zip(result.request_ids, tokens)))
-        if sampled is not None and sampled.logprobs is not None:
-            self._record_logprobs(result.request_ids, sampled)
-        self._record_prompt_logprobs(result.prompt_logprobs)
-        outputs = []
+        # a parent's extra rows (parallel sampling) become its children, sharing its blocks
+        rows: list[Request] = []
+        first_tokens: dict[str, int] = {}
+        computed = {item.request.request_id: item.request.num_computed_tokens + item.num_new_tokens
+                    for item in out.scheduled}
         for request_id, token in zip(result.request_ids, tokens):
             request = self.requests[request_id]
+            if request_id in first_tokens:  # forked before update() can release the parent's blocks
+                rows.append(self._fork(request, len(request.family), token, computed[request_id]))
+            else:
+                first_tokens[request_id] = token
+                rows.append(request)
+        self.scheduler.update(out, first_tokens)
+        if sampled is not None and sampled.logprobs is not None:
+            self._record_logprobs(rows, sampled)
+        self._record_prompt_logprobs(result.prompt_logprobs)
+        families: dict[str, Request] = {}  # head of each family that produced tokens, in row order
+        for request, token in zip(rows, tokens):
             stop = self.output_processor.new_tokens(request, [token])
             if stop is not None:
                 self.scheduler.finish_request(request, "stop", stop)
-            outputs.append(self.output_processor.make_output(request))
-            if request.finished:
-                del self.requests[request_id]
+            families.setdefault(request.family[0].request_id, request.family[0])
+        outputs = []
+        for head in families.values():
+            output = self.output_processor.make_output(head)
+            outputs.append(output)
+            if output.finished:
+                for member in head.family:
+                    del self.requests[member.request_id]
         return outputs
 
-    def _record_logprobs(self, request_ids: list[str], sampled) -> None:
+    def _record_logprobs(self, rows: list[Request], sampled) -> None:
         ids, values, ranks = sampled.logprob_token_ids.tolist(), sampled.logprobs.tolist(), sampled.sampled_ranks.tolist()
-        for row, request_id in enumerate(request_ids):
-            request = self.requests[request_id]
-            wanted = request.sampling_params.logprobs
-            if wanted is None:
+        for row, request in enumerate(rows):
+            params = request.sampling_params
+            if params.logprobs is None and not params.ranks_samples:
                 continue
-            request.logprobs.append(self.output_processor.decode_logprobs(ids[row], values[row], ranks[row], wanted))
             request.cumulative_logprob += values[row][0]
+            if params.logprobs is not None:
+                request.logprobs.append(self.output_processor.decode_logprobs(ids[row], values[row], ranks[row],
+                                                                              params.logprobs))
 
     def _record_prompt_logprobs(self, scored: dict) -> None:
         for request_id, (start, ids, values, ranks) in scored.items():

@@ -28,6 +28,7 @@ class KVCacheManager:
         # blocks with no reference, in eviction order (front = evicted first)
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.block_tables: dict[str, list[int]] = {}
+        self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (source, destination) for the runner
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of which found in the cache
 
@@ -106,22 +107,41 @@ class KVCacheManager:
         return hashes[:count]
 
     # ---- allocation ------------------------------------------------------------------------------------
-    def can_allocate(self, request: Request, num_new_tokens: int, reserve: int = 0) -> bool:
+    def _shared_write_block(self, request: Request) -> int | None:
+        """Index in the table of the block the next token goes into, if another request shares it."""
         table = self.block_tables.get(request.request_id, [])
-        needed = self.blocks_for_tokens(request.num_computed_tokens + num_new_tokens) - len(table)
-        return needed + reserve <= len(self.free_queue)
+        index = request.num_computed_tokens // self.block_size
+        return index if index < len(table) and self.ref_counts[table[index]] > 1 else None
 
     def allocate_slots(self, request: Request, num_new_tokens: int, reserve: int = 0) -> bool:
         """Grow the request's table to hold num_new_tokens more, keeping `reserve` blocks free.
 
+        A shared block about to be written is replaced by a private copy first (copy-on-write).
         Returns False, taking nothing, when the pool is short.
         """
-        if not self.can_allocate(request, num_new_tokens, reserve):
-            return False
         table = self.block_tables.setdefault(request.request_id, [])
+        shared = self._shared_write_block(request)
         needed = self.blocks_for_tokens(request.num_computed_tokens + num_new_tokens) - len(table)
+        if needed + (shared is not None) + reserve > len(self.free_queue):
+            return False
+        if shared is not None:
+            source = table[shared]
+            table[shared] = self._take_free_block()
+            self.ref_counts[source] -= 1
+            self.pending_copies.append((source, table[shared]))
         table.extend(self._take_free_block() for _ in range(needed))
         return True
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """The child shares every block of the parent's table (copy-on-write when either writes)."""
+        table = list(self.block_tables[parent.request_id])
+        for block in table:
+            self._reference(block)
+        self.block_tables[child.request_id] = table
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
 
     def free(self, request: Request) -> None:
         """Drop the request's references; its tail blocks become the first candidates for eviction."""

@@ -85,17 +85,26 @@ class OutputProcessor:
             token_ids = token_ids[:-1] if token_ids[-1] in request.eos_token_ids else token_ids
         return detok.add_tokens(token_ids)
 
-    def make_output(self, request: Request) -> RequestOutput:
-        detok = self.detokenizers[request.request_id]
-        finished = request.finished
-        completion = CompletionOutput(
-            index=0, text=detok.visible_text(finished), token_ids=list(request.output_token_ids),
-            cumulative_logprob=request.cumulative_logprob if request.logprobs is not None else None,
-            logprobs=request.logprobs, finish_reason=request.finish_reason, stop_reason=request.stop_reason)
+    def make_output(self, head: Request) -> RequestOutput:
+        """The output of a request and its parallel samples (head.family), under the head's id."""
+        params = head.sampling_params
+        tracked = params.logprobs is not None or params.ranks_samples
+        completions = [CompletionOutput(
+            index=index, text=self.detokenizers[member.request_id].visible_text(member.finished),
+            token_ids=list(member.output_token_ids),
+            cumulative_logprob=member.cumulative_logprob if tracked else None, logprobs=member.logprobs,
+            finish_reason=member.finish_reason, stop_reason=member.stop_reason)
+            for index, member in enumerate(head.family)]
+        finished = all(member.finished for member in head.family)
         if finished:
-            del self.detokenizers[request.request_id]
-        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, [completion],
-                             finished, request.metrics, request.prompt_logprobs)
+            for member in head.family:
+                del self.detokenizers[member.request_id]
+            if params.ranks_samples:  # best_of > n: keep the n most likely samples
+                completions = sorted(completions, key=lambda c: c.cumulative_logprob, reverse=True)[:params.n]
+                for index, completion in enumerate(completions):
+                    completion.index = index
+        return RequestOutput(head.request_id, head.prompt, head.prompt_token_ids, completions,
+                             finished, head.metrics, head.prompt_logprobs)
 
     def remove(self, request_id: str) -> None:
         self.detokenizers.pop(request_id, None)

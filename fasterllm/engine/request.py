@@ -35,6 +35,10 @@ class Request:
         self.num_computed_tokens = 0  # tokens whose KV is in the cache
         self.block_hashes: list[int] = []  # prefix-cache hashes of its full blocks, filled as they are needed
         self.bad_word_ids: list[list[int]] = []  # sampling_params.bad_words as token sequences
+        # parallel sampling: the parent computes the prompt once, then forks best_of - 1 children that
+        # share its blocks copy-on-write; all of them are listed here, the parent first
+        self.family: list[Request] = [self]
+        self.fork_generators: list[torch.Generator | None] = []
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
@@ -44,6 +48,11 @@ class Request:
         self.cumulative_logprob = 0.0
         self.num_preemptions = 0
         self.metrics = RequestMetrics(arrival_time=time.time() if arrival_time is None else arrival_time)
+
+    @property
+    def samples_to_draw(self) -> int:
+        """Rows this request samples this step: best_of at the parent's first token, else one."""
+        return self.sampling_params.best_of if self.family[0] is self and not self.output_token_ids else 1
 
     @property
     def num_tokens(self) -> int:

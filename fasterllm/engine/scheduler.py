@@ -36,6 +36,7 @@ class SchedulerOutput:
     # block copies the runner makes before the forward pass: (device block, CPU block) / (CPU, device)
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write, device to device
 
     @property
     def num_tokens(self) -> int:
@@ -88,6 +89,7 @@ class Scheduler:
             budget = self._swap_in(out, budget)
             if not self.swapped:  # swapped-out requests come back before new ones start
                 self._admit_waiting(out, budget)
+        out.copies = self.kv_cache.take_pending_copies()
         return out
 
     def _chunk(self, request: Request, budget: int) -> int:
@@ -172,6 +174,15 @@ class Scheduler:
             request.metrics.last_token_time = now
             if request.check_token_stop():
                 self._release(request)
+
+    def add_forked(self, child: Request, first_token: int) -> None:
+        """A parallel sample forked from its parent after the prompt: running, with its first token."""
+        child.status = RequestStatus.RUNNING
+        self.running.append(child)
+        child.append_token(first_token)
+        child.metrics.first_token_time = child.metrics.last_token_time = time.time()
+        if child.check_token_stop():
+            self._release(child)
 
     def finish_request(self, request: Request, reason: str, stop_reason: int | str | None = None) -> None:
         """End a request early (a stop string, an abort): it leaves its queue and frees its blocks."""

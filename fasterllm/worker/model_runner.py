@@ -98,11 +98,15 @@ class ModelRunner:
         self.swap_caches = torch.zeros(shape, dtype=self.dtype, pin_memory=self.device.type == "cuda")
 
     @torch.inference_mode()
-    def swap(self, out: SchedulerOutput) -> None:
-        """Copy preempted requests' blocks to the CPU pool, and returning ones back, before the forward pass."""
+    def move_blocks(self, out: SchedulerOutput) -> None:
+        """Before the forward pass: preempted requests' blocks to the CPU pool, copy-on-write copies,
+        then returning requests' blocks back (in that order: a block freed by a swap-out is read first)."""
         if out.swap_out:
             device_blocks, cpu_blocks = (torch.tensor(c) for c in zip(*out.swap_out))
             self.swap_caches[:, :, cpu_blocks] = self.kv_caches[:, :, device_blocks.to(self.device)].cpu()
+        if out.copies:
+            sources, destinations = (torch.tensor(c, device=self.device) for c in zip(*out.copies))
+            self.kv_caches[:, :, destinations] = self.kv_caches[:, :, sources]
         if out.swap_in:
             cpu_blocks, device_blocks = (torch.tensor(c) for c in zip(*out.swap_in))
             self.kv_caches[:, :, device_blocks.to(self.device)] = self.swap_caches[:, :, cpu_blocks].to(self.device)
@@ -127,8 +131,8 @@ class ModelRunner:
             if request.prompt_logprobs is not None and start < scored_end:
                 prompt_rows.append((request, start, len(token_ids) - (end - start), scored_end - start))
             if item.samples:
-                logits_rows.append(len(token_ids) - 1)
-                sampling.append(request)
+                logits_rows.extend([len(token_ids) - 1] * request.samples_to_draw)
+                sampling.extend([request] * request.samples_to_draw)
         meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, self.device,
                                        self.model_config.sliding_window)
         device = self.device
@@ -141,7 +145,7 @@ class ModelRunner:
             return ModelRunnerOutput([], None, prompt_logprobs)
         logits = logits[:len(sampling)]
         vocab = logits.shape[-1]
-        md = SamplingMetadata.build([r.sampling_params for r in sampling], [r.generator for r in sampling], vocab,
+        md = SamplingMetadata.build([r.sampling_params for r in sampling], _row_generators(sampling), vocab,
                                     device, LogitControls.build(sampling, vocab, device))
         return ModelRunnerOutput([r.request_id for r in sampling], sample(logits, md), prompt_logprobs)
 
@@ -162,3 +166,13 @@ class ModelRunner:
             result[request.request_id] = (start, ids[row:row + count], values[row:row + count], ranks[row:row + count])
             row += count
         return result
+
+
+def _row_generators(sampling: list[Request]) -> list[torch.Generator | None]:
+    """A request's own generator on its row; a parent's extra rows use its children's generators."""
+    generators, seen = [], {}
+    for request in sampling:
+        index = seen.get(request.request_id, 0)
+        seen[request.request_id] = index + 1
+        generators.append(request.generator if index == 0 else request.fork_generators[index - 1])
+    return generators

@@ -34,7 +34,8 @@ class SamplingMetadata:
 
         greedy = [p.greedy for p in params]
         top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
-        wanted = [p.logprobs for p in params if p.logprobs is not None]
+        # best_of > n ranks samples by cumulative logprob, so those rows need logprobs too
+        wanted = [p.logprobs or 0 for p in params if p.logprobs is not None or p.ranks_samples]
         return SamplingMetadata(
             temperature=column([1.0 if g else p.temperature for p, g in zip(params, greedy)], torch.float32),
             top_k=column(top_k, torch.long) if any(k < vocab_size for k in top_k) else None,
