@@ -28,6 +28,7 @@ class KVCacheManager:
         # blocks with no reference, in eviction order (front = evicted first)
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.block_tables: dict[str, list[int]] = {}
+        self.num_registered: dict[str, int] = {}  # leading blocks of each table already offered to the cache
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (source, destination) for the runner
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of which found in the cache
@@ -89,13 +90,18 @@ class KVCacheManager:
             return
         table = self.block_tables.get(request.request_id, [])
         num_full = min(request.num_computed_tokens // self.block_size, len(table))
-        for index, h in enumerate(self._full_block_hashes(request, num_full)):
-            block = table[index]
+        start = self.num_registered.get(request.request_id, 0)
+        if num_full <= start:
+            return
+        self.num_registered[request.request_id] = num_full
+        hashes = self._full_block_hashes(request, num_full)
+        for index in range(start, num_full):
+            block, h = table[index], hashes[index]
             if self.block_hashes[block] is not None or h in self.cached:
                 continue  # already registered, or the same content lives in another block
-            start = index * self.block_size
+            first = index * self.block_size
             self.block_hashes[block] = h
-            self.block_tokens[block] = tuple(request.all_token_ids[start:start + self.block_size])
+            self.block_tokens[block] = tuple(request.all_token_ids[first:first + self.block_size])
             self.cached[h] = block
 
     def _full_block_hashes(self, request: Request, count: int) -> list[int]:
@@ -138,6 +144,7 @@ class KVCacheManager:
         for block in table:
             self._reference(block)
         self.block_tables[child.request_id] = table
+        self.num_registered[child.request_id] = self.num_registered.get(parent.request_id, 0)
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
@@ -145,6 +152,7 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Drop the request's references; its tail blocks become the first candidates for eviction."""
+        self.num_registered.pop(request.request_id, None)
         for block in reversed(self.block_tables.pop(request.request_id, [])):
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import logging
 import sys
 
@@ -88,7 +89,7 @@ def cmd_chat(ns: argparse.Namespace) -> None:
     params = sampling_params_from(ns)
     history: list[dict[str, str]] = [{"role": "system", "content": ns.system}] if ns.system else []
     print("Chatting with", engine.model_name, "- empty line or Ctrl-D to quit.", file=sys.stderr)
-    for turn in range(1_000_000):
+    for turn in itertools.count():
         try:
             line = input("> ")
         except EOFError:

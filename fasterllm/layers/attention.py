@@ -36,6 +36,7 @@ class DecodeGroup:
 
 @dataclass
 class AttentionMetadata:
+    positions: torch.Tensor  # [T] each new token's position in its sequence
     slot_mapping: torch.Tensor  # [T] where each new token's K/V goes
     num_actual_tokens: int
     prefills: list[PrefillGroup]
@@ -84,7 +85,7 @@ class AttentionMetadata:
                 mask &= key_positions >= lens[:, None] - sliding_window
             mask = mask[:, None, None, :]
             decode = DecodeGroup(token_index, tables[rows, :num_blocks].reshape(-1).to(device), mask.to(device))
-        return AttentionMetadata(slot_mapping.to(device), start, prefills, decode)
+        return AttentionMetadata(positions.to(device), slot_mapping.to(device), start, prefills, decode)
 
 
 def store_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: AttentionMetadata) -> None:

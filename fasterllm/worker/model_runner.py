@@ -81,9 +81,8 @@ class ModelRunner:
         meta = AttentionMetadata.build(lens, lens, tables, block_size, self.device, self.model_config.sliding_window)
         tokens = sum(lens)
         ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
-        positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
         last_rows = torch.tensor(lens, device=self.device).cumsum(0) - 1
-        self.model(ids, positions, self.kv_caches, meta, last_rows)
+        self.model(ids, meta.positions, self.kv_caches, meta, last_rows)
         self.kv_caches = None
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
@@ -114,7 +113,6 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> ModelRunnerOutput:
         token_ids: list[int] = []
-        positions: list[int] = []
         query_lens, seq_lens, tables = [], [], []
         logits_rows: list[int] = []
         sampling = []
@@ -123,7 +121,6 @@ class ModelRunner:
             request, start = item.request, item.request.num_computed_tokens
             end = start + item.num_new_tokens
             token_ids.extend(request.all_token_ids[start:end])
-            positions.extend(range(start, end))
             query_lens.append(item.num_new_tokens)
             seq_lens.append(end)
             tables.append(block_tables[request.request_id])
@@ -138,7 +135,7 @@ class ModelRunner:
         device = self.device
         for _, _, first_row, count in prompt_rows:  # prompt-scoring rows go after the sampling rows
             logits_rows.extend(range(first_row, first_row + count))
-        logits = self.model(torch.tensor(token_ids, device=device), torch.tensor(positions, device=device),
+        logits = self.model(torch.tensor(token_ids, device=device), meta.positions,
                             self.kv_caches, meta, torch.tensor(logits_rows, dtype=torch.long, device=device))
         prompt_logprobs = self._prompt_logprobs(logits[len(sampling):], prompt_rows)
         if not sampling:
