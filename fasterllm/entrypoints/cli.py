@@ -1,4 +1,4 @@
-"""The `fasterllm` command: generate, chat, bench."""
+"""The `fasterllm` command: generate, chat, serve, bench, bench serve."""
 from __future__ import annotations
 
 import argparse
@@ -116,6 +116,49 @@ def cmd_bench(ns: argparse.Namespace) -> None:
                       ns.shared_prefix_len, ns.long_prompt_len)
 
 
+def cmd_serve(ns: argparse.Namespace) -> None:
+    from fasterllm.entrypoints.openai.server import run_server
+
+    run_server(engine_args_from(ns, model=ns.model_path or ns.model), ns.host, ns.port, ns.api_key,
+               ns.served_model_name, ns.shutdown_timeout)
+
+
+def cmd_bench_serve(ns: argparse.Namespace) -> None:
+    from fasterllm.bench.serve import run_serve_bench
+
+    run_serve_bench(ns.base_url, ns.endpoint, ns.num_prompts, ns.input_len, ns.output_len, ns.max_concurrency,
+                    ns.request_rate, ns.api_key, ns.served_model_name, ns.seed)
+
+
+def add_serve_parsers(sub, bench: argparse.ArgumentParser) -> None:
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, metrics)")
+    serve.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
+                       help="model to serve (same as --model; default: embedded SmolLM2-135M-Instruct)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="requests under /v1 must send 'Authorization: Bearer KEY'")
+    serve.add_argument("--served-model-name", default=None, help="the model name clients use (default: the model's)")
+    serve.add_argument("--shutdown-timeout", type=float, default=30.0,
+                       help="seconds in-flight requests get to finish on SIGTERM/SIGINT")
+    add_engine_args(serve)
+    serve.set_defaults(func=cmd_serve)
+
+    online = bench.add_subparsers(dest="bench_mode").add_parser(
+        "serve", help="online benchmark against a running `fasterllm serve` (streaming requests)")
+    online.add_argument("--base-url", default="http://127.0.0.1:8000")
+    online.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    online.add_argument("--num-prompts", type=int, default=64)
+    online.add_argument("--input-len", type=int, default=128, help="prompt tokens (completions: exact; chat: about)")
+    online.add_argument("--output-len", type=int, default=128, help="generated tokens per request (ignore_eos)")
+    online.add_argument("--max-concurrency", type=int, default=16, help="most requests in flight at once")
+    online.add_argument("--request-rate", type=float, default=float("inf"),
+                        help="Poisson arrivals per second (inf: all at once, bounded by --max-concurrency)")
+    online.add_argument("--api-key", default=None)
+    online.add_argument("--served-model-name", default=None, help="default: the server's only model")
+    online.add_argument("--seed", type=int, default=0)
+    online.set_defaults(func=cmd_bench_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fasterllm", description="LLM inference with a paged KV cache")
     parser.add_argument("-v", "--verbose", action="store_true", help="log engine start-up and progress")
@@ -147,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="one prompt of this many tokens arrives once the others are decoding (ITL under load)")
     add_engine_args(bench)
     bench.set_defaults(func=cmd_bench)
+    add_serve_parsers(sub, bench)
     return parser
 
 

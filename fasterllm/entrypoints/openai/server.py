@@ -1,0 +1,170 @@
+"""The OpenAI-compatible HTTP server: the FastAPI app and its uvicorn runner (`fasterllm serve`)."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import Awaitable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
+
+from fasterllm.config import EngineArgs
+from fasterllm.engine.async_engine import AsyncLLM
+from fasterllm.entrypoints.openai.metrics import ServerMetrics
+from fasterllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, error_body
+from fasterllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from fasterllm.entrypoints.openai.serving_common import as_openai_error
+from fasterllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+
+logger = logging.getLogger("fasterllm")
+
+
+def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str | None = None) -> FastAPI:
+    """The app around a (not yet started) AsyncLLM; its engine loop runs while the app does."""
+    served_model_name = served_model_name or llm.model_name
+    metrics = ServerMetrics()
+    completions = OpenAIServingCompletion(llm, served_model_name, metrics)
+    chat = OpenAIServingChat(llm, served_model_name, metrics)
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        llm.start()
+        yield
+        llm.shutdown()
+
+    app = FastAPI(title="fasterllm OpenAI-compatible server", lifespan=lifespan)
+
+    def error_response(error: OpenAIError) -> JSONResponse:
+        if error.status < 500:
+            metrics.requests.labels("rejected").inc()
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(_validation_error(exc))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
+
+    if api_key is not None:
+        app.add_middleware(_ApiKeyMiddleware, api_key=api_key, on_reject=error_response)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if llm.healthy:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse(error_body(503, f"The engine is not running: {llm.dead_reason}"), status_code=503)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(llm.stats), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": served_model_name, "object": "model", "created": created,
+                                            "owned_by": "fasterllm", "max_model_len": llm.max_model_len}]}
+
+    async def respond(raw: Request, request_id: str, create: Awaitable) -> Response:
+        """Run one generation request; a client that disconnects before the reply cancels (aborts) it."""
+        work = asyncio.ensure_future(create)
+        gone = asyncio.ensure_future(_disconnected(raw))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not work.done():
+            work.cancel()  # closes its output streams, which aborts its engine requests
+            metrics.requests.labels("aborted").inc()
+            return Response(status_code=499)
+        try:
+            result = work.result()
+        except Exception as exc:
+            return error_response(as_openai_error(exc, request_id))
+        if isinstance(result, Response):  # a stream: it counts its own outcome
+            return result
+        metrics.requests.labels("success").inc()
+        return JSONResponse(result)
+
+    @app.post("/v1/completions")
+    async def create_completion(request: CompletionRequest, raw: Request) -> Response:
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        return await respond(raw, request_id, completions.create(request, request_id))
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(request: ChatCompletionRequest, raw: Request) -> Response:
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        return await respond(raw, request_id, chat.create(request, request_id))
+
+    return app
+
+
+class _ApiKeyMiddleware:
+    """Requests under /v1 need 'Authorization: Bearer <api_key>' (pure ASGI: streams and disconnects pass as they are)."""
+
+    def __init__(self, app, api_key: str, on_reject) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+        self.on_reject = on_reject
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                response = self.on_reject(OpenAIError(401, "Missing or wrong API key: send the header "
+                                                           "'Authorization: Bearer <key>' with the server's --api-key"))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _disconnected(raw: Request) -> None:
+    """Returns when the client closes the connection (the body has been read already)."""
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _validation_error(exc: RequestValidationError) -> OpenAIError:
+    """One 400 naming each bad field; a value that fits none of a field's types lists the accepted ones."""
+    by_field: dict[str, list[dict]] = {}
+    for error in exc.errors():
+        if error.get("type") == "json_invalid":
+            detail = (error.get("ctx") or {}).get("error", "")
+            return OpenAIError(400, f"The request body is not valid JSON: {detail}; send a JSON object")
+        loc = [str(part) for part in error.get("loc", ())[1:]]
+        by_field.setdefault(loc[0] if loc else "body", []).append({**error, "loc": loc})
+    messages = []
+    for field, errors in by_field.items():
+        if len(errors) > 1 and all(len(e["loc"]) == 2 for e in errors):  # a union: loc[1] names the member type
+            types = " | ".join(e["loc"][1] for e in errors)
+            messages.append(f"{field}: {_shown(errors[0].get('input'))} is none of the accepted types ({types})")
+        else:
+            messages.extend(f"{'.'.join(e['loc']) or field}: {e.get('msg')} (got {_shown(e.get('input'))})"
+                            for e in errors)
+    return OpenAIError(400, "Invalid request: " + "; ".join(messages), next(iter(by_field)))
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def run_server(engine_args: EngineArgs, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+               served_model_name: str | None = None, shutdown_timeout_s: float = 30.0) -> None:
+    """Load the model, then serve until SIGINT/SIGTERM; in-flight requests get shutdown_timeout_s to finish."""
+    llm = AsyncLLM.from_engine_args(engine_args)
+    app = build_app(llm, served_model_name, api_key)
+    logger.warning("serving %s on http://%s:%d/v1", served_model_name or llm.model_name, host, port)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                            timeout_graceful_shutdown=shutdown_timeout_s)
+    uvicorn.Server(config).run()

@@ -1,0 +1,192 @@
+"""What completions and chat completions share: checks, sampling params, running requests, deltas, SSE."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.background import BackgroundTask
+from starlette.responses import StreamingResponse
+
+from fasterllm.engine.async_engine import AsyncLLM, EngineDeadError, RequestFailedError
+from fasterllm.entrypoints.openai.metrics import ServerMetrics
+from fasterllm.entrypoints.openai.protocol import OpenAIError, SamplingFields
+from fasterllm.outputs import RequestOutput, SampleLogprobs
+from fasterllm.sampling_params import SamplingParams
+
+logger = logging.getLogger("fasterllm")
+
+
+def as_openai_error(exc: Exception, request_id: str) -> OpenAIError:
+    """The client's view of an exception raised while handling its request."""
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, ValueError):  # the engine's and SamplingParams' checks name the field first
+        field = re.match(r"[A-Za-z_]+", str(exc))
+        return OpenAIError(400, str(exc), field.group(0) if field else None)
+    if isinstance(exc, EngineDeadError):
+        return OpenAIError(503, f"The engine is not running ({exc}); request {request_id} was not completed")
+    if isinstance(exc, RequestFailedError):
+        logger.error("request %s failed: %s", request_id, exc)
+        return OpenAIError(500, f"Internal error while generating request {request_id}: {exc}")
+    logger.exception("request %s failed unexpectedly", request_id)
+    return OpenAIError(500, f"Internal error while handling request {request_id}: {exc!r}")
+
+
+@dataclass
+class Delta:
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: SampleLogprobs | None
+    finish_reason: str | None
+
+
+class DeltaTracker:
+    """Turns one request's cumulative outputs into what each choice gained since the last chunk."""
+
+    def __init__(self) -> None:
+        self.sent_chars: dict[int, int] = {}
+        self.sent_tokens: dict[int, int] = {}
+        self.done: set[int] = set()
+
+    def deltas(self, output: RequestOutput) -> list[Delta]:
+        deltas = []
+        for completion in output.outputs:
+            index = completion.index
+            if index in self.done:
+                continue
+            chars, tokens = self.sent_chars.get(index, 0), self.sent_tokens.get(index, 0)
+            text = completion.text[chars:]
+            finish = completion.finish_reason
+            if not text and finish is None:  # tokens still held back (a possible stop string, a partial character)
+                continue
+            logprobs = completion.logprobs[tokens:] if completion.logprobs is not None else None
+            deltas.append(Delta(index, text, completion.token_ids[tokens:], logprobs, finish))
+            self.sent_chars[index] = len(completion.text)
+            self.sent_tokens[index] = len(completion.token_ids)
+            if finish is not None:
+                self.done.add(index)
+        return deltas
+
+
+class OpenAIServing:
+    def __init__(self, llm: AsyncLLM, served_model_name: str, metrics: ServerMetrics):
+        self.llm = llm
+        self.served_model_name = served_model_name
+        self.metrics = metrics
+
+    def check_request(self, request: SamplingFields) -> None:
+        if request.model is not None and request.model != self.served_model_name:
+            raise OpenAIError(404, f"The model {request.model!r} does not exist; this server serves "
+                                   f"{self.served_model_name!r} (see GET /v1/models)", "model")
+        if request.use_beam_search:
+            raise OpenAIError(400, "use_beam_search is not supported by this server yet", "use_beam_search")
+
+    def sampling_params(self, request: SamplingFields, max_tokens: int | None, logprobs: int | None,
+                        best_of: int | None = None) -> SamplingParams:
+        try:
+            logit_bias = {int(token): bias for token, bias in (request.logit_bias or {}).items()}
+        except ValueError:
+            raise OpenAIError(400, f"logit_bias={request.logit_bias!r}: keys must be token ids (integers as "
+                                   "strings)", "logit_bias") from None
+        return SamplingParams(
+            n=request.n, best_of=best_of, temperature=1.0 if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p, top_k=request.top_k, min_p=request.min_p,
+            seed=request.seed, max_tokens=max_tokens, stop=request.stop, stop_token_ids=request.stop_token_ids,
+            ignore_eos=request.ignore_eos, logprobs=logprobs, skip_special_tokens=request.skip_special_tokens,
+            include_stop_str_in_output=request.include_stop_str_in_output,
+            repetition_penalty=request.repetition_penalty, presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty, logit_bias=logit_bias or None,
+            min_tokens=request.min_tokens)
+
+    def check_length(self, prompt_len: int, max_tokens: int | None, prompt_field: str, max_tokens_field: str) -> None:
+        limit = self.llm.max_model_len
+        if prompt_len >= limit:
+            raise OpenAIError(400, f"This model's maximum context length is {limit} tokens, but the {prompt_field} "
+                                   f"has {prompt_len} tokens (room for at least one generated token is needed); "
+                                   f"shorten the {prompt_field}", prompt_field)
+        if max_tokens is not None and prompt_len + max_tokens > limit:
+            raise OpenAIError(400, f"{max_tokens_field}={max_tokens} is too large: the {prompt_field} has "
+                                   f"{prompt_len} tokens and this model's maximum context length is {limit}, so "
+                                   f"{max_tokens_field} can be at most {limit - prompt_len}", max_tokens_field)
+
+    async def start(self, base_id: str, prompts: list[list[int]], params: SamplingParams,
+                    arrival_time: float) -> list[str]:
+        """Add one engine request per prompt; if one is refused, none runs."""
+        request_ids = [base_id if len(prompts) == 1 else f"{base_id}-{i}" for i in range(len(prompts))]
+        added: list[str] = []
+        try:
+            for request_id, prompt in zip(request_ids, prompts):
+                await self.llm.add_request(request_id, prompt, params, arrival_time)
+                added.append(request_id)
+        except BaseException:
+            for request_id in added:
+                self.llm.abort(request_id)
+            raise
+        return request_ids
+
+    async def merged_outputs(self, request_ids: list[str]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(prompt index, output) of several requests as they come; leaving early aborts them all."""
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int, request_id: str) -> None:
+            try:
+                async for output in self.llm.outputs(request_id):
+                    merged.put_nowait((index, output))
+                merged.put_nowait((index, None))
+            except Exception as exc:
+                merged.put_nowait((index, exc))
+
+        pumps = [asyncio.create_task(pump(i, request_id)) for i, request_id in enumerate(request_ids)]
+        try:
+            remaining = len(pumps)
+            while remaining:
+                index, item = await merged.get()
+                if isinstance(item, Exception):
+                    raise item
+                if item is None:
+                    remaining -= 1
+                    continue
+                if item.finished:
+                    self.metrics.record_finished(item)
+                yield index, item
+        finally:
+            for task in pumps:  # a pump cancelled mid-request closes its outputs(), which aborts it
+                task.cancel()
+
+    async def final_outputs(self, request_ids: list[str]) -> list[RequestOutput]:
+        finals: dict[int, RequestOutput] = {}
+        async for index, output in self.merged_outputs(request_ids):
+            if output.finished:
+                finals[index] = output
+        return [finals[i] for i in range(len(request_ids))]
+
+    def stream_response(self, request_id: str, request_ids: list[str],
+                        chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+        """Server-sent events; the requests are aborted after it ends, even if it never started (a client gone)."""
+        def abort_all() -> None:
+            for engine_request_id in request_ids:
+                self.llm.abort(engine_request_id)
+
+        return StreamingResponse(self._sse(request_id, chunks), media_type="text/event-stream",
+                                 background=BackgroundTask(abort_all))
+
+    async def _sse(self, request_id: str, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+        """Server-sent events of the chunks; an error after the stream began is sent as an error event."""
+        try:
+            async for chunk in chunks:
+                yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+            self.metrics.requests.labels("success").inc()
+        except asyncio.CancelledError:  # the client went away; closing `chunks` aborted the request
+            self.metrics.requests.labels("aborted").inc()
+            raise
+        except Exception as exc:
+            error = as_openai_error(exc, request_id)
+            self.metrics.requests.labels("rejected" if error.status < 500 else "error").inc()
+            yield f"data: {json.dumps(error.body())}\n\n"
+        yield "data: [DONE]\n\n"
