@@ -69,8 +69,11 @@ class EngineArgs:
     swap_space_gib: float = 4.0  # size of that CPU pool
     watermark: float = 0.01
     long_prefill_token_threshold: int = 0
+    task: str = "generate"  # or "embed": an encoder (BERT family) that returns one vector per input
 
     def validate(self) -> None:
+        if self.task not in ("generate", "embed"):
+            raise ValueError(f"task={self.task!r} is not supported; use 'generate' or 'embed'")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size={self.block_size} is not supported; use one of 8, 16, 32, 64, 128")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from typing import Any, Union
 
 from fasterllm.config import EngineArgs
+from fasterllm.engine.embedding_engine import EmbeddingEngine
 from fasterllm.engine.engine import Engine
 from fasterllm.loader.tokenizer import TokenizerWrapper
-from fasterllm.outputs import RequestOutput
+from fasterllm.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from fasterllm.sampling_params import SamplingParams
 
 # a text, a list of token ids, or vLLM's {"prompt": ...} / {"prompt_token_ids": [...]}
@@ -22,11 +23,13 @@ class LLM:
     LLM() runs the embedded SmolLM2-135M-Instruct; model= takes a Hugging Face directory, a .gguf
     file or a hub id already in the local cache. Other keyword arguments are EngineArgs fields
     (dtype, device, max_model_len, block_size, gpu_memory_utilization, cpu_kv_cache_gib,
-    max_num_seqs, max_num_batched_tokens, seed, ...).
+    max_num_seqs, max_num_batched_tokens, seed, ...). LLM(task="embed") runs an encoder for embed() instead
+    (default: the embedded all-MiniLM-L6-v2).
     """
 
     def __init__(self, model: str | None = None, **kwargs: Any):
-        self.engine = Engine(EngineArgs(model=model, **kwargs))
+        args = EngineArgs(model=model, **kwargs)
+        self.engine = EmbeddingEngine(args) if args.task == "embed" else Engine(args)
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> TokenizerWrapper:
@@ -54,7 +57,32 @@ class LLM:
             add_special_tokens=False)} for conv in conversations]
         return self._run(prompts, _params_per_prompt(sampling_params, len(prompts)), use_tqdm)
 
+    def embed(self, prompts: PromptType | Sequence[PromptType], truncate_prompt_tokens: int | None = None,
+              use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
+        """One vector per prompt, in input order, pooled as the model's sentence-transformers config says.
+
+        An input longer than max_model_len is an error unless truncate_prompt_tokens is given: -1 keeps the
+        last max_model_len tokens, k keeps the last k (text keeps the model's [CLS]/[SEP] around them).
+        """
+        if not isinstance(self.engine, EmbeddingEngine):
+            raise ValueError("embed() needs an embedding model: make the LLM with LLM(model, task='embed')")
+        if isinstance(prompts, Sequence) and not isinstance(prompts, str) and len(prompts) == 0:
+            raise ValueError("embed() got no inputs; pass a string, a list of strings or token-id lists")
+        prompt_list = [_prompt_value(p) for p in _as_prompt_list(prompts)]
+        token_ids = self.engine.tokenize(prompt_list, truncate_prompt_tokens)
+        bar = _progress_bar(len(token_ids), use_tqdm)
+        try:
+            vectors = self.engine.embed(token_ids, on_batch=bar.update if bar is not None else None)
+        finally:
+            if bar is not None:
+                bar.close()
+        return [EmbeddingRequestOutput(str(next(self._ids)), ids, EmbeddingOutput(vector))
+                for ids, vector in zip(token_ids, vectors.tolist())]
+
     def _run(self, prompts: list[PromptType], params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
+        if isinstance(self.engine, EmbeddingEngine):
+            raise ValueError(f"this LLM was made with task='embed' ({self.engine.model_name}); use embed(), or make "
+                             "a generating LLM without task='embed'")
         request_ids = []
         try:  # all prompts are checked before any runs: one bad prompt names itself and runs nothing
             for index, (prompt, p) in enumerate(zip(prompts, params)):

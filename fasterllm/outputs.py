@@ -52,3 +52,21 @@ class RequestOutput:
     metrics: RequestMetrics = field(repr=False, default=None)  # type: ignore[assignment]
     # with SamplingParams.prompt_logprobs: None for the first token, then one dict per prompt token
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]  # pooled (and, if the model asks, L2-normalised) vector
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What LLM.embed returns for one input (as vLLM's): `.outputs.embedding` is the vector."""
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True

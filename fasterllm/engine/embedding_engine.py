@@ -1,0 +1,130 @@
+"""EmbeddingEngine: prompts -> one vector each, batched by a token budget rather than by count.
+
+Every prompt is tokenized and checked before any runs (one bad prompt names itself and runs nothing).
+Prompts are then sorted by length and cut into batches of at most max_num_batched_tokens real tokens:
+packed batches cost what their tokens cost, and equal lengths side by side let attention run a whole
+run of sequences in one call (layers/varlen_attention.py). Vectors come back in input order.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from fasterllm.config import EngineArgs
+from fasterllm.loader.encoder_checkpoint import open_encoder_checkpoint
+from fasterllm.worker.encoder_runner import EncoderRunner
+
+logger = logging.getLogger("fasterllm")
+
+
+class EmbeddingEngine:
+    def __init__(self, args: EngineArgs):
+        start = time.perf_counter()
+        args.validate()
+        self.args = args
+        checkpoint = open_encoder_checkpoint(args.model, args.tokenizer)
+        self.device = args.resolve_device()
+        self.dtype = args.resolve_dtype(self.device)
+        self.model_name = checkpoint.source.name
+        self.model_config = checkpoint.config
+        self.tokenizer = checkpoint.tokenizer
+        self.pooling = checkpoint.pooling
+        self.embedding_dim = checkpoint.config.hidden_size
+        self.max_model_len = _max_model_len(args.max_model_len, checkpoint.max_seq_length, checkpoint.config.max_seq_len)
+        self.max_num_batched_tokens = args.max_num_batched_tokens or (32768 if self.device.type == "cuda" else 8192)
+        if self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} is below max_model_len="
+                             f"{self.max_model_len}: a longest input would not fit a batch; raise it or lower "
+                             "max_model_len")
+        self.runner = EncoderRunner(checkpoint, self.device, self.dtype)
+        logger.info("embedding engine ready in %.1fs: %s (%s pooling%s), %s on %s, max_model_len %d",
+                    time.perf_counter() - start, self.model_name, self.pooling.mode,
+                    ", normalised" if self.pooling.normalize else "", str(self.dtype).removeprefix("torch."),
+                    self.device, self.max_model_len)
+
+    def tokenize(self, prompts: list[str | list[int]], truncate_prompt_tokens: int | None = None) -> list[list[int]]:
+        """Token ids of every prompt, checked; an error names the prompt's index."""
+        keep = self._truncation_length(truncate_prompt_tokens)
+        token_ids = []
+        for index, prompt in enumerate(prompts):
+            try:
+                token_ids.append(self._tokenize_one(prompt, keep))
+            except ValueError as exc:
+                raise ValueError(f"input {index}: {exc}") from exc
+        return token_ids
+
+    def _truncation_length(self, truncate_prompt_tokens: int | None) -> int | None:
+        if truncate_prompt_tokens is None:
+            return None
+        if truncate_prompt_tokens == -1:
+            return self.max_model_len
+        if not 1 <= truncate_prompt_tokens <= self.max_model_len:
+            raise ValueError(f"truncate_prompt_tokens={truncate_prompt_tokens} must be -1 (the model's limit) or in "
+                             f"[1, max_model_len={self.max_model_len}]")
+        return truncate_prompt_tokens
+
+    def _tokenize_one(self, prompt: str | list[int], keep: int | None) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("the text is empty; give at least one character")
+            tokenizer = self.tokenizer.tokenizer
+            encoding = tokenizer.encode(prompt, add_special_tokens=False)
+            special = tokenizer.num_special_tokens_to_add(is_pair=False)
+            if keep is not None and keep <= special:
+                raise ValueError(f"truncate_prompt_tokens={keep} leaves no room for text beside the model's "
+                                 f"{special} special tokens; keep at least {special + 1}")
+            if keep is not None and len(encoding.ids) + special > keep:
+                # as vLLM: keep the last tokens of the text, and the model's [CLS]/[SEP] around them
+                encoding.truncate(max(keep - special, 0), direction="left")
+            token_ids = tokenizer.post_process(encoding).ids
+        elif isinstance(prompt, list):
+            vocab = self.model_config.vocab_size
+            bad = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"token ids {bad[:5]} are not valid: ids must be integers in [0, {vocab})")
+            token_ids = prompt[-keep:] if keep is not None else list(prompt)
+        else:
+            raise ValueError(f"an input of type {type(prompt).__name__} is not supported; pass a string or a "
+                             "list of token ids")
+        if not token_ids:
+            raise ValueError("the input has no tokens; give at least one")
+        if len(token_ids) > self.max_model_len:
+            raise ValueError(f"the input has {len(token_ids)} tokens but max_model_len is {self.max_model_len}; "
+                             "shorten it, or pass truncate_prompt_tokens=-1 to keep its last "
+                             f"{self.max_model_len} tokens")
+        return token_ids
+
+    def embed(self, token_ids: list[list[int]], on_batch: Callable[[int], None] | None = None) -> torch.Tensor:
+        """[len(token_ids), embedding_dim] fp32 on the CPU, row i for token_ids[i]."""
+        if not token_ids:
+            raise ValueError("no inputs to embed; pass at least one")
+        order = sorted(range(len(token_ids)), key=lambda i: len(token_ids[i]))
+        result = torch.empty(len(token_ids), self.embedding_dim)
+        for batch in self._token_budget_batches(order, token_ids):
+            result[batch] = self.runner.embed([token_ids[i] for i in batch])
+            if on_batch is not None:
+                on_batch(len(batch))
+        return result
+
+    def _token_budget_batches(self, order: list[int], token_ids: list[list[int]]) -> list[list[int]]:
+        batches: list[list[int]] = [[]]
+        used = 0
+        for index in order:
+            length = len(token_ids[index])
+            if batches[-1] and used + length > self.max_num_batched_tokens:
+                batches.append([])
+                used = 0
+            batches[-1].append(index)
+            used += length
+        return batches
+
+
+def _max_model_len(requested: int | None, default: int, limit: int) -> int:
+    if requested is None:
+        return default
+    if requested > limit:
+        raise ValueError(f"max_model_len={requested} exceeds the model's {limit} positions; use max_model_len <= {limit}")
+    return requested

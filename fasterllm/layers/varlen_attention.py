@@ -1,0 +1,67 @@
+"""Bidirectional attention over packed variable-length sequences: no [batch, max_len] padding anywhere.
+
+Tokens of all sequences sit in one [total_tokens, ...] tensor; cu_seqlens[i]:cu_seqlens[i + 1] is
+sequence i. Each token attends only within its own sequence. Neighbouring sequences of the same length
+form a run whose tokens are a [num_seqs, seq_len, ...] view of the packed tensor (no copy), so a
+length-sorted batch needs one SDPA call per distinct length, and never computes a padded position.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class SequenceRun:
+    start: int  # first token of the run in the packed tensor
+    num_seqs: int
+    seq_len: int
+
+
+@dataclass
+class VarlenBatch:
+    """Where each sequence of a packed batch starts and ends (the prefix sums of its lengths)."""
+
+    seq_lens: list[int]
+    cu_seqlens: torch.Tensor  # [num_seqs + 1] int32 on the model's device, for kernels and pooling
+    runs: list[SequenceRun]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(self.seq_lens))
+
+    @property
+    def max_seqlen(self) -> int:
+        return max(self.seq_lens)
+
+    @classmethod
+    def from_lengths(cls, seq_lens: list[int], device: torch.device) -> VarlenBatch:
+        if not seq_lens or min(seq_lens) < 1:
+            raise ValueError(f"sequence lengths {seq_lens[:8]} must be a non-empty list of positive lengths")
+        cu = [0]
+        runs: list[SequenceRun] = []
+        for length in seq_lens:
+            if runs and runs[-1].seq_len == length:
+                last = runs[-1]
+                runs[-1] = SequenceRun(last.start, last.num_seqs + 1, length)
+            else:
+                runs.append(SequenceRun(cu[-1], 1, length))
+            cu.append(cu[-1] + length)
+        return cls(list(seq_lens), torch.tensor(cu, dtype=torch.int32, device=device), runs)
+
+
+def varlen_attention(qkv: torch.Tensor, batch: VarlenBatch, num_heads: int) -> torch.Tensor:
+    """qkv: [total_tokens, 3 * hidden] (q, k, v side by side) -> attention output [total_tokens, hidden]."""
+    total, three_hidden = qkv.shape
+    head_dim = three_hidden // (3 * num_heads)
+    out = torch.empty(total, three_hidden // 3, dtype=qkv.dtype, device=qkv.device)
+    for run in batch.runs:
+        end = run.start + run.num_seqs * run.seq_len
+        # [n, L, 3, heads, d] -> three [n, heads, L, d] strided views
+        q, k, v = qkv[run.start:end].view(run.num_seqs, run.seq_len, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
+        attended = F.scaled_dot_product_attention(q, k, v)
+        out[run.start:end].view(run.num_seqs, run.seq_len, num_heads, head_dim).copy_(attended.transpose(1, 2))
+    return out
+

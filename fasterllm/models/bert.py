@@ -1,0 +1,165 @@
+"""BERT-family encoders (BERT, RoBERTa, XLM-R) over packed tokens: padding is never materialised.
+
+The batch's real tokens are one [total_tokens, hidden] tensor from the embedding lookup to the last
+LayerNorm (Effective Transformer / ByteTransformer: remove padding once, keep it removed through every
+layer). Every GEMM, bias, GELU and LayerNorm runs on real tokens only; attention runs over each
+sequence's range of rows (layers/varlen_attention.py). Q, K and V are one GEMM; bias+GELU and
+bias+residual-add ride in the GEMMs' epilogues (layers/fused_linear.py).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from fasterllm.layers.fused_linear import GELU_FORMS, FusedLinear
+from fasterllm.layers.varlen_attention import VarlenBatch, varlen_attention
+
+# model_type -> how many position rows come before position 0 (RoBERTa counts from padding_idx + 1)
+_POSITION_OFFSET_FROM_PAD = {"bert": False, "roberta": True, "xlm-roberta": True}
+
+
+@dataclass
+class BertConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    max_position_embeddings: int
+    type_vocab_size: int
+    layer_norm_eps: float
+    hidden_act: str
+    position_offset: int  # row of position_embeddings that holds position 0
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.max_position_embeddings - self.position_offset
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any]) -> BertConfig:
+        model_type = raw.get("model_type", "bert")
+        if model_type not in _POSITION_OFFSET_FROM_PAD:
+            raise ValueError(f"model_type {model_type!r} is not a supported encoder; supported: "
+                             f"{', '.join(_POSITION_OFFSET_FROM_PAD)}")
+        if raw.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(f"position_embedding_type={raw['position_embedding_type']!r} is not supported; "
+                             "only 'absolute' position embeddings are")
+        hidden_act = raw.get("hidden_act", "gelu")
+        if hidden_act not in GELU_FORMS:
+            raise ValueError(f"hidden_act={hidden_act!r} is not supported; use one of {', '.join(GELU_FORMS)}")
+        offset = raw.get("pad_token_id", 1) + 1 if _POSITION_OFFSET_FROM_PAD[model_type] else 0
+        return cls(model_type, raw["vocab_size"], raw["hidden_size"], raw["intermediate_size"],
+                   raw["num_hidden_layers"], raw["num_attention_heads"], raw.get("max_position_embeddings", 512),
+                   raw.get("type_vocab_size", 2), raw.get("layer_norm_eps", 1e-12), hidden_act, offset)
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # single-segment inputs: every token has token type 0
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions) + self.token_type_embeddings.weight[0]
+        return self.norm(x)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.qkv = FusedLinear(hidden, 3 * hidden)
+        self.attn_out = FusedLinear(hidden, hidden)
+        self.attn_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.ffn_up = FusedLinear(hidden, config.intermediate_size, activation=config.hidden_act)
+        self.ffn_down = FusedLinear(config.intermediate_size, hidden)
+        self.ffn_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor, batch: VarlenBatch) -> torch.Tensor:
+        attended = varlen_attention(self.qkv(x), batch, self.num_heads)
+        x = self.attn_norm(self.attn_out(attended, residual=x))
+        return self.ffn_norm(self.ffn_down(self.ffn_up(x), residual=x))
+
+
+# Hugging Face names (prefix removed) -> ours; q/k/v land in thirds of qkv
+_RENAMES = [
+    (re.compile(r"^embeddings\.LayerNorm\."), "embeddings.norm."),
+    (re.compile(r"^encoder\.layer\.(\d+)\.attention\.output\.dense\."), r"layers.\1.attn_out."),
+    (re.compile(r"^encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\."), r"layers.\1.attn_norm."),
+    (re.compile(r"^encoder\.layer\.(\d+)\.intermediate\.dense\."), r"layers.\1.ffn_up."),
+    (re.compile(r"^encoder\.layer\.(\d+)\.output\.dense\."), r"layers.\1.ffn_down."),
+    (re.compile(r"^encoder\.layer\.(\d+)\.output\.LayerNorm\."), r"layers.\1.ffn_norm."),
+]
+_QKV = re.compile(r"^encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.(weight|bias)$")
+_IGNORED = re.compile(r"^(pooler\.|cls\.|lm_head\.|embeddings\.position_ids$|.*\.num_batches_tracked$)")
+_MODEL_PREFIXES = ("bert.", "roberta.", "model.")
+
+
+class BertModel(nn.Module):
+    """Packed input_ids [total_tokens] -> last hidden states [total_tokens, hidden]."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: VarlenBatch) -> torch.Tensor:
+        """positions count from 0 within each sequence; the position offset (RoBERTa) is added here."""
+        x = self.embeddings(input_ids, positions + self.config.position_offset)
+        for layer in self.layers:
+            x = layer(x, batch)
+        return x
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters())
+        missing = set(params)
+        hidden = self.config.hidden_size
+        for hf_name, tensor in weights:
+            name = _strip_prefix(hf_name).replace(".gamma", ".weight").replace(".beta", ".bias")
+            if _IGNORED.match(name):
+                continue
+            qkv = _QKV.match(name)
+            if qkv:
+                layer, which, kind = qkv.groups()
+                target = f"layers.{layer}.qkv.{kind}"
+                third = ("query", "key", "value").index(which)
+                params[target].data[third * hidden:(third + 1) * hidden].copy_(tensor)
+                if third == 2:  # counted as loaded once the value third is in (checkpoints list all three)
+                    missing.discard(target)
+                continue
+            for pattern, replacement in _RENAMES:
+                name = pattern.sub(replacement, name)
+            if name not in params:
+                raise ValueError(f"checkpoint tensor {hf_name!r} has no place in {self.config.model_type} "
+                                 "BertModel; the checkpoint is not a BERT-family encoder")
+            if params[name].shape != tensor.shape:
+                raise ValueError(f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, the config "
+                                 f"implies {tuple(params[name].shape)}; config.json and the weights disagree")
+            params[name].data.copy_(tensor)
+            missing.discard(name)
+        if missing:
+            raise ValueError(f"the checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}; "
+                             "it is incomplete or not a BERT-family encoder")
+
+    def pack_for_cpu(self) -> None:
+        for module in self.modules():
+            if isinstance(module, FusedLinear):
+                module.pack_for_cpu()
+
+
+def _strip_prefix(name: str) -> str:
+    for prefix in _MODEL_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
