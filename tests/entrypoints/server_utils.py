@@ -1,0 +1,68 @@
+"""Helpers for the server tests: a real server on 127.0.0.1 in a thread, /metrics parsing, waiting.
+
+The server runs in a thread of the test process (uvicorn + AsyncLLM, as `fasterllm serve` runs
+them), so a test can also reach its engine, e.g. to make a forward pass fail.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+
+# fp32: greedy output is then exactly independent of the batch (bf16 only up to near-ties)
+SERVER_ENGINE_ARGS = dict(dtype="float32", device="cpu", cpu_kv_cache_gib=0.2, max_model_len=512)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerThread:
+    def __init__(self, llm, **app_kwargs):
+        import uvicorn
+
+        from fasterllm.entrypoints.openai.server import build_app
+
+        self.llm = llm
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(build_app(llm, **app_kwargs), host="127.0.0.1", port=self.port,
+                                                    log_level="warning", timeout_graceful_shutdown=5))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 60
+        while not self.server.started:
+            assert self.thread.is_alive() and time.time() < deadline, "the server did not start"
+            time.sleep(0.05)
+
+    def client(self, **kwargs):
+        from openai import OpenAI
+
+        return OpenAI(base_url=self.url + "/v1", api_key=kwargs.pop("api_key", "none"), max_retries=0, **kwargs)
+
+    def metrics(self) -> dict[str, float]:
+        """The /metrics samples as {'name{labels}': value}."""
+        samples = {}
+        for line in httpx.get(self.url + "/metrics").text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                samples[name] = float(value)
+        return samples
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def wait_for(condition, timeout_s: float = 30.0, what: str = "the condition"):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
