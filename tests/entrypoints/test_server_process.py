@@ -1,0 +1,71 @@
+"""`fasterllm serve` as a user runs it: a process with --api-key, stopped by SIGTERM with a request in flight."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+from server_utils import free_port
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def served():
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fasterllm.entrypoints.cli", "serve", "--port", str(port), "--api-key", "sesame",
+         "--served-model-name", "smol", "--dtype", "float32", "--cpu-kv-cache-gib", "0.1", "--max-model-len", "512",
+         "--shutdown-timeout", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        assert process.poll() is None, process.stdout.read()
+        assert time.time() < deadline, "the server did not start in 120 s"
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                break
+        except httpx.ConnectError:
+            time.sleep(0.2)
+    yield process, url
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def test_api_key_is_required_under_v1(served):
+    _, url = served
+    client = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError, match="Missing or wrong API key"):
+        client.models.list()
+    no_key = httpx.post(url + "/v1/completions", json={"prompt": "Hi"})
+    assert no_key.status_code == 401 and no_key.json()["error"]["type"] == "AuthenticationError"
+    client = openai.OpenAI(base_url=url + "/v1", api_key="sesame", max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["smol"]
+    reply = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+    assert reply.model == "smol" and reply.usage.completion_tokens <= 3
+    assert httpx.get(url + "/health").status_code == 200  # health and metrics stay open for probes
+
+
+def test_sigterm_finishes_the_request_in_flight_then_refuses_new_ones_and_exits(served):
+    process, url = served
+    client = openai.OpenAI(base_url=url + "/v1", api_key="sesame", max_retries=0)
+    stream = client.completions.create(model="smol", prompt="Once upon a time", max_tokens=60, temperature=0,
+                                       stream=True, stream_options={"include_usage": True},
+                                       extra_body={"ignore_eos": True})
+    chunks = [next(iter(stream))]
+    process.send_signal(signal.SIGTERM)
+    chunks.extend(stream)
+    assert chunks[-1].usage.completion_tokens == 60
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/health")
+    # uvicorn re-raises the SIGTERM once it has shut down cleanly, so the exit status says "terminated"
+    assert process.wait(timeout=30) in (0, -signal.SIGTERM)
+    log = process.stdout.read()
+    assert "Traceback" not in log and "ERROR" not in log, log
