@@ -83,3 +83,28 @@ def test_tasks_are_kept_apart(llm):
         LLM(str(default_model_path()), task="embed")
     with pytest.raises(ValueError, match="max_model_len=600 exceeds the model's 512 positions"):
         LLM(task="embed", max_model_len=600)
+
+
+def test_cli_embed_prints_one_json_vector_per_text(llm, capsys):
+    import json
+
+    from fasterllm.entrypoints.cli import main
+
+    assert main(["embed", "A man is eating food.", "hi", "--dtype", "float32", "--device", "cpu"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    expected = [o.outputs.embedding for o in llm.embed(["A man is eating food.", "hi"], use_tqdm=False)]
+    assert torch.allclose(torch.tensor([json.loads(line) for line in lines]), torch.tensor(expected), atol=1e-6)
+    assert main(["embed", "", "--device", "cpu"]) == 2
+    assert "input 0: the text is empty" in capsys.readouterr().err
+
+
+def test_bench_embed_runs_both_sides_on_the_same_sentences(capsys):
+    from fasterllm.bench.embed import run_embed_bench
+
+    rates = run_embed_bench(EngineArgs(dtype="float32", device="cpu"), num_sentences=6, min_words=3, max_words=20,
+                            repeats=1, with_hf=True, hf_batch_size=4)
+    assert set(rates) == {"fasterllm", "transformers, input order", "transformers, length-sorted"}
+    assert all(rate > 0 for rate in rates.values())
+    cosines = [float(line.rsplit("min cosine", 1)[1]) for line in capsys.readouterr().out.splitlines()
+               if "min cosine" in line]
+    assert len(cosines) == 2 and min(cosines) >= 0.9999

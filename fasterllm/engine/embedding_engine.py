@@ -28,6 +28,7 @@ class EmbeddingEngine:
         checkpoint = open_encoder_checkpoint(args.model, args.tokenizer)
         self.device = args.resolve_device()
         self.dtype = args.resolve_dtype(self.device)
+        self.source = checkpoint.source
         self.model_name = checkpoint.source.name
         self.model_config = checkpoint.config
         self.tokenizer = checkpoint.tokenizer

@@ -130,6 +130,43 @@ def cmd_bench_serve(ns: argparse.Namespace) -> None:
                     ns.request_rate, ns.api_key, ns.served_model_name, ns.seed)
 
 
+def cmd_embed(ns: argparse.Namespace) -> None:
+    import json
+
+    from fasterllm.llm import LLM
+
+    llm = LLM(**dataclasses.asdict(engine_args_from(ns, task="embed")))
+    for output in llm.embed(ns.texts, truncate_prompt_tokens=ns.truncate_prompt_tokens, use_tqdm=False):
+        print(json.dumps(output.outputs.embedding))
+
+
+def cmd_bench_embed(ns: argparse.Namespace) -> None:
+    from fasterllm.bench.embed import run_embed_bench
+
+    run_embed_bench(engine_args_from(ns, task="embed"), ns.num_sentences, ns.min_words, ns.max_words, ns.repeats,
+                    not ns.no_hf, ns.hf_batch_size, ns.seed, ns.threads)
+
+
+def add_embed_parsers(sub) -> None:
+    embed = sub.add_parser("embed", help="one embedding per text, printed as a JSON list per line")
+    embed.add_argument("texts", nargs="+")
+    embed.add_argument("--truncate-prompt-tokens", type=int, default=None,
+                       help="keep the last N tokens of a longer text (-1: the model's limit); default: refuse it")
+    add_engine_args(embed)
+    embed.set_defaults(func=cmd_embed)
+
+    bench = sub.add_parser("bench-embed", help="embedding throughput on mixed-length sentences, next to transformers")
+    bench.add_argument("--num-sentences", type=int, default=64)
+    bench.add_argument("--min-words", type=int, default=3)
+    bench.add_argument("--max-words", type=int, default=120)
+    bench.add_argument("--hf-batch-size", type=int, default=32, help="sentences per padded transformers batch")
+    bench.add_argument("--no-hf", action="store_true", help="skip the transformers runs")
+    bench.add_argument("--repeats", type=int, default=5, help="interleaved runs of each; the median is reported")
+    bench.add_argument("--threads", type=int, default=None, help="torch threads for both (default: torch's)")
+    add_engine_args(bench)
+    bench.set_defaults(func=cmd_bench_embed)
+
+
 def add_serve_parsers(sub, bench: argparse.ArgumentParser) -> None:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, metrics)")
     serve.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
@@ -191,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(bench)
     bench.set_defaults(func=cmd_bench)
     add_serve_parsers(sub, bench)
+    add_embed_parsers(sub)
     return parser
 
 
