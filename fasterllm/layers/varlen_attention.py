@@ -53,7 +53,19 @@ class VarlenBatch:
 
 
 def varlen_attention(qkv: torch.Tensor, batch: VarlenBatch, num_heads: int) -> torch.Tensor:
-    """qkv: [total_tokens, 3 * hidden] (q, k, v side by side) -> attention output [total_tokens, hidden]."""
+    """qkv: [total_tokens, 3 * hidden] (q, k, v side by side) -> attention output [total_tokens, hidden].
+
+    On a GPU one fused Triton kernel covers every sequence and head; elsewhere SDPA runs per run of lengths.
+    """
+    if qkv.is_cuda:
+        from fasterllm.kernels.varlen_attention import varlen_attention_triton
+
+        return varlen_attention_triton(qkv, batch.cu_seqlens, batch.max_seqlen, num_heads)
+    return varlen_attention_sdpa(qkv, batch, num_heads)
+
+
+def varlen_attention_sdpa(qkv: torch.Tensor, batch: VarlenBatch, num_heads: int) -> torch.Tensor:
+    """The torch path (and the Triton kernel's reference): one SDPA call per run of equal lengths."""
     total, three_hidden = qkv.shape
     head_dim = three_hidden // (3 * num_heads)
     out = torch.empty(total, three_hidden // 3, dtype=qkv.dtype, device=qkv.device)

@@ -1,0 +1,1 @@
+"""Triton kernels: pure functions, each with a torch reference to test against."""
