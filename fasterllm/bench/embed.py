@@ -7,15 +7,19 @@ which keeps padding small). Runs are interleaved; medians are reported.
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from fasterllm.config import EngineArgs
+from fasterllm.bench.random_encoder import make_random_encoder
 from fasterllm.layers.pooling import PoolingConfig
 from fasterllm.llm import LLM
 
@@ -70,9 +74,15 @@ def hf_embedder(llm: LLM, batch_size: int, sort_by_length: bool) -> Callable[[li
 
 
 def run_embed_bench(args: EngineArgs, num_sentences: int, min_words: int, max_words: int, repeats: int,
-                    with_hf: bool, hf_batch_size: int, seed: int = 0, threads: int | None = None) -> dict[str, float]:
+                    with_hf: bool, hf_batch_size: int, seed: int = 0, threads: int | None = None,
+                    random_encoder: str | None = None) -> dict[str, float]:
     if threads is not None:  # on a shared CPU, fewer threads than cores avoids waiting on a busy core
         torch.set_num_threads(threads)
+    if random_encoder is not None:
+        with tempfile.TemporaryDirectory(prefix=f"random-{random_encoder}-") as directory:
+            make_random_encoder(Path(directory), random_encoder)
+            args = dataclasses.replace(args, model=directory)
+            return run_embed_bench(args, num_sentences, min_words, max_words, repeats, with_hf, hf_batch_size, seed)
     llm = LLM(**{**vars(args), "task": "embed"})
     sentences = mixed_sentences(word_vocabulary(llm), num_sentences, min_words, max_words, seed)
     tokens = sum(len(ids) for ids in llm.engine.tokenize(sentences))

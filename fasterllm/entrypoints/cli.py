@@ -144,7 +144,7 @@ def cmd_bench_embed(ns: argparse.Namespace) -> None:
     from fasterllm.bench.embed import run_embed_bench
 
     run_embed_bench(engine_args_from(ns, task="embed"), ns.num_sentences, ns.min_words, ns.max_words, ns.repeats,
-                    not ns.no_hf, ns.hf_batch_size, ns.seed, ns.threads)
+                    not ns.no_hf, ns.hf_batch_size, ns.seed, ns.threads, ns.random_encoder)
 
 
 def add_embed_parsers(sub) -> None:
@@ -163,6 +163,8 @@ def add_embed_parsers(sub) -> None:
     bench.add_argument("--no-hf", action="store_true", help="skip the transformers runs")
     bench.add_argument("--repeats", type=int, default=5, help="interleaved runs of each; the median is reported")
     bench.add_argument("--threads", type=int, default=None, help="torch threads for both (default: torch's)")
+    bench.add_argument("--random-encoder", choices=["minilm-l6", "bert-base", "bert-large"], default=None,
+                       help="a BERT of this shape with random bf16 weights and a made-up vocabulary, instead of --model")
     add_engine_args(bench)
     bench.set_defaults(func=cmd_bench_embed)
 
