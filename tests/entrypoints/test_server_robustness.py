@@ -54,6 +54,7 @@ def test_a_failing_forward_pass_fails_its_request_with_a_500_and_the_server_reco
         raise RuntimeError("injected fault")
 
     client = server.client()
+    errors = server.metrics()['fasterllm_requests_total{outcome="error"}']
     runner.execute = fail_once
     try:
         with caplog.at_level(logging.ERROR, logger="fasterllm"):
@@ -63,6 +64,7 @@ def test_a_failing_forward_pass_fails_its_request_with_a_500_and_the_server_reco
         runner.execute = real_execute
     request_id = failure.value.body["message"].split("request ")[1].split(":")[0]
     assert request_id.startswith("cmpl-") and request_id in caplog.text
+    assert server.metrics()['fasterllm_requests_total{outcome="error"}'] == errors + 1
     assert httpx.get(f"{server.url}/health").status_code == 200
     assert client.completions.create(model=MODEL, prompt="Hello", max_tokens=4).usage.completion_tokens == 4
 

@@ -45,8 +45,7 @@ def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str 
     app = FastAPI(title="fasterllm OpenAI-compatible server", lifespan=lifespan)
 
     def error_response(error: OpenAIError) -> JSONResponse:
-        if error.status < 500:
-            metrics.requests.labels("rejected").inc()
+        metrics.requests.labels("rejected" if error.status < 500 else "error").inc()
         return JSONResponse(error.body(), status_code=error.status)
 
     @app.exception_handler(RequestValidationError)

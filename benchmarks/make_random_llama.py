@@ -1,0 +1,65 @@
+"""Write a Llama-3-8B-shaped model directory with random bf16 weights, for GPU benchmarks (no hub needed).
+
+    python benchmarks/make_random_llama.py /tmp/llama3-8b-random            # the 8B shape, about 16 GB
+    python benchmarks/make_random_llama.py /tmp/llama3-8b-2l --num-layers 2  # the same shape, 2 layers (a quick check)
+
+The tokenizer is word-level ("w0 w1 ..." over the whole 128256-token vocabulary) with a minimal
+chat template: `fasterllm bench serve` sends token ids, so only decoding speed matters. Needs
+transformers (the test extra). Weights are drawn on the GPU when there is one (minutes on a CPU).
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def llama3_8b_config(num_layers: int):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=num_layers,
+                       num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                       rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, tie_word_embeddings=False,
+                       bos_token_id=128000, eos_token_id=128001)
+
+
+def save_word_tokenizer(directory: Path, vocab_size: int, bos_id: int, eos_id: int) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(vocab_size)}
+    vocab[f"w{vocab_size}"] = vocab_size  # the unknown-word token, past the model's vocabulary
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=f"w{vocab_size}"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=f"w{bos_id}", eos_token=f"w{eos_id}",
+                                   unk_token=f"w{vocab_size}")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(directory)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--num-layers", type=int, default=32, help="32 for Llama-3-8B")
+    parser.add_argument("--seed", type=int, default=0)
+    ns = parser.parse_args()
+    from transformers import LlamaForCausalLM
+
+    config = llama3_8b_config(ns.num_layers)
+    torch.manual_seed(ns.seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16 directly: no fp32 copy of 8B weights
+    with torch.device(device):
+        model = LlamaForCausalLM(config)  # initialised N(0, 0.02), as transformers does
+    model.save_pretrained(ns.directory, safe_serialization=True, max_shard_size="5GB")
+    save_word_tokenizer(ns.directory, config.vocab_size, config.bos_token_id, config.eos_token_id)
+    print(f"wrote {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters to {ns.directory}")
+
+
+if __name__ == "__main__":
+    main()
