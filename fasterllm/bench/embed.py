@@ -116,7 +116,7 @@ def run_embed_bench(args: EngineArgs, num_sentences: int, min_words: int, max_wo
         if name != "fasterllm":
             cosine = F.cosine_similarity(vectors["fasterllm"], vectors[name]).min().item()
             line += f"  ours/this {results['fasterllm'] / results[name]:.2f}x  min cosine {cosine:.6f}"
-        print(line)
+        print(line + "  runs (s): " + " ".join(f"{t:.2f}" for t in times))
     return results
 
 

@@ -3,8 +3,8 @@
 The batch's real tokens are one [total_tokens, hidden] tensor from the embedding lookup to the last
 LayerNorm (Effective Transformer / ByteTransformer: remove padding once, keep it removed through every
 layer). Every GEMM, bias, GELU and LayerNorm runs on real tokens only; attention runs over each
-sequence's range of rows (layers/varlen_attention.py). Q, K and V are one GEMM; bias+GELU and
-bias+residual-add ride in the GEMMs' epilogues (layers/fused_linear.py).
+sequence's range of rows (layers/varlen_attention.py). Q, K and V are one GEMM; bias+GELU ride in the
+FFN GEMM's epilogue (layers/fused_linear.py); the residual is added in place before each LayerNorm.
 """
 from __future__ import annotations
 
