@@ -2,23 +2,14 @@
 interpreter (TRITON_INTERPRET=1, small shapes)."""
 from __future__ import annotations
 
-import importlib
-import os
-
 import pytest
 import torch
 
 from fasterllm.layers.varlen_attention import VarlenBatch, varlen_attention_sdpa
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-if DEVICE.type == "cpu":  # triton reads this when it and the kernel module are imported
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-pytest.importorskip("triton")
-
-
-@pytest.fixture(scope="module")
-def kernel():
-    return importlib.import_module("fasterllm.kernels.varlen_attention").varlen_attention_triton
+pytest.importorskip("triton")  # on the CPU, tests/conftest.py has set TRITON_INTERPRET=1 before triton's import
+from fasterllm.kernels.varlen_attention import varlen_attention_triton  # noqa: E402
 
 
 SHAPES = [  # (sequence lengths, heads, head_dim); the GPU also gets BERT-base shapes
@@ -33,11 +24,11 @@ DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type == "c
 
 @pytest.mark.parametrize("lengths, heads, head_dim", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_kernel_matches_sdpa_per_sequence(kernel, lengths, heads, head_dim, dtype):
+def test_kernel_matches_sdpa_per_sequence(lengths, heads, head_dim, dtype):
     torch.manual_seed(0)
     batch = VarlenBatch.from_lengths(lengths, DEVICE)
     qkv = torch.randn(sum(lengths), 3 * heads * head_dim, device=DEVICE).to(dtype)
-    got = kernel(qkv, batch.cu_seqlens, batch.max_seqlen, heads)
+    got = varlen_attention_triton(qkv, batch.cu_seqlens, batch.max_seqlen, heads)
     expected = varlen_attention_sdpa(qkv.float(), batch, heads)
     tolerance = 2e-5 if dtype == torch.float32 else 2e-2  # half types: rounding of p before p @ v
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
