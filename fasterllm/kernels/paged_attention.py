@@ -1,0 +1,229 @@
+"""Paged attention over block tables (Triton): prefill, chunked prefill and decode in one launch.
+
+One program per (sequence, query tile, KV head). Its tile's rows are (new token, query head) pairs: all
+G = Hq / Hkv query heads of the KV head for BLOCK_Q consecutive new tokens, so each K/V tile is read once
+for the whole GQA group. Keys are streamed through the block table with an online softmax (exp2 of
+log2(e)-scaled scores), bounded by the causal limit and the sliding window. The grid depends on host ints
+only (number of sequences, max_query_len, KV heads), so a decode batch can be captured in a CUDA graph.
+
+Decode batches (max_query_len == 1) split each sequence's keys over several programs (flash-decoding:
+short batches with long contexts would otherwise use a few SMs) and a second kernel merges the partial
+results by their log-sum-exp. The split count comes from host ints (batch size, heads, block table width).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+_SM_TARGET = 256  # decode programs wanted in flight: about two per SM on an H100
+_MAX_SPLITS = 16
+_MIN_KEYS_PER_SPLIT = 256
+
+
+@triton.jit
+def _paged_attention_kernel(
+        q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr, out_ptr,
+        part_out_ptr, part_max_ptr, part_sum_ptr, scale_log2, window,
+        stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        stride_bt, stride_ot, stride_oh,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+        USE_WINDOW: tl.constexpr, IEEE_DOT: tl.constexpr):
+    seq, tile, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
+    query_start = tl.load(query_start_ptr + seq)
+    query_len = tl.load(query_start_ptr + seq + 1) - query_start
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - query_len
+    if NUM_SPLITS > 1:  # the programs of one (sequence, KV head) share its single query token
+        split = tile
+        first_token = 0
+    else:
+        split = 0
+        first_token = tile * BLOCK_Q
+    if first_token < query_len:
+        rows = tl.arange(0, BLOCK_M)
+        token = first_token + rows // GROUP_PAD
+        head = kv_head * GROUP + rows % GROUP_PAD
+        row_ok = (token < query_len) & (rows % GROUP_PAD < GROUP)
+        dims = tl.arange(0, BLOCK_D)
+        dim_ok = dims < HEAD_DIM
+        q = tl.load(q_ptr + (query_start + token)[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh
+                    + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+        position = context_len + token  # absolute position of each row's token
+        key_end = tl.minimum(seq_len, context_len + tl.minimum(first_token + BLOCK_Q, query_len))
+        key_start = 0
+        if USE_WINDOW:
+            key_start = tl.maximum(0, context_len + first_token - window + 1)
+        if NUM_SPLITS > 1:
+            per_split = tl.cdiv(tl.cdiv(key_end - key_start, NUM_SPLITS), BLOCK_N) * BLOCK_N
+            key_start = key_start + split * per_split
+            key_end = tl.minimum(key_end, key_start + per_split)
+        row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+        for tile_start in range(key_start, key_end, BLOCK_N):
+            keys = tile_start + tl.arange(0, BLOCK_N)
+            key_ok = keys < key_end
+            block = tl.load(table + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+            offset = keys % BLOCK_SIZE
+            kv_mask = key_ok[:, None] & dim_ok[None, :]
+            k = tl.load(k_cache_ptr + block[:, None] * stride_kb + offset[:, None] * stride_ks
+                        + kv_head * stride_kh + dims[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
+                        + kv_head * stride_vh + dims[None, :], mask=kv_mask, other=0.0)
+            if IEEE_DOT:  # fp32 inputs: full precision, not TF32
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
+            else:
+                scores = tl.dot(q, tl.trans(k)) * scale_log2
+            visible = key_ok[None, :] & (keys[None, :] <= position[:, None])
+            if USE_WINDOW:
+                visible &= keys[None, :] > position[:, None] - window
+            scores = tl.where(visible, scores, float("-inf"))
+            new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+            # a row that has seen no visible key yet keeps max -inf: subtract 0 so exp2 gives 0, not NaN
+            safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+            probs = tl.math.exp2(scores - safe_max[:, None])
+            correction = tl.math.exp2(row_max - safe_max)
+            row_sum = row_sum * correction + tl.sum(probs, axis=1)
+            if IEEE_DOT:
+                acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v, input_precision="ieee")
+            else:
+                acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v)
+            row_max = new_max
+        if NUM_SPLITS > 1:  # unnormalised partials, merged by _merge_splits_kernel
+            part = (query_start + token).to(tl.int64) * (tl.num_programs(2) * GROUP) + head  # [token row, head]
+            tl.store(part_max_ptr + part * NUM_SPLITS + split, row_max, mask=row_ok)
+            tl.store(part_sum_ptr + part * NUM_SPLITS + split, row_sum, mask=row_ok)
+            tl.store(part_out_ptr + (part * NUM_SPLITS + split)[:, None] * HEAD_DIM + dims[None, :], acc,
+                     mask=row_ok[:, None] & dim_ok[None, :])
+        else:
+            out = acc / tl.where(row_sum > 0, row_sum, 1.0)[:, None]  # no visible key (seq_len 0): zeros
+            tl.store(out_ptr + (query_start + token)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh
+                     + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+
+
+@triton.jit
+def _merge_splits_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, query_start_ptr, out_ptr, stride_ot, stride_oh,
+                         NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_D: tl.constexpr):
+    seq, head = tl.program_id(0), tl.program_id(1)
+    token = tl.load(query_start_ptr + seq)
+    if tl.load(query_start_ptr + seq + 1) > token:  # padding sequences own no row
+        splits = tl.arange(0, SPLITS_PAD)
+        split_ok = splits < NUM_SPLITS
+        dims = tl.arange(0, BLOCK_D)
+        part = (token.to(tl.int64) * tl.num_programs(1) + head) * NUM_SPLITS + splits
+        maxes = tl.load(part_max_ptr + part, mask=split_ok, other=float("-inf"))
+        sums = tl.load(part_sum_ptr + part, mask=split_ok, other=0.0)
+        outs = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :],
+                       mask=split_ok[:, None] & (dims[None, :] < HEAD_DIM), other=0.0)
+        top = tl.max(maxes, axis=0)
+        weights = tl.math.exp2(maxes - tl.where(top == float("-inf"), 0.0, top))  # empty splits weigh 0
+        total = tl.sum(weights * sums, axis=0)
+        out = tl.sum(weights[:, None] * outs, axis=0) / tl.where(total > 0, total, 1.0)
+        tl.store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty),
+                 mask=dims < HEAD_DIM)
+
+
+def decode_splits(num_seqs: int, num_kv_heads: int, max_keys: int) -> int:
+    """How many programs share one sequence's keys in a decode batch: enough to fill the GPU, each with
+    at least _MIN_KEYS_PER_SPLIT keys of the longest possible sequence (host ints only: graph-safe)."""
+    wanted = triton.cdiv(_SM_TARGET, max(1, num_seqs * num_kv_heads))
+    return max(1, min(_MAX_SPLITS, wanted, max_keys // _MIN_KEYS_PER_SPLIT))
+
+
+def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                    max_query_len: int, scale: float, sliding_window: int | None = None,
+                    out: torch.Tensor | None = None, num_kv_splits: int | None = None) -> torch.Tensor:
+    """Causal attention of the new tokens' queries [T, Hq, D] to their sequences' cached keys/values.
+
+    key_cache/value_cache [num_blocks, block_size, Hkv, D]; block_tables [S, max_blocks] int32;
+    seq_lens [S] int32 (cached tokens including this step's, already stored); query_start_loc [S + 1]
+    int32. num_kv_splits overrides the decode split count (tests; None picks one from the shapes).
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    num_blocks, block_size, num_kv_heads, cache_dim = key_cache.shape
+    num_seqs = seq_lens.shape[0]
+    if value_cache.shape != key_cache.shape or cache_dim != head_dim:
+        raise ValueError(f"key_cache {tuple(key_cache.shape)} and value_cache {tuple(value_cache.shape)} must both "
+                         f"be [num_blocks, block_size, Hkv, D={head_dim}] (query is {tuple(query.shape)})")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"query heads ({num_heads}) must be a multiple of the cache's KV heads ({num_kv_heads})")
+    if block_size & (block_size - 1) or any(t.stride(-1) != 1 for t in (query, key_cache, value_cache)):
+        raise ValueError(f"block_size ({block_size}) must be a power of two and the head dim contiguous")
+    if query_start_loc.shape != (num_seqs + 1,) or block_tables.shape[0] != num_seqs:
+        raise ValueError(f"query_start_loc {tuple(query_start_loc.shape)} must be [S + 1] and block_tables "
+                         f"{tuple(block_tables.shape)} [S, max_blocks] for S = {num_seqs} sequences")
+    if key_cache.dtype != query.dtype or value_cache.dtype != query.dtype:
+        raise ValueError(f"query ({query.dtype}) and the caches ({key_cache.dtype}, {value_cache.dtype}) "
+                         "must share a dtype")
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
+    if out is None:
+        out = torch.empty_like(query)
+    elif out.shape != query.shape or out.dtype != query.dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be {tuple(query.shape)} {query.dtype}, got {tuple(out.shape)} {out.dtype}")
+    if num_seqs == 0 or max_query_len < 1:
+        return out
+    group = num_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if max_query_len == 1:
+        splits = num_kv_splits or decode_splits(num_seqs, num_kv_heads, block_tables.shape[1] * block_size)
+        block_m, tiles = max(16, group_pad), splits
+    else:
+        splits = 1
+        block_m = max(16, min(64, triton.next_power_of_2(max_query_len) * group_pad), group_pad)
+        tiles = triton.cdiv(max_query_len, block_m // group_pad)
+    part_out = part_max = part_sum = out  # unused placeholders without splits
+    if splits > 1:
+        part_max = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32, device=query.device)
+        part_sum = torch.empty_like(part_max)
+        part_out = torch.empty(num_tokens, num_heads, splits, head_dim, dtype=torch.float32, device=query.device)
+    _paged_attention_kernel[(num_seqs, tiles, num_kv_heads)](
+        query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out,
+        part_out, part_max, part_sum, scale * _LOG2E, sliding_window or 0,
+        query.stride(0), query.stride(1), *key_cache.stride()[:3], *value_cache.stride()[:3],
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
+        BLOCK_N=max(block_size, 64), BLOCK_SIZE=block_size, NUM_SPLITS=splits,
+        USE_WINDOW=sliding_window is not None, IEEE_DOT=query.dtype == torch.float32)
+    if splits > 1:
+        _merge_splits_kernel[(num_seqs, num_heads)](
+            part_out, part_max, part_sum, query_start_loc, out, out.stride(0), out.stride(1),
+            NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=head_dim, BLOCK_D=block_d)
+    return out
+
+
+def paged_attention_reference(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                              block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                              max_query_len: int, scale: float, sliding_window: int | None = None,
+                              out: torch.Tensor | None = None) -> torch.Tensor:
+    """The same attention in plain torch, one sequence at a time, softmax in fp32."""
+    out = torch.zeros_like(query) if out is None else out
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    group = query.shape[1] // num_kv_heads
+    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    for seq, seq_len in enumerate(lens):
+        start, end = starts[seq], starts[seq + 1]
+        if end == start:
+            continue
+        blocks = block_tables[seq, :math.ceil(seq_len / block_size)].long()
+        k, v = (cache[blocks].reshape(-1, num_kv_heads, cache.shape[-1])[:seq_len].float()
+                .repeat_interleave(group, dim=1).transpose(0, 1) for cache in (key_cache, value_cache))
+        q = query[start:end].float().transpose(0, 1)  # [Hq, q, D]
+        positions = torch.arange(seq_len - (end - start), seq_len, device=query.device)[:, None]
+        keys = torch.arange(seq_len, device=query.device)[None, :]
+        visible = keys <= positions
+        if sliding_window is not None:
+            visible &= keys > positions - sliding_window
+        scores = (q @ k.transpose(1, 2) * scale).masked_fill(~visible, float("-inf"))
+        out[start:end] = (scores.softmax(-1) @ v).transpose(0, 1).to(out.dtype)
+    return out
