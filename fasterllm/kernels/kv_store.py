@@ -1,0 +1,72 @@
+"""KV-cache store by slot mapping (Triton): each new token's K and V rows go to their cache slots.
+
+One program per token writes all its KV heads; slot = block * block_size + offset, and a negative slot
+(a padding row of a captured batch) writes nothing. The caches are [num_blocks, block_size, Hkv, D] views
+(kv_cache[layer, 0] and kv_cache[layer, 1]); key/value may be strided views of the fused QKV output.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _store_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+                     stride_kt, stride_kh, stride_vt, stride_vh, stride_kb, stride_ks, stride_kch,
+                     stride_vb, stride_vs, stride_vch,
+                     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+                     BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    if slot >= 0:
+        block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+        heads = tl.arange(0, BLOCK_H)[:, None]
+        dims = tl.arange(0, BLOCK_D)[None, :]
+        mask = (heads < NUM_KV_HEADS) & (dims < HEAD_DIM)
+        k = tl.load(key_ptr + token * stride_kt + heads * stride_kh + dims, mask=mask)
+        v = tl.load(value_ptr + token * stride_vt + heads * stride_vh + dims, mask=mask)
+        tl.store(k_cache_ptr + block * stride_kb + offset * stride_ks + heads * stride_kch + dims, k, mask=mask)
+        tl.store(v_cache_ptr + block * stride_vb + offset * stride_vs + heads * stride_vch + dims, v, mask=mask)
+
+
+def _check(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+           slot_mapping: torch.Tensor) -> None:
+    if key.shape != value.shape or key.dim() != 3:
+        raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must both be [T, Hkv, D]")
+    if key_cache.shape != value_cache.shape or key_cache.shape[2:] != key.shape[1:]:
+        raise ValueError(f"key_cache {tuple(key_cache.shape)} and value_cache {tuple(value_cache.shape)} must "
+                         f"both be [num_blocks, block_size, {key.shape[1]}, {key.shape[2]}] to hold key/value")
+    if slot_mapping.shape != key.shape[:1] or slot_mapping.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"slot_mapping must be [T={key.shape[0]}] int32/int64, got {tuple(slot_mapping.shape)} "
+                         f"{slot_mapping.dtype}")
+    if len({key.dtype, value.dtype, key_cache.dtype, value_cache.dtype}) != 1:
+        raise ValueError(f"key/value ({key.dtype}, {value.dtype}) and caches ({key_cache.dtype}, "
+                         f"{value_cache.dtype}) must share a dtype")
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write key/value [T, Hkv, D] into the caches at slot_mapping [T]; slots < 0 are skipped."""
+    _check(key, value, key_cache, value_cache, slot_mapping)
+    if any(t.stride(-1) != 1 for t in (key, value, key_cache, value_cache)):
+        raise ValueError("key, value and the caches need a contiguous head dim (stride 1)")
+    num_tokens, num_kv_heads, head_dim = key.shape
+    if num_tokens == 0:
+        return
+    _store_kv_kernel[(num_tokens,)](
+        key, value, key_cache, value_cache, slot_mapping, key.stride(0), key.stride(1), value.stride(0),
+        value.stride(1), *key_cache.stride()[:3], *value_cache.stride()[:3], NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_SIZE=key_cache.shape[1])
+
+
+def store_kv_reference(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                       slot_mapping: torch.Tensor) -> None:
+    """The same store in plain torch."""
+    _check(key, value, key_cache, value_cache, slot_mapping)
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    block_size = key_cache.shape[1]
+    key_cache[slots // block_size, slots % block_size] = key[keep]
+    value_cache[slots // block_size, slots % block_size] = value[keep]
