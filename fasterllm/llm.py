@@ -9,8 +9,8 @@ from fasterllm.config import EngineArgs
 from fasterllm.engine.embedding_engine import EmbeddingEngine
 from fasterllm.engine.engine import Engine
 from fasterllm.loader.tokenizer import TokenizerWrapper
-from fasterllm.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
-from fasterllm.sampling_params import SamplingParams
+from fasterllm.outputs import BeamSearchOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from fasterllm.sampling_params import BeamSearchParams, SamplingParams
 
 # a text, a list of token ids, or vLLM's {"prompt": ...} / {"prompt_token_ids": [...]}
 PromptType = Union[str, list[int], dict[str, Any]]
@@ -57,6 +57,17 @@ class LLM:
             add_special_tokens=False)} for conv in conversations]
         return self._run(prompts, _params_per_prompt(sampling_params, len(prompts)), use_tqdm)
 
+    def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
+                    use_tqdm: bool = True) -> list[BeamSearchOutput]:
+        """Beam search for each prompt (all searches run batched together); each output lists its
+        hypotheses best first, by cumulative_logprob / length ** length_penalty."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"beam_search() takes BeamSearchParams, got {type(params).__name__}; "
+                             "for sampling use generate()")
+        prompt_list = _as_prompt_list(prompts)
+        outputs = self._run(prompt_list, [params] * len(prompt_list), use_tqdm)
+        return [BeamSearchOutput(o.prompt, o.prompt_token_ids, o.outputs) for o in outputs]
+
     def embed(self, prompts: PromptType | Sequence[PromptType], truncate_prompt_tokens: int | None = None,
               use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
         """One vector per prompt, in input order, pooled as the model's sentence-transformers config says.
@@ -79,7 +90,8 @@ class LLM:
         return [EmbeddingRequestOutput(str(next(self._ids)), ids, EmbeddingOutput(vector))
                 for ids, vector in zip(token_ids, vectors.tolist())]
 
-    def _run(self, prompts: list[PromptType], params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, prompts: list[PromptType], params: list[SamplingParams] | list[BeamSearchParams],
+             use_tqdm: bool) -> list[RequestOutput]:
         if isinstance(self.engine, EmbeddingEngine):
             raise ValueError(f"this LLM was made with task='embed' ({self.engine.model_name}); use embed(), or make "
                              "a generating LLM without task='embed'")

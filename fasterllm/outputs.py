@@ -37,6 +37,7 @@ class CompletionOutput:
     logprobs: SampleLogprobs | None
     finish_reason: str | None = None  # "stop", "length", "abort", or None while running
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
+    score: float | None = None  # beam search: cumulative_logprob / len(token_ids) ** length_penalty
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -52,6 +53,14 @@ class RequestOutput:
     metrics: RequestMetrics = field(repr=False, default=None)  # type: ignore[assignment]
     # with SamplingParams.prompt_logprobs: None for the first token, then one dict per prompt token
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+
+
+@dataclass
+class BeamSearchOutput:
+    """What LLM.beam_search returns for one prompt: its hypotheses, best first (as vLLM's)."""
+    prompt: str | None
+    prompt_token_ids: list[int]
+    sequences: list[CompletionOutput]
 
 
 @dataclass

@@ -110,3 +110,49 @@ def _check_number(name: str, value: object, low: float, high: float, rule: str) 
         raise ValueError(f"{name}={value!r} must be a finite number; it {rule}")
     if not low <= value <= high:
         raise ValueError(f"{name}={value} is out of range: it {rule}")
+
+
+MAX_BEAM_WIDTH = 64
+
+
+@dataclass
+class BeamSearchParams:
+    """Beam search settings, named as in vLLM (beam_width, max_tokens, length_penalty, ignore_eos) and
+    transformers (early_stopping).
+
+    Each step keeps the beam_width best continuations over all beams x vocabulary by cumulative
+    logprob; a finished hypothesis scores cumulative_logprob / generated_length ** length_penalty.
+    early_stopping: True stops once beam_width hypotheses are finished; False stops when no running
+    beam can still beat the worst of them (judged at the current length); "never" judges it at the
+    longest possible length when length_penalty > 0 (the canonical, slower search).
+    n: how many hypotheses are returned, best first (default beam_width).
+    """
+
+    beam_width: int
+    max_tokens: int = 16
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    ignore_eos: bool = False
+    n: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.beam_width, int) or isinstance(self.beam_width, bool) or \
+                not 1 <= self.beam_width <= MAX_BEAM_WIDTH:
+            raise ValueError(f"beam_width={self.beam_width!r} must be an integer in [1, {MAX_BEAM_WIDTH}]")
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens={self.max_tokens!r} must be an integer >= 1")
+        _check_number("length_penalty", self.length_penalty, -math.inf, math.inf, "is any finite number")
+        if self.early_stopping not in (True, False, "never"):
+            raise ValueError(f"early_stopping={self.early_stopping!r} must be True, False or 'never'")
+        if self.n is None:
+            self.n = self.beam_width
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= self.beam_width:
+            raise ValueError(f"n={self.n!r} must be an integer in [1, beam_width={self.beam_width}]")
+
+    def as_sampling_params(self) -> SamplingParams:
+        """How each beam runs in the engine: greedy rows whose top logprobs the beam search reads.
+
+        eos never ends a beam by itself (the search turns eos continuations into hypotheses)."""
+        return SamplingParams(temperature=0.0, max_tokens=self.max_tokens, ignore_eos=True,
+                              skip_special_tokens=self.skip_special_tokens)

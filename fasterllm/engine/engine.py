@@ -8,13 +8,14 @@ from dataclasses import dataclass
 import torch
 
 from fasterllm.config import CacheConfig, EngineArgs, SchedulerConfig
+from fasterllm.engine.beam_search import BeamSearch
 from fasterllm.engine.kv_cache_manager import KVCacheManager, SwapSpace
 from fasterllm.engine.output_processor import OutputProcessor
 from fasterllm.engine.request import Request
 from fasterllm.engine.scheduler import Scheduler
 from fasterllm.loader.checkpoint import open_checkpoint
 from fasterllm.outputs import RequestOutput
-from fasterllm.sampling_params import SamplingParams
+from fasterllm.sampling_params import BeamSearchParams, SamplingParams
 from fasterllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("fasterllm")
@@ -99,19 +100,27 @@ class Engine:
             f"to at most {cache.num_blocks * cache.block_size}, or {fix}.")
 
     # ---- requests -------------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | BeamSearchParams,
                     arrival_time: float | None = None) -> Request:
+        """Queue a request: sampling (SamplingParams) or a beam search (BeamSearchParams; its one output
+        comes when the search ends, with the n best hypotheses)."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use; request ids must be unique")
         text, token_ids = self._tokenize(prompt)
+        search = None
+        if isinstance(params, BeamSearchParams):
+            search, params = BeamSearch(params, self._eos_ids()), params.as_sampling_params()
         self._check_token_ids(params)
         request = Request(request_id, text, token_ids, params, self._eos_ids(), self.max_model_len, arrival_time,
                           self._generator(params, 0))
         request.fork_generators = [self._generator(params, i) for i in range(1, params.best_of)]
         request.bad_word_ids = self._bad_word_ids(params.bad_words)
+        if search is not None:
+            search.start(request)
         self.scheduler.add_request(request)  # first: it may still refuse the request
         self.requests[request_id] = request
-        self.output_processor.add_request(request)
+        if search is None:  # a beam's text is decoded once, when its search ends
+            self.output_processor.add_request(request)
         return request
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
@@ -142,24 +151,59 @@ class Engine:
             return None
         return torch.Generator(device=self.device).manual_seed(params.seed + 1_000_003 * sample_index)
 
-    def _fork(self, parent: Request, sample_index: int, first_token: int, num_computed_tokens: int) -> Request:
-        """Sample i of a parallel-sampling request: shares the parent's prompt blocks copy-on-write.
+    def _fork(self, parent: Request, child_id: str, first_token: int, num_computed_tokens: int,
+              generator: torch.Generator | None = None) -> Request:
+        """A request continuing the parent's tokens with first_token, sharing its blocks copy-on-write.
 
         Called before the step's bookkeeping, so num_computed_tokens is the parent's after this step.
         """
-        child = Request(f"{parent.request_id}#{sample_index}", parent.prompt, parent.prompt_token_ids,
-                        parent.sampling_params, self._eos_ids(), self.max_model_len, parent.metrics.arrival_time,
-                        parent.fork_generators[sample_index - 1])
+        child = Request(child_id, parent.prompt, parent.prompt_token_ids, parent.sampling_params, self._eos_ids(),
+                        self.max_model_len, parent.metrics.arrival_time, generator)
+        child.output_token_ids = list(parent.output_token_ids)
+        child.all_token_ids = list(parent.all_token_ids)
         child.bad_word_ids = parent.bad_word_ids
+        child.beam = parent.beam
         child.num_computed_tokens = num_computed_tokens
         child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
-        child.family = parent.family
-        parent.family.append(child)
         self.kv_cache.fork(parent, child)
         self.requests[child.request_id] = child
-        self.output_processor.add_request(child)
         self.scheduler.add_forked(child, first_token)
         return child
+
+    def _fork_sample(self, parent: Request, first_token: int, num_computed_tokens: int) -> Request:
+        """Sample i of a parallel-sampling request, forked after the prompt step."""
+        index = len(parent.family)
+        child = self._fork(parent, f"{parent.request_id}#{index}", first_token, num_computed_tokens,
+                           parent.fork_generators[index - 1])
+        child.family = parent.family
+        parent.family.append(child)
+        self.output_processor.add_request(child)
+        return child
+
+    def _continue_beams(self, search: BeamSearch, first_tokens: dict[str, int],
+                        computed: dict[str, int]) -> list[tuple[Request, int]]:
+        """Make the search's chosen continuations its beams: a beam chosen once continues itself, each
+        further choice forks it; beams not chosen are left in search.pruned. Returns the tokens of beams
+        that were waiting for their search (not scheduled this step), appended after the bookkeeping."""
+        continued: set[str] = set()
+        beams, waited = [], []
+        for choice in search.select():
+            parent = choice.parent
+            if parent.request_id in continued:
+                beam = self._fork(parent, search.next_beam_id(), choice.token_id,
+                                  computed.get(parent.request_id, parent.num_computed_tokens))
+            else:
+                continued.add(parent.request_id)
+                beam = parent
+                if parent.request_id in computed:
+                    first_tokens[parent.request_id] = choice.token_id
+                else:
+                    waited.append((parent, choice.token_id))
+            beam.cumulative_logprob = choice.cumulative_logprob
+            beams.append(beam)
+        search.pruned = [beam for beam in search.beams if beam.request_id not in continued]
+        search.beams = beams
+        return waited
 
     def _bad_word_ids(self, words: list[str] | None) -> list[list[int]]:
         """Each bad word as token ids, as written and with a leading space (how it appears mid-text)."""
@@ -181,7 +225,8 @@ class Engine:
 
     def abort_request(self, request_id: str) -> None:
         request = self.requests.get(request_id)
-        for member in request.family if request is not None else []:
+        members = [] if request is None else [request, *request.beam.beams] if request.beam else request.family
+        for member in members:
             self.scheduler.finish_request(member, "abort")
             self.requests.pop(member.request_id, None)
             self.output_processor.remove(member.request_id)
@@ -214,19 +259,28 @@ class Engine:
         first_tokens: dict[str, int] = {}
         computed = {item.request.request_id: item.request.num_computed_tokens + item.num_new_tokens
                     for item in out.scheduled}
-        for request_id, token in zip(result.request_ids, tokens):
+        beam_rows: list[tuple[int, Request]] = []
+        for row, (request_id, token) in enumerate(zip(result.request_ids, tokens)):
             request = self.requests[request_id]
-            if request_id in first_tokens:  # forked before update() can release the parent's blocks
-                rows.append(self._fork(request, len(request.family), token, computed[request_id]))
+            if request.beam is not None:
+                beam_rows.append((row, request))
+            elif request_id in first_tokens:  # forked before update() can release the parent's blocks
+                request = self._fork_sample(request, token, computed[request_id])
             else:
                 first_tokens[request_id] = token
-                rows.append(request)
+            rows.append(request)
+        searches = self._report_beams(beam_rows, sampled)
+        waited = [pair for search in searches for pair in self._continue_beams(search, first_tokens, computed)]
         self.scheduler.update(out, first_tokens)
+        for beam, token in waited:
+            beam.append_token(token)
         if sampled is not None and sampled.logprobs is not None:
             self._record_logprobs(rows, sampled)
         self._record_prompt_logprobs(result.prompt_logprobs)
         families: dict[str, Request] = {}  # head of each family that produced tokens, in row order
         for request, token in zip(rows, tokens):
+            if request.beam is not None:
+                continue
             stop = self.output_processor.new_tokens(request, [token])
             if stop is not None:
                 self.scheduler.finish_request(request, "stop", stop)
@@ -238,6 +292,34 @@ class Engine:
             if output.finished:
                 for member in head.family:
                     del self.requests[member.request_id]
+        outputs.extend(self._end_beams(searches))
+        return outputs
+
+    def _report_beams(self, beam_rows: list[tuple[int, Request]], sampled) -> list[BeamSearch]:
+        """Give each beam its row's top candidates; returns the searches whose every beam has reported."""
+        if not beam_rows:
+            return []
+        index = torch.tensor([row for row, _ in beam_rows], device=sampled.logprobs.device)
+        ids = sampled.logprob_token_ids[index, 1:].tolist()  # column 0 is the sampled token
+        values = sampled.logprobs[index, 1:].tolist()
+        ready: dict[int, BeamSearch] = {}
+        for (_, beam), row_ids, row_values in zip(beam_rows, ids, values):
+            if beam.beam.report(beam, row_ids, row_values):
+                ready[id(beam.beam)] = beam.beam
+        return list(ready.values())
+
+    def _end_beams(self, searches: list[BeamSearch]) -> list[RequestOutput]:
+        """Free the beams that were not chosen; a search that is done gives its output."""
+        outputs = []
+        for search in searches:
+            for beam in search.pruned + (search.beams if search.done else []):
+                self.scheduler.finish_request(beam, "stop")
+                if beam is not search.head:
+                    del self.requests[beam.request_id]
+            if search.done:
+                search.head.metrics.finished_time = time.time()
+                outputs.append(search.make_output(self.tokenizer))
+                del self.requests[search.head.request_id]
         return outputs
 
     def _record_logprobs(self, rows: list[Request], sampled) -> None:

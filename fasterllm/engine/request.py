@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
 from fasterllm.outputs import RequestMetrics, SampleLogprobs
 from fasterllm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from fasterllm.engine.beam_search import BeamSearch
 
 
 class RequestStatus(enum.Enum):
@@ -39,6 +43,7 @@ class Request:
         # share its blocks copy-on-write; all of them are listed here, the parent first
         self.family: list[Request] = [self]
         self.fork_generators: list[torch.Generator | None] = []
+        self.beam: BeamSearch | None = None  # the search this request is a beam of
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None

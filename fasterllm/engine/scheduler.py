@@ -10,6 +10,7 @@ swap (its KV copied to the CPU pool, copied back when blocks free up).
 """
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -62,12 +63,19 @@ class Scheduler:
         self.watermark_blocks = max(1, int(config.watermark * kv_cache.num_blocks)) if config.watermark else 0
 
     def add_request(self, request: Request) -> None:
-        needed = self.kv_cache.blocks_for_tokens(len(request.prompt_token_ids) + request.max_tokens)
-        if needed > self.kv_cache.num_blocks:
+        kv = self.kv_cache
+        needed = kv.blocks_for_tokens(len(request.prompt_token_ids) + request.max_tokens)
+        # parallel samples and beams share the prompt; each extra one needs its own tail
+        width = request.beam.params.beam_width if request.beam else request.sampling_params.best_of
+        needed += (width - 1) * (kv.blocks_for_tokens(request.max_tokens) + 1)
+        if request.beam and width > self.config.max_num_seqs:
+            raise ValueError(f"beam_width={width} is more than max_num_seqs={self.config.max_num_seqs}, and a "
+                             "search's beams run together; lower beam_width or raise max_num_seqs")
+        if needed > kv.num_blocks:
             raise ValueError(
                 f"request {request.request_id!r} needs up to {needed} KV blocks ({len(request.prompt_token_ids)} "
-                f"prompt + {request.max_tokens} new tokens) but the pool has {self.kv_cache.num_blocks}; it could "
-                "never run. Lower max_tokens or give the KV cache more memory")
+                f"prompt + {request.max_tokens} new tokens, {width} sequences) but the pool has {kv.num_blocks}; "
+                "it could never run. Lower max_tokens (or n, best_of, beam_width) or give the KV cache more memory")
         self.waiting.append(request)
 
     def has_unfinished_requests(self) -> bool:
@@ -76,15 +84,23 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
+        groups = _groups(self.running)
         index = 0
-        while index < len(self.running) and budget > 0:
-            request = self.running[index]
-            num_new = self._chunk(request, budget)
-            if not self._allocate_or_preempt(request, num_new, out):
-                break  # the request itself was preempted: nothing after it runs either
-            out.scheduled.append(ScheduledRequest(request, num_new))
-            budget -= num_new
-            index += 1
+        while index < len(groups) and budget > 0:
+            scheduled = []
+            for request in groups[index]:
+                num_new = self._chunk(request, budget)
+                if num_new == 0:  # a beam that waits for the rest of its search to report, or no budget
+                    continue
+                if not self._allocate_or_preempt(request, num_new, out, groups, index):
+                    break
+                scheduled.append(ScheduledRequest(request, num_new))
+                budget -= num_new
+            else:
+                out.scheduled.extend(scheduled)
+                index += 1
+                continue
+            break  # the group itself was preempted: nothing after it runs either
         if not out.preempted:  # admitting work in a step that had to preempt would only thrash
             budget = self._swap_in(out, budget)
             if not self.swapped:  # swapped-out requests come back before new ones start
@@ -112,31 +128,46 @@ class Scheduler:
         return budget
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
-            hit_tokens = self.kv_cache.match_prefix(request)
-            request.num_computed_tokens = hit_tokens
-            num_new = self._chunk(request, budget)
-            if not self.kv_cache.allocate_slots(request, num_new, reserve=self.watermark_blocks):
-                self.kv_cache.undo_match(request, hit_tokens)
-                request.num_computed_tokens = 0
-                break
-            self.waiting.popleft()
-            if request.metrics.first_scheduled_time is None:
-                request.metrics.first_scheduled_time = time.time()
-            self._start(request, num_new, out)
-            budget -= num_new
+        """Admit from the front of the queue; a preempted search's beams come back all together or not
+        at all (half a search would hold blocks while waiting for the other half)."""
+        while self.waiting and budget > 0:
+            head = self.waiting[0]
+            group = list(itertools.takewhile(lambda r: r.beam is head.beam, self.waiting)) if head.beam else [head]
+            if len(self.running) + len(group) > self.config.max_num_seqs:
+                return
+            admitted: list[tuple[Request, int, int]] = []  # request, new tokens, prefix-cache hit tokens
+            for request in group:
+                hit_tokens = self.kv_cache.match_prefix(request)
+                request.num_computed_tokens = hit_tokens
+                num_new = self._chunk(request, budget)
+                admitted.append((request, num_new, hit_tokens))
+                if not self.kv_cache.allocate_slots(request, num_new, reserve=self.watermark_blocks):
+                    for taken, _, hits in admitted:
+                        self.kv_cache.undo_match(taken, hits)
+                        taken.num_computed_tokens = 0
+                    return
+                budget -= num_new
+            for request, num_new, _ in admitted:
+                self.waiting.popleft()
+                if request.metrics.first_scheduled_time is None:
+                    request.metrics.first_scheduled_time = time.time()
+                self._start(request, num_new, out)
 
     def _start(self, request: Request, num_new: int, out: SchedulerOutput) -> None:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
-        out.scheduled.append(ScheduledRequest(request, num_new))
+        if num_new:  # a beam admitted beyond the step's budget computes from the next step on
+            out.scheduled.append(ScheduledRequest(request, num_new))
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, out: SchedulerOutput) -> bool:
+    def _allocate_or_preempt(self, request: Request, num_new: int, out: SchedulerOutput,
+                             groups: list[list[Request]], index: int) -> bool:
+        """Allocate, preempting the latest-admitted groups while short; False if groups[index] itself went."""
         while not self.kv_cache.allocate_slots(request, num_new):
-            victim = self.running.pop()
-            self._preempt(victim, out)
-            if victim is request:
+            victims = groups.pop()
+            for victim in reversed(victims):  # so they stand in the queue in their running order
+                self.running.remove(victim)
+                self._preempt(victim, out)
+            if len(groups) == index:
                 return False
         return True
 
@@ -145,7 +176,9 @@ class Scheduler:
         self.stats.num_preemptions += 1
         request.num_preemptions += 1
         table = self.kv_cache.block_table(request.request_id)
-        if (self.config.preemption_mode == "swap" and self.swap_space is not None
+        if request.beam is not None:  # its candidates are computed again, so it preempts by recompute
+            request.beam.forget(request)
+        elif (self.config.preemption_mode == "swap" and self.swap_space is not None
                 and self.swap_space.can_hold(len(table))):
             out.swap_out.extend(zip(table, self.swap_space.take(request.request_id, len(table))))
             self.kv_cache.free(request)
@@ -200,3 +233,19 @@ class Scheduler:
         if request in self.running:
             self.running.remove(request)
         self.kv_cache.free(request)
+
+
+def _groups(requests) -> list[list[Request]]:
+    """Requests in order, the beams of one search gathered into one group (they run and are preempted
+    together); any other request is a group of its own."""
+    groups: list[list[Request]] = []
+    by_search: dict[int, list[Request]] = {}
+    for request in requests:
+        if request.beam is None:
+            groups.append([request])
+        elif id(request.beam) in by_search:
+            by_search[id(request.beam)].append(request)
+        else:
+            by_search[id(request.beam)] = [request]
+            groups.append(by_search[id(request.beam)])
+    return groups

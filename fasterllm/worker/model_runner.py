@@ -142,8 +142,9 @@ class ModelRunner:
             return ModelRunnerOutput([], None, prompt_logprobs)
         logits = logits[:len(sampling)]
         vocab = logits.shape[-1]
+        beam_candidates = max((r.beam.num_candidates for r in sampling if r.beam is not None), default=0)
         md = SamplingMetadata.build([r.sampling_params for r in sampling], _row_generators(sampling), vocab,
-                                    device, LogitControls.build(sampling, vocab, device))
+                                    device, LogitControls.build(sampling, vocab, device), beam_candidates)
         return ModelRunnerOutput([r.request_id for r in sampling], sample(logits, md), prompt_logprobs)
 
     def _prompt_logprobs(self, logits: torch.Tensor, prompt_rows: list[tuple[Request, int, int, int]]):

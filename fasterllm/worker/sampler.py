@@ -28,7 +28,9 @@ class SamplingMetadata:
 
     @staticmethod
     def build(params: list[SamplingParams], generators: list[torch.Generator | None], vocab_size: int,
-              device: torch.device, controls: LogitControls | None = None) -> "SamplingMetadata":
+              device: torch.device, controls: LogitControls | None = None,
+              beam_candidates: int = 0) -> "SamplingMetadata":
+        """beam_candidates: top logprobs that beam-search rows need (0 when there are none)."""
         def column(values: list, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=device)
 
@@ -36,6 +38,7 @@ class SamplingMetadata:
         top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
         # best_of > n ranks samples by cumulative logprob, so those rows need logprobs too
         wanted = [p.logprobs or 0 for p in params if p.logprobs is not None or p.ranks_samples]
+        wanted += [beam_candidates] if beam_candidates else []
         return SamplingMetadata(
             temperature=column([1.0 if g else p.temperature for p, g in zip(params, greedy)], torch.float32),
             top_k=column(top_k, torch.long) if any(k < vocab_size for k in top_k) else None,
