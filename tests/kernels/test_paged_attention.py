@@ -9,7 +9,7 @@ from fasterllm.layers import attention as layers_attention
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytest.importorskip("triton")
-from fasterllm.kernels.paged_attention import paged_attention, paged_attention_reference  # noqa: E402
+from fasterllm.kernels.paged_attention import decode_splits, paged_attention, paged_attention_reference  # noqa: E402
 
 gpu_only = pytest.mark.skipif(DEVICE.type != "cuda", reason="real model shapes need a GPU")
 # Triton 3.9's interpreter computes tl.dot on bf16 wrongly (even for a lone 16x16 dot); bf16 runs on a GPU
@@ -70,6 +70,13 @@ def test_decode_split_kv(splits, window):
     check(args, torch.float32, sliding_window=window, num_kv_splits=splits)
 
 
+def test_long_decode_splits_by_default():
+    """One sequence with a long context: the default split count spreads it over several programs."""
+    args = make_batch([700], [1], 4, 2, 64, torch.float32)
+    assert decode_splits(1, 2, args["block_tables"].shape[1] * 16) > 1
+    check(args, torch.float32)
+
+
 @pytest.mark.parametrize("query_lens", [[1, 1, 0, 0], [3, 1, 0, 0]])
 def test_padded_graph_rows_write_nothing(query_lens):
     """A captured batch padded with empty sequences (seq_len 0, no rows) leaves the padding rows as they were."""
@@ -82,9 +89,14 @@ def test_padded_graph_rows_write_nothing(query_lens):
     assert torch.equal(out[real:], torch.full_like(out[real:], 7.0))
 
 
-def test_group_not_a_power_of_two_and_head_dim_32():
-    """SmolLM2's 3 query heads per KV head (padded rows in the tile) and a small head dim."""
-    check(make_batch([0, 30], [9, 1], 6, 2, 32, torch.float32), torch.float32)
+@pytest.mark.parametrize("head_dim", [32, 96])
+def test_group_not_a_power_of_two_and_other_head_dims(head_dim):
+    """SmolLM2's 3 query heads per KV head (padded rows in the tile); head dims padded to a power of two."""
+    check(make_batch([0, 30], [9, 1], 6, 2, head_dim, torch.float32), torch.float32)
+
+
+def test_block_size_32():
+    check(make_batch(*MIXED, 4, 2, 64, torch.float32, block_size=32), torch.float32)
 
 
 def test_reference_equals_the_model_attention_path():
