@@ -30,8 +30,8 @@ def _store_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
         tl.store(v_cache_ptr + block * stride_vb + offset * stride_vs + heads * stride_vch + dims, v, mask=mask)
 
 
-def _check(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-           slot_mapping: torch.Tensor) -> None:
+def check_store_args(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     slot_mapping: torch.Tensor) -> None:
     if key.shape != value.shape or key.dim() != 3:
         raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must both be [T, Hkv, D]")
     if key_cache.shape != value_cache.shape or key_cache.shape[2:] != key.shape[1:]:
@@ -43,14 +43,14 @@ def _check(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, valu
     if len({key.dtype, value.dtype, key_cache.dtype, value_cache.dtype}) != 1:
         raise ValueError(f"key/value ({key.dtype}, {value.dtype}) and caches ({key_cache.dtype}, "
                          f"{value_cache.dtype}) must share a dtype")
+    if any(t.stride(-1) != 1 for t in (key, value, key_cache, value_cache)):
+        raise ValueError("key, value and the caches need a contiguous head dim (stride 1)")
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Write key/value [T, Hkv, D] into the caches at slot_mapping [T]; slots < 0 are skipped."""
-    _check(key, value, key_cache, value_cache, slot_mapping)
-    if any(t.stride(-1) != 1 for t in (key, value, key_cache, value_cache)):
-        raise ValueError("key, value and the caches need a contiguous head dim (stride 1)")
+    check_store_args(key, value, key_cache, value_cache, slot_mapping)
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
@@ -64,7 +64,7 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, va
 def store_kv_reference(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                        slot_mapping: torch.Tensor) -> None:
     """The same store in plain torch."""
-    _check(key, value, key_cache, value_cache, slot_mapping)
+    check_store_args(key, value, key_cache, value_cache, slot_mapping)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     block_size = key_cache.shape[1]

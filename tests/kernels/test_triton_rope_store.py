@@ -1,0 +1,126 @@
+"""The fused RoPE + KV store (one launch) against RoPE then store (two launches, and the torch references):
+in Triton's interpreter on a CPU, natively on a GPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fasterllm.layers.attention import AttentionMetadata, KernelInputs, attend_with_kernels, paged_attention
+from fasterllm.layers.attention import store_kv as store_kv_torch
+from fasterllm.layers.rotary import RotaryEmbedding, apply_rotary as apply_rotary_reference, rope_inv_freq
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytest.importorskip("triton")
+from fasterllm.kernels.kv_store import store_kv, store_kv_reference  # noqa: E402
+from fasterllm.kernels.rotary import apply_rotary, rotary_and_store_kv  # noqa: E402
+
+gpu_only = pytest.mark.skipif(DEVICE.type != "cuda", reason="real model shapes need a GPU")
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}
+
+
+def make_inputs(num_tokens, num_heads, num_kv_heads, head_dim, dtype, block_size, num_blocks, max_positions,
+                scaling=None):
+    """A fused QKV output, its positions, a full cache and slots with two padding rows (slot -1)."""
+    torch.manual_seed(0)
+    rotary = RotaryEmbedding(head_dim, max_positions, rope_inv_freq(head_dim, 500000.0, scaling), DEVICE, dtype)
+    qkv = torch.randn(num_tokens, num_heads + 2 * num_kv_heads, head_dim, device=DEVICE).to(dtype)
+    positions = torch.randint(1, max_positions,  # position 0 rotates nothing
+                               (num_tokens,), device=DEVICE)
+    slots = torch.randperm(num_blocks * block_size, device=DEVICE)[:num_tokens]
+    slots[[1, -1]] = -1
+    cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, device=DEVICE).to(dtype)
+    return rotary, qkv, positions, slots, cache
+
+
+def split(qkv, num_heads, num_kv_heads):
+    return qkv.split([num_heads, num_kv_heads, num_kv_heads], dim=1)
+
+
+def run(num_tokens, num_heads, num_kv_heads, head_dim, dtype, block_size=16, num_blocks=8, max_positions=4096,
+        scaling=None, slot_dtype=torch.int64):
+    """Fused vs two launches (bit for bit, any dtype) and vs the torch references (bit for bit where the
+    rounding is the reference's: fp16 anywhere, bf16 on a GPU; see test_triton_rotary)."""
+    rotary, qkv, positions, slots, cache = make_inputs(num_tokens, num_heads, num_kv_heads, head_dim, dtype,
+                                                       block_size, num_blocks, max_positions, scaling)
+    fused_qkv, fused_cache = qkv.clone(), cache.clone()
+    query, key, value = split(fused_qkv, num_heads, num_kv_heads)
+    rotary_and_store_kv(query, key, value, positions, rotary.cos_sin, fused_cache[0], fused_cache[1],
+                        slots.to(slot_dtype))
+
+    two_qkv, two_cache = qkv.clone(), cache.clone()
+    query, key, value = split(two_qkv, num_heads, num_kv_heads)
+    apply_rotary(query, key, positions, rotary.cos_sin)
+    store_kv(key, value, two_cache[0], two_cache[1], slots.to(slot_dtype))
+    assert torch.equal(fused_qkv, two_qkv) and torch.equal(fused_cache, two_cache)
+
+    ref_qkv, ref_cache = qkv.clone(), cache.clone()
+    rotated = num_heads + num_kv_heads
+    ref_qkv[:, :rotated] = apply_rotary_reference(qkv[:, :rotated], *rotary.cos_sin_for(positions))
+    _, key, value = split(ref_qkv, num_heads, num_kv_heads)
+    store_kv_reference(key, value, ref_cache[0], ref_cache[1], slots)
+    if dtype == torch.float16 or (dtype == torch.bfloat16 and DEVICE.type == "cuda"):
+        assert torch.equal(fused_qkv, ref_qkv) and torch.equal(fused_cache, ref_cache)
+    else:  # fp32 (torch's addcmul may fuse the sum into one FMA), bf16 in the interpreter (rounded toward zero)
+        tolerance = 1e-6 if dtype == torch.float32 else 2 ** -6
+        torch.testing.assert_close(fused_qkv, ref_qkv, atol=tolerance, rtol=tolerance)
+        torch.testing.assert_close(fused_cache, ref_cache, atol=tolerance, rtol=tolerance)
+    kept = slots >= 0
+    assert not torch.equal(fused_qkv[~kept], qkv[~kept])  # padding rows' Q/K are rotated all the same
+    assert torch.equal(fused_cache[0].flatten(0, 1)[slots[kept]], split(fused_qkv, num_heads, num_kv_heads)[1][kept])
+    untouched = torch.ones(num_blocks * block_size, dtype=torch.bool, device=DEVICE)
+    untouched[slots[kept]] = False
+    assert torch.equal(fused_cache.flatten(1, 2)[:, untouched], cache.flatten(1, 2)[:, untouched])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32])
+def test_matches_rotary_then_store(dtype, slot_dtype):
+    run(9, 4, 2, 64, dtype, scaling=LLAMA3, slot_dtype=slot_dtype)
+
+
+def test_three_query_heads_per_kv_head_odd_kv_heads_head_dim_96_block_32():
+    run(6, 9, 3, 96, torch.float16, block_size=32, num_blocks=2)
+
+
+def test_mismatched_cache_is_refused():
+    rotary, qkv, positions, slots, cache = make_inputs(4, 4, 2, 64, torch.float32, 16, 2, 64)
+    query, key, value = split(qkv, 4, 2)
+    with pytest.raises(ValueError, match="must share a dtype"):
+        rotary_and_store_kv(query, key, value, positions, rotary.cos_sin, cache[0].half(), cache[1].half(), slots)
+    with pytest.raises(ValueError, match="slot_mapping must be"):
+        rotary_and_store_kv(query, key, value, positions, rotary.cos_sin, cache[0], cache[1], slots.float())
+    with pytest.raises(ValueError, match="cos_sin must be"):
+        rotary_and_store_kv(query, key, value, positions, rotary.cos_sin[:, :64], cache[0], cache[1], slots)
+
+
+def test_attention_layer_kernels_match_torch_path():
+    """attend_with_kernels (fused RoPE + store, then paged attention) against the CPU path of models/llama.py,
+    on a batch of one decode (20 tokens cached) and one chunk of 4 new tokens after 6 cached."""
+    num_heads, num_kv_heads, head_dim, block_size = 4, 2, 32, 16
+    query_lens, seq_lens, tables = [1, 4], [20, 10], [[3, 1], [0]]
+    rotary, qkv, _, _, cache = make_inputs(5, num_heads, num_kv_heads, head_dim, torch.float32, block_size, 4, 64)
+    meta = AttentionMetadata.build(query_lens, seq_lens, tables, block_size, DEVICE)
+    meta.kernel = KernelInputs(torch.tensor([[3, 1], [0, 0]], dtype=torch.int32, device=DEVICE),
+                               torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+                               torch.tensor([0, 1, 5], dtype=torch.int32, device=DEVICE), 4, None)
+    scale = head_dim ** -0.5
+    kernel_cache = cache.clone()
+    kernel_out = attend_with_kernels(qkv.clone(), num_heads, num_kv_heads, kernel_cache, meta, rotary.cos_sin, scale)
+
+    rotated = apply_rotary_reference(qkv[:, :num_heads + num_kv_heads], *rotary.cos_sin_for(meta.positions))
+    query, key = rotated.split([num_heads, num_kv_heads], dim=1)
+    value = qkv[:, num_heads + num_kv_heads:]
+    torch_cache = cache.clone()
+    store_kv_torch(torch_cache, key, value, meta)
+    torch_out = paged_attention(query, key, value, torch_cache, meta, scale)
+    torch.testing.assert_close(kernel_cache, torch_cache, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(kernel_out, torch_out, atol=1e-5, rtol=1e-5)
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads", [(32, 8, 128), (9, 3, 64)])  # Llama-3-8B, SmolLM2
+def test_model_shapes(dtype, heads):
+    run(1000, *heads, dtype, num_blocks=128, max_positions=8192, scaling=LLAMA3 if heads[0] == 32 else None)
+
