@@ -2,6 +2,7 @@
 
     python benchmarks/make_random_llama.py /tmp/llama3-8b-random            # the 8B shape, about 16 GB
     python benchmarks/make_random_llama.py /tmp/llama3-8b-2l --num-layers 2  # the same shape, 2 layers (a quick check)
+    python benchmarks/make_random_llama.py /tmp/llama3-8b --config-only       # for `--load-format dummy`
 
 The tokenizer is word-level ("w0 w1 ..." over the whole 128256-token vocabulary) with a minimal
 chat template: `fasterllm bench serve` sends token ids, so only decoding speed matters. Needs
@@ -47,10 +48,17 @@ def main() -> None:
     parser.add_argument("directory", type=Path)
     parser.add_argument("--num-layers", type=int, default=32, help="32 for Llama-3-8B")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--config-only", action="store_true",
+                        help="config.json and tokenizer only: for --load-format dummy (random weights at load)")
     ns = parser.parse_args()
     from transformers import LlamaForCausalLM
 
     config = llama3_8b_config(ns.num_layers)
+    if ns.config_only:
+        config.architectures = ["LlamaForCausalLM"]
+        config.save_pretrained(ns.directory)
+        save_word_tokenizer(ns.directory, config.vocab_size, config.bos_token_id, config.eos_token_id)
+        return
     torch.manual_seed(ns.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_default_dtype(torch.bfloat16)  # built in bf16 directly: no fp32 copy of 8B weights

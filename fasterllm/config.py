@@ -63,7 +63,9 @@ class EngineArgs:
     num_kv_blocks: int | None = None
     max_num_seqs: int = 128
     max_num_batched_tokens: int | None = None
-    enforce_eager: bool = False  # CUDA graphs come with the GPU fast path; until then every run is eager
+    enforce_eager: bool = False  # True: no CUDA graphs (every decode step launched from Python)
+    # "dummy": random weights of the checkpoint's shape (config.json alone is enough): for benchmarks
+    load_format: str = "auto"
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"  # or "swap": copy a preempted request's KV to a CPU pool
     swap_space_gib: float = 4.0  # size of that CPU pool
@@ -72,6 +74,9 @@ class EngineArgs:
     task: str = "generate"  # or "embed": an encoder (BERT family) that returns one vector per input
 
     def validate(self) -> None:
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format={self.load_format!r} must be 'auto' (read the checkpoint) or 'dummy' "
+                             "(random weights of its shape)")
         if self.task not in ("generate", "embed"):
             raise ValueError(f"task={self.task!r} is not supported; use 'generate' or 'embed'")
         if self.block_size not in (8, 16, 32, 64, 128):

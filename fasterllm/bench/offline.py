@@ -13,13 +13,15 @@ from fasterllm.sampling_params import SamplingParams
 
 
 def random_prompts(engine: Engine, num_prompts: int, input_len: int, seed: int = 0,
-                   shared_prefix_len: int = 0) -> list[list[int]]:
-    """Random token prompts; with shared_prefix_len, all start with the same random prefix."""
+                   shared_prefix_len: int = 0, input_len_max: int | None = None) -> list[list[int]]:
+    """Random token prompts; with shared_prefix_len, all start with the same random prefix; with
+    input_len_max, lengths are uniform in [input_len, input_len_max]."""
     rng = random.Random(seed)
     special = engine.tokenizer.special_ids
     usable = [t for t in range(min(engine.model_config.vocab_size, engine.tokenizer.vocab_size)) if t not in special]
     prefix = [rng.choice(usable) for _ in range(shared_prefix_len)]
-    return [prefix + [rng.choice(usable) for _ in range(input_len)] for _ in range(num_prompts)]
+    lengths = [rng.randint(input_len, input_len_max or input_len) for _ in range(num_prompts)]
+    return [prefix + [rng.choice(usable) for _ in range(length)] for length in lengths]
 
 
 def run_engine(engine: Engine, prompts: list[list[int]], output_len: int,
@@ -68,6 +70,12 @@ def load_transformers(engine: Engine):
 
     source = engine.source
     kwargs = {"dtype": engine.dtype, "attn_implementation": "sdpa"}
+    if engine.args.load_format == "dummy":  # random weights too (transformers' own initialisation)
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(source.path))
+        with torch.device(engine.device):
+            return AutoModelForCausalLM.from_config(config, **kwargs).eval()
     if source.format == "gguf":
         model = AutoModelForCausalLM.from_pretrained(str(source.path.parent), gguf_file=source.path.name, **kwargs)
     else:
@@ -101,17 +109,21 @@ def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
 
 def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output_len: int,
                       with_transformers: bool, repeats: int = 3, shared_prefix_len: int = 0,
-                      long_prompt_len: int = 0) -> dict[str, dict[str, float]]:
+                      long_prompt_len: int = 0, input_len_max: int | None = None) -> dict[str, dict[str, float]]:
     if min(num_prompts, input_len, output_len, repeats) < 1 or min(shared_prefix_len, long_prompt_len) < 0:
         raise ValueError(f"num_prompts={num_prompts}, input_len={input_len}, output_len={output_len}, "
                          f"repeats={repeats} must all be >= 1 (shared_prefix_len, long_prompt_len >= 0)")
+    if input_len_max is not None and input_len_max < input_len:
+        raise ValueError(f"input_len_max={input_len_max} must be >= input_len={input_len}")
+    if input_len_max is not None and with_transformers:
+        raise ValueError("mixed prompt lengths run through our engine only; add --no-hf")
     engine = Engine(args)
-    longest = max(shared_prefix_len + input_len + output_len, long_prompt_len + 1)
+    longest = max(shared_prefix_len + (input_len_max or input_len) + output_len, long_prompt_len + 1)
     if longest > engine.max_model_len:
         raise ValueError(f"the workload needs {longest} tokens per request but max_model_len="
                          f"{engine.max_model_len}; shorten it")
     hf_model = load_transformers(engine) if with_transformers else None
-    print(f"workload: {num_prompts} prompts x {input_len} input tokens"
+    print(f"workload: {num_prompts} prompts x {input_len}{f'..{input_len_max}' if input_len_max else ''} input tokens"
           + (f" after a shared {shared_prefix_len}-token prefix" if shared_prefix_len else "")
           + f", {output_len} output tokens (greedy, ignore_eos)"
           + (f", one {long_prompt_len}-token prompt arriving mid-decode" if long_prompt_len else "")
@@ -123,7 +135,7 @@ def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output
     ours_runs, hf_runs = [], []
     for repeat in range(repeats):  # interleaved, so a noisy spell on the machine hits both
         # fresh prompts each run, so no run reuses the prefix cache a previous one filled
-        prompts = random_prompts(engine, num_prompts, input_len, args.seed + repeat, shared_prefix_len)
+        prompts = random_prompts(engine, num_prompts, input_len, args.seed + repeat, shared_prefix_len, input_len_max)
         late = random_prompts(engine, 1, long_prompt_len, 10**6 + 1 + repeat)[0] if long_prompt_len else None
         ours_runs.append(run_engine(engine, prompts, output_len, late))
         if hf_model is not None:
@@ -139,6 +151,10 @@ def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output
           f"hit rate {stats.prefix_cache_hit_rate:.1%} ({stats.prefix_cache_hits}/{stats.prefix_cache_queries} "
           f"tokens), cached blocks {stats.num_cached_blocks}")
     results = {"fasterllm": ours}
+    if engine.device.type == "cuda":
+        from fasterllm.bench.gpu_roofline import print_roofline
+
+        results["roofline"] = print_roofline(engine, ours, sum(len(p) for p in prompts) + num_prompts * output_len)
     if hf_runs:
         hf = results["transformers"] = _median_run(hf_runs)
         print(f"transformers  : {hf['requests_per_s']:8.2f} req/s {hf['output_tokens_per_s']:9.1f} output tok/s  "

@@ -58,13 +58,18 @@ class Engine:
         self.scheduler_config = SchedulerConfig(args.max_num_seqs, max_batched, self.max_model_len,
                                                 args.preemption_mode, args.watermark,
                                                 args.long_prefill_token_threshold)
-        self.runner = ModelRunner(checkpoint, self.max_model_len, self.device, self.dtype)
+        self.runner = ModelRunner(checkpoint, self.max_model_len, self.device, self.dtype, args.load_format)
         cache = CacheConfig(args.block_size)
+        self.runner.prepare_inputs(cache.block_size, self.scheduler_config)
         profile_start = time.perf_counter()
         cache.num_blocks = args.num_kv_blocks or self.runner.determine_num_blocks(
             cache, self.scheduler_config, args.gpu_memory_utilization, args.cpu_kv_cache_gib)
         self._check_fits(cache)
         self.runner.allocate_kv_cache(cache.num_blocks, cache.block_size)
+        profile_seconds = time.perf_counter() - profile_start
+        graph_seconds = 0.0
+        if self.device.type == "cuda" and not args.enforce_eager:
+            graph_seconds = self.runner.capture_graphs(self.scheduler_config.max_num_seqs)
         self.kv_cache = KVCacheManager(cache.num_blocks, cache.block_size, args.enable_prefix_caching)
         swap_space = None
         if args.preemption_mode == "swap":
@@ -74,10 +79,13 @@ class Engine:
         self.scheduler = Scheduler(self.scheduler_config, self.kv_cache, swap_space)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.requests: dict[str, Request] = {}
-        logger.info("engine ready in %.1fs (weights %.1fs, KV sizing %.1fs): %s, %s on %s, %d KV blocks of %d tokens, "
-                    "max_model_len %d", time.perf_counter() - start, self.runner.load_seconds,
-                    time.perf_counter() - profile_start, self.model_name, str(self.dtype).removeprefix("torch."),
-                    self.device, cache.num_blocks, cache.block_size, self.max_model_len)
+        self.startup_seconds = {"total": time.perf_counter() - start, "weights": self.runner.load_seconds,
+                                "kv_sizing": profile_seconds, "cuda_graphs": graph_seconds}
+        logger.info("engine ready in %.1fs (weights %.1fs, KV sizing %.1fs, CUDA graphs %.1fs): %s, %s on %s, "
+                    "%d KV blocks of %d tokens, max_model_len %d", self.startup_seconds["total"],
+                    self.runner.load_seconds, profile_seconds, graph_seconds, self.model_name,
+                    str(self.dtype).removeprefix("torch."), self.device, cache.num_blocks, cache.block_size,
+                    self.max_model_len)
 
     def _max_model_len(self, requested: int | None) -> int:
         limit = self.model_config.max_position_embeddings

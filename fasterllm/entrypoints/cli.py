@@ -34,6 +34,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="CPU pool for preemption by swap")
     g.add_argument("--long-prefill-token-threshold", type=int, default=defaults.long_prefill_token_threshold,
                    help="most prompt tokens one request takes per step (0 = no cap)")
+    g.add_argument("--enforce-eager", action="store_true", help="GPU: no CUDA graphs for decode steps")
+    g.add_argument("--load-format", choices=["auto", "dummy"], default=defaults.load_format,
+                   help="dummy: random weights of the model's shape (config.json is enough; for benchmarks)")
 
 
 def engine_args_from(ns: argparse.Namespace, **overrides) -> EngineArgs:
@@ -113,7 +116,7 @@ def cmd_bench(ns: argparse.Namespace) -> None:
     from fasterllm.bench.offline import run_offline_bench
 
     run_offline_bench(engine_args_from(ns), ns.num_prompts, ns.input_len, ns.output_len, not ns.no_hf, ns.repeats,
-                      ns.shared_prefix_len, ns.long_prompt_len)
+                      ns.shared_prefix_len, ns.long_prompt_len, ns.input_len_max)
 
 
 def cmd_serve(ns: argparse.Namespace) -> None:
@@ -220,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="offline throughput/latency benchmark, next to transformers")
     bench.add_argument("--num-prompts", type=int, default=32)
     bench.add_argument("--input-len", type=int, default=128)
+    bench.add_argument("--input-len-max", type=int, default=None,
+                       help="prompt lengths uniform in [input-len, input-len-max] (default: all input-len)")
     bench.add_argument("--output-len", type=int, default=128)
     bench.add_argument("--no-hf", action="store_true", help="skip the transformers run")
     bench.add_argument("--repeats", type=int, default=3, help="interleaved runs of each; the median is reported")

@@ -1,6 +1,7 @@
-"""Paged attention, torch backend: KV stored by slot mapping, read back through block tables.
+"""Paged attention: KV stored by slot mapping, read back through block tables.
 
-This is the reference the Triton kernels are tested against and the path used on the CPU. The
+On a GPU the Triton kernels do it (`attend_with_kernels`: RoPE fused with the KV store, then
+attention: two launches). The torch path below is the one used on the CPU. The
 per-step work that every layer shares (which cache slots each sequence reads, the masks) is done
 once in `AttentionMetadata.build`; each layer then only gathers and calls SDPA.
 
@@ -35,12 +36,24 @@ class DecodeGroup:
 
 
 @dataclass
+class KernelInputs:
+    """What the Triton kernels read (GPU): the batch's block tables and lengths as device tensors."""
+
+    block_tables: torch.Tensor  # [S, max_blocks] int32
+    seq_lens: torch.Tensor  # [S] int32: tokens in the cache once this step's are stored
+    query_start_loc: torch.Tensor  # [S + 1] int32: sequence s owns new-token rows [start[s], start[s + 1])
+    max_query_len: int
+    sliding_window: int | None
+
+
+@dataclass
 class AttentionMetadata:
     positions: torch.Tensor  # [T] each new token's position in its sequence
-    slot_mapping: torch.Tensor  # [T] where each new token's K/V goes
+    slot_mapping: torch.Tensor  # [T] where each new token's K/V goes (-1: a padding row, stored nowhere)
     num_actual_tokens: int
     prefills: list[PrefillGroup]
     decode: DecodeGroup | None
+    kernel: KernelInputs | None = None  # set on a GPU, where the Triton kernels replace the groups above
 
     @staticmethod
     def build(query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
@@ -86,6 +99,21 @@ class AttentionMetadata:
             mask = mask[:, None, None, :]
             decode = DecodeGroup(token_index, tables[rows, :num_blocks].reshape(-1).to(device), mask.to(device))
         return AttentionMetadata(positions.to(device), slot_mapping.to(device), start, prefills, decode)
+
+
+def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv_cache: torch.Tensor,
+                        meta: AttentionMetadata, cos_sin: torch.Tensor, scale: float) -> torch.Tensor:
+    """GPU: qkv [T, Hq + 2 Hkv, D] -> attention output [T, Hq * D]; one launch applies RoPE to Q and K in
+    place and stores the new K/V by slot, then one launch attends every sequence (prefill, chunk or decode)."""
+    from fasterllm.kernels.paged_attention import paged_attention as paged_attention_kernel
+    from fasterllm.kernels.rotary import rotary_and_store_kv
+
+    query, key, value = qkv.split([num_heads, num_kv_heads, num_kv_heads], dim=1)
+    rotary_and_store_kv(query, key, value, meta.positions, cos_sin, kv_cache[0], kv_cache[1], meta.slot_mapping)
+    k = meta.kernel
+    out = paged_attention_kernel(query, kv_cache[0], kv_cache[1], k.block_tables, k.seq_lens, k.query_start_loc,
+                                 k.max_query_len, scale, k.sliding_window)
+    return out.view(qkv.shape[0], num_heads * qkv.shape[2])
 
 
 def store_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: AttentionMetadata) -> None:

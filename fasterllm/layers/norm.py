@@ -15,6 +15,12 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (normed, new residual); the residual stream is the sum before the norm."""
+        if x.is_cuda:  # one Triton launch, same rounding as below
+            from fasterllm.kernels.rms_norm import fused_add_rms_norm, rms_norm
+
+            if residual is None:
+                return rms_norm(x, self.weight, self.eps), x
+            return fused_add_rms_norm(x, residual, self.weight, self.eps)
         if residual is not None:
             x = x + residual
         # normalise in fp32 and round once before the weight, as the reference models do: the fused

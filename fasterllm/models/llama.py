@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fasterllm.config import ModelConfig
-from fasterllm.layers.attention import AttentionMetadata, paged_attention, store_kv
+from fasterllm.layers.activation import silu_and_mul
+from fasterllm.layers.attention import AttentionMetadata, attend_with_kernels, paged_attention, store_kv
 from fasterllm.layers.linear import pack_linears
 from fasterllm.layers.norm import RMSNorm
 from fasterllm.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
@@ -32,20 +33,24 @@ class DecoderLayer(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
         self.scale = self.head_dim ** -0.5
 
-    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos_sin: tuple[torch.Tensor, torch.Tensor],
-                kv_cache: torch.Tensor, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None,
+                rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
+                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """rope: the whole cos/sin table (kernels, GPU) or this step's (cos, sin) rows (torch path)."""
         hidden, residual = self.input_layernorm(hidden, residual)
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden).view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
-        # Q and K rotated together in one call
-        qk = apply_rotary(qkv[:, :self.num_heads + self.num_kv_heads], *cos_sin)
-        query, key = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        value = qkv[:, self.num_heads + self.num_kv_heads:]
-        store_kv(kv_cache, key, value, meta)
-        hidden = self.o_proj(paged_attention(query, key, value, kv_cache, meta, self.scale))
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        gate, up = self.gate_up_proj(hidden).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up), residual
+        if meta.kernel is not None:
+            attention = attend_with_kernels(qkv, self.num_heads, self.num_kv_heads, kv_cache, meta, rope, self.scale)
+        else:
+            # Q and K rotated together in one call
+            qk = apply_rotary(qkv[:, :self.num_heads + self.num_kv_heads], *rope)
+            query, key = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            value = qkv[:, self.num_heads + self.num_kv_heads:]
+            store_kv(kv_cache, key, value, meta)
+            attention = paged_attention(query, key, value, kv_cache, meta, self.scale)
+        hidden, residual = self.post_attention_layernorm(self.o_proj(attention), residual)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(hidden))), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -72,10 +77,10 @@ class LlamaForCausalLM(nn.Module):
                 meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """Flat batch of new tokens -> fp32 logits of the rows in logits_indices only."""
         hidden = self.embed_tokens(input_ids)
-        cos_sin = self.rotary.cos_sin_for(positions)
+        rope = self.rotary.cos_sin if meta.kernel is not None else self.rotary.cos_sin_for(positions)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden, residual = layer(hidden, residual, cos_sin, kv_cache, meta)
+            hidden, residual = layer(hidden, residual, rope, kv_cache, meta)
         hidden, _ = self.norm(hidden[logits_indices], residual[logits_indices])
         logits = F.linear(hidden, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(hidden)
         return logits.float()

@@ -13,7 +13,10 @@ from fasterllm.engine.scheduler import SchedulerOutput
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.linear import can_pack
 from fasterllm.loader.checkpoint import Checkpoint
+from fasterllm.loader.dummy_weights import fill_dummy_weights
 from fasterllm.models.registry import model_class
+from fasterllm.worker.cuda_graphs import DecodeGraphs
+from fasterllm.worker.input_buffers import InputBuffers
 from fasterllm.worker.logit_controls import LogitControls
 from fasterllm.worker.sampler import SamplerOutput, SamplingMetadata, sample
 
@@ -30,18 +33,37 @@ class ModelRunnerOutput:
 
 
 class ModelRunner:
-    def __init__(self, checkpoint: Checkpoint, max_model_len: int, device: torch.device, dtype: torch.dtype):
+    def __init__(self, checkpoint: Checkpoint, max_model_len: int, device: torch.device, dtype: torch.dtype,
+                 load_format: str = "auto"):
         self.model_config: ModelConfig = checkpoint.config
         self.device, self.dtype = device, dtype
         start = time.perf_counter()
         self.model = model_class(self.model_config.architecture)(self.model_config, max_model_len, device, dtype)
-        self.model.load_weights(checkpoint.weights())
+        if load_format == "dummy":
+            fill_dummy_weights(self.model)
+        else:
+            self.model.load_weights(checkpoint.weights())
         if can_pack(device, dtype):
             self.model.pack_for_cpu()
         self.load_seconds = time.perf_counter() - start
+        self.max_model_len = max_model_len
         self.kv_caches: torch.Tensor | None = None
         self.swap_caches: torch.Tensor | None = None  # the CPU pool for preemption by swap
         self.block_size = 0
+        self.buffers: InputBuffers | None = None  # GPU: fixed input buffers, filled from pinned memory
+        self.graphs: DecodeGraphs | None = None
+
+    def prepare_inputs(self, block_size: int, sched: SchedulerConfig) -> None:
+        """On a GPU, the fixed buffers every step's inputs are staged into (the Triton kernels' path)."""
+        if self.device.type == "cuda":
+            longest = max(self.max_model_len, sched.max_num_batched_tokens)
+            self.buffers = InputBuffers(sched.max_num_batched_tokens, sched.max_num_seqs, -(-longest // block_size),
+                                        block_size, self.model_config.sliding_window, self.device)
+
+    def capture_graphs(self, max_num_seqs: int) -> float:
+        """Capture the decode CUDA graphs (after the KV cache exists); returns the seconds it took."""
+        self.graphs = DecodeGraphs(self.model, self.buffers, self.kv_caches, max_num_seqs)
+        return self.graphs.capture()
 
     def bytes_per_block(self, block_size: int) -> int:
         cfg = self.model_config
@@ -78,11 +100,8 @@ class ModelRunner:
             tables.append(list(range(next_block, next_block + count)))
             next_block += count
         self.allocate_kv_cache(next_block, block_size)
-        meta = AttentionMetadata.build(lens, lens, tables, block_size, self.device, self.model_config.sliding_window)
-        tokens = sum(lens)
-        ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
-        last_rows = torch.tensor(lens, device=self.device).cumsum(0) - 1
-        self.model(ids, meta.positions, self.kv_caches, meta, last_rows)
+        last_rows = [sum(lens[:i + 1]) - 1 for i in range(len(lens))]
+        self._forward([0] * sum(lens), lens, lens, tables, last_rows)
         self.kv_caches = None
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
@@ -130,13 +149,10 @@ class ModelRunner:
             if item.samples:
                 logits_rows.extend([len(token_ids) - 1] * request.samples_to_draw)
                 sampling.extend([request] * request.samples_to_draw)
-        meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, self.device,
-                                       self.model_config.sliding_window)
         device = self.device
         for _, _, first_row, count in prompt_rows:  # prompt-scoring rows go after the sampling rows
             logits_rows.extend(range(first_row, first_row + count))
-        logits = self.model(torch.tensor(token_ids, device=device), meta.positions,
-                            self.kv_caches, meta, torch.tensor(logits_rows, dtype=torch.long, device=device))
+        logits = self._forward(token_ids, query_lens, seq_lens, tables, logits_rows)
         prompt_logprobs = self._prompt_logprobs(logits[len(sampling):], prompt_rows)
         if not sampling:
             return ModelRunnerOutput([], None, prompt_logprobs)
@@ -146,6 +162,23 @@ class ModelRunner:
         md = SamplingMetadata.build([r.sampling_params for r in sampling], _row_generators(sampling), vocab,
                                     device, LogitControls.build(sampling, vocab, device), beam_candidates)
         return ModelRunnerOutput([r.request_id for r in sampling], sample(logits, md), prompt_logprobs)
+
+    def _forward(self, token_ids: list[int], query_lens: list[int], seq_lens: list[int], tables: list[list[int]],
+                 logits_rows: list[int]) -> torch.Tensor:
+        """One forward pass -> fp32 logits of logits_rows: a CUDA graph for a decode batch that has one,
+        the Triton kernels eagerly for any other batch on a GPU, the torch path on the CPU."""
+        if self.buffers is None:
+            meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, self.device,
+                                           self.model_config.sliding_window)
+            return self.model(torch.tensor(token_ids), meta.positions, self.kv_caches, meta,
+                              torch.tensor(logits_rows, dtype=torch.long))
+        num_seqs = len(query_lens)
+        decode = len(token_ids) == num_seqs and logits_rows == list(range(num_seqs))
+        size = self.graphs.padded_size(num_seqs) if self.graphs is not None and decode else None
+        batch = self.buffers.stage(token_ids, query_lens, seq_lens, tables, logits_rows, padded_seqs=size)
+        if size is not None:
+            return self.graphs.replay(size, num_seqs)
+        return self.model(batch.input_ids, batch.meta.positions, self.kv_caches, batch.meta, batch.logits_indices)
 
     def _prompt_logprobs(self, logits: torch.Tensor, prompt_rows: list[tuple[Request, int, int, int]]):
         """Each scored position's logprob of the actual next prompt token, its rank and the top-n."""

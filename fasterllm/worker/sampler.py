@@ -11,16 +11,17 @@ from dataclasses import dataclass
 import torch
 
 from fasterllm.sampling_params import SamplingParams
+from fasterllm.worker.input_buffers import host_to_device
 from fasterllm.worker.logit_controls import LogitControls
 
 
 @dataclass
 class SamplingMetadata:
-    temperature: torch.Tensor  # [S], 1.0 on greedy rows
+    temperature: torch.Tensor | None  # [S], 1.0 on greedy rows; None (like the rest) when every row is greedy
     top_k: torch.Tensor | None  # [S] long, vocab size where off; None when no row uses it
     top_p: torch.Tensor | None  # [S], 1.0 where off
     min_p: torch.Tensor | None  # [S], 0.0 where off
-    greedy: torch.Tensor  # [S] bool
+    greedy: torch.Tensor | None  # [S] bool
     all_greedy: bool
     generators: list[torch.Generator | None]
     max_num_logprobs: int | None
@@ -32,13 +33,16 @@ class SamplingMetadata:
               beam_candidates: int = 0) -> "SamplingMetadata":
         """beam_candidates: top logprobs that beam-search rows need (0 when there are none)."""
         def column(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=device)
+            return host_to_device(values, dtype, device)
 
         greedy = [p.greedy for p in params]
         top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
         # best_of > n ranks samples by cumulative logprob, so those rows need logprobs too
         wanted = [p.logprobs or 0 for p in params if p.logprobs is not None or p.ranks_samples]
         wanted += [beam_candidates] if beam_candidates else []
+        if all(greedy):  # argmax alone: no per-row settings to send to the device
+            return SamplingMetadata(None, None, None, None, None, True, generators,
+                                    max(wanted) if wanted else None, controls)
         return SamplingMetadata(
             temperature=column([1.0 if g else p.temperature for p, g in zip(params, greedy)], torch.float32),
             top_k=column(top_k, torch.long) if any(k < vocab_size for k in top_k) else None,

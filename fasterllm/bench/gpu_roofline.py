@@ -1,0 +1,60 @@
+"""Where a GPU run stands against the device's own limits, measured in the same process.
+
+Decode at small batch is bound by memory: each step reads every weight once, so weight bytes / step
+time is the bandwidth achieved, next to a device-to-device copy's. Large batches are bound by
+matrix math: 2 x parameters x tokens / time against a large bf16 matmul's rate is the model FLOPs
+utilisation (MFU).
+"""
+from __future__ import annotations
+
+import torch
+
+from fasterllm.engine.engine import Engine
+
+
+def _time_cuda(fn, repeats: int) -> float:
+    """Median seconds of fn() over repeats, timed with CUDA events after a warm-up."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def copy_bandwidth(device: torch.device, gib: float = 0.5) -> float:
+    """Bytes per second of a device-to-device copy (read + write counted)."""
+    source = torch.empty(int(gib * 2**30), dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    seconds = _time_cuda(lambda: target.copy_(source), 10)
+    return 2 * source.numel() / seconds
+
+
+def matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 8192) -> float:
+    """FLOP/s of a size^3 matmul in dtype: the practical peak MFU is measured against."""
+    a = torch.randn(size, size, dtype=dtype, device=device)
+    b = torch.randn(size, size, dtype=dtype, device=device)
+    seconds = _time_cuda(lambda: a @ b, 20)
+    return 2 * size**3 / seconds
+
+
+def print_roofline(engine: Engine, run: dict[str, float], tokens_processed: int) -> dict[str, float]:
+    model = engine.runner.model
+    parameters = sum(p.numel() for p in model.parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    bandwidth = copy_bandwidth(engine.device)
+    peak = matmul_peak(engine.device, engine.dtype)
+    achieved = weight_bytes / (run["tpot_median_ms"] / 1e3)
+    mfu = 2 * parameters * tokens_processed / run["seconds"] / peak
+    print(f"device        : {torch.cuda.get_device_name(engine.device)}; weights {weight_bytes / 1e9:.2f} GB "
+          f"({parameters / 1e9:.2f} B parameters); copy bandwidth {bandwidth / 1e12:.2f} TB/s; "
+          f"{str(engine.dtype).removeprefix('torch.')} matmul {peak / 1e12:.0f} TFLOP/s")
+    print(f"roofline      : decode step reads weights at {achieved / 1e12:.2f} TB/s = {achieved / bandwidth:.0%} of "
+          f"copy bandwidth; MFU {mfu:.1%} ({tokens_processed} tokens in {run['seconds']:.2f} s)")
+    print("start-up      : " + ", ".join(f"{k} {v:.1f}s" for k, v in engine.startup_seconds.items()))
+    return {"weight_bytes": weight_bytes, "copy_bandwidth": bandwidth, "matmul_peak": peak,
+            "achieved_bandwidth": achieved, "mfu": mfu}

@@ -1,0 +1,65 @@
+"""Decode steps replayed from CUDA graphs: one graph per bucketed batch size, captured at start-up.
+
+A decode step of a small model is a few hundred short kernel launches; launching them from Python
+costs more than running them. A graph records the launches once over the fixed input buffers
+(worker/input_buffers.py) and replays them with one call. A batch is padded up to the next captured
+size; padding rows store nothing and own no query rows.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from fasterllm.worker.input_buffers import InputBuffers
+
+logger = logging.getLogger(__name__)
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    sizes = [1, 2, 4, 8] + list(range(16, 256 + 1, 16))
+    return [s for s in sizes if s < max_num_seqs] + [max_num_seqs] if max_num_seqs <= 256 else sizes
+
+
+class DecodeGraphs:
+    def __init__(self, model: torch.nn.Module, buffers: InputBuffers, kv_caches: torch.Tensor,
+                 max_num_seqs: int):
+        self.model, self.buffers, self.kv_caches = model, buffers, kv_caches
+        self.sizes = graph_batch_sizes(min(max_num_seqs, buffers.max_tokens, buffers.max_seqs))
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        self.pool = None
+
+    @torch.inference_mode()
+    def capture(self) -> float:
+        """Capture every size, largest first (smaller graphs reuse its memory pool). Returns seconds."""
+        start = time.perf_counter()
+        for size in sorted(self.sizes, reverse=True):
+            # a harmless batch: every row one token that is stored nowhere and sees only itself
+            batch = self.buffers.stage([0] * size, [1] * size, [1] * size, [[0]] * size, list(range(size)))
+            batch.meta.slot_mapping.fill_(-1)
+            self._forward(batch)  # compiles and autotunes outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.logits[size] = self._forward(batch)
+            self.pool = graph.pool()
+            self.graphs[size] = graph
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        logger.info("captured %d decode CUDA graphs (batch sizes %s) in %.1fs", len(self.sizes),
+                    ",".join(map(str, self.sizes)), seconds)
+        return seconds
+
+    def _forward(self, batch) -> torch.Tensor:
+        return self.model(batch.input_ids, batch.meta.positions, self.kv_caches, batch.meta, batch.logits_indices)
+
+    def padded_size(self, num_seqs: int) -> int | None:
+        """The smallest captured size that holds num_seqs decode rows, or None."""
+        return next((s for s in self.sizes if s >= num_seqs), None)
+
+    def replay(self, size: int, num_rows: int) -> torch.Tensor:
+        """Run the graph of `size` over the staged inputs; the first num_rows rows of its logits."""
+        self.graphs[size].replay()
+        return self.logits[size][:num_rows]

@@ -1,0 +1,88 @@
+"""A step's batch inputs on a GPU: built in pinned host buffers, copied to fixed device buffers.
+
+The device buffers never move, so a CUDA graph captured over slices of them replays with whatever a
+later step copied in; the copies are non-blocking (pinned memory), so staging never waits for the
+GPU. A pinned buffer is rewritten only in the next step, after that step's sampled ids were read,
+which waits for every copy before it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fasterllm.layers.attention import AttentionMetadata, KernelInputs
+
+
+@dataclass
+class StagedBatch:
+    input_ids: torch.Tensor  # [T] (padded to the graph's batch size when one replays)
+    logits_indices: torch.Tensor
+    meta: AttentionMetadata
+
+
+class InputBuffers:
+    def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, block_size: int,
+                 sliding_window: int | None, device: torch.device):
+        self.block_size, self.sliding_window = block_size, sliding_window
+        self.max_tokens, self.max_seqs = max_tokens, max_seqs
+        max_rows = 2 * max_tokens + max_seqs  # logits rows: samples (best_of at a first token) + prompt scoring
+
+        def pair(*shape: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+            host = torch.zeros(shape, dtype=dtype, pin_memory=True)
+            return host, torch.zeros(shape, dtype=dtype, device=device)
+
+        self.input_ids = pair(max_tokens, dtype=torch.long)
+        self.positions = pair(max_tokens, dtype=torch.long)
+        self.slot_mapping = pair(max_tokens, dtype=torch.long)
+        self.logits_indices = pair(max_rows, dtype=torch.long)
+        self.block_tables = pair(max_seqs, max_blocks_per_seq, dtype=torch.int32)
+        self.seq_lens = pair(max_seqs, dtype=torch.int32)
+        self.query_start_loc = pair(max_seqs + 1, dtype=torch.int32)
+
+    def stage(self, token_ids: list[int], query_lens: list[int], seq_lens: list[int],
+              block_tables: list[list[int]], logits_rows: list[int], padded_seqs: int | None = None) -> StagedBatch:
+        """Fill the buffers for one step. padded_seqs: a decode batch padded to a captured graph's size;
+        the padding rows own no query rows, store nothing (slot -1) and read no keys (length 0)."""
+        num_tokens, num_seqs = len(token_ids), len(query_lens)
+        rows = padded_seqs or num_seqs
+        tokens_out = padded_seqs or num_tokens
+        query = np.asarray(query_lens, dtype=np.int64)
+        total = np.asarray(seq_lens, dtype=np.int64)
+        starts = np.zeros(num_seqs + 1, dtype=np.int64)
+        np.cumsum(query, out=starts[1:])
+        positions = np.arange(num_tokens) - np.repeat(starts[:-1] - (total - query), query)
+        tables = self.block_tables[0].numpy()
+        for i, table in enumerate(block_tables):
+            tables[i, :len(table)] = table
+        width = max(len(t) for t in block_tables)
+        seq_index = np.repeat(np.arange(num_seqs), query)
+        slots = tables[seq_index, positions // self.block_size].astype(np.int64) * self.block_size
+        slots += positions % self.block_size
+
+        def fill(buffers: tuple[torch.Tensor, torch.Tensor], values, count: int, pad: int = 0) -> torch.Tensor:
+            host, device = buffers
+            array = host.numpy()
+            array[:len(values)] = values
+            array[len(values):count] = pad
+            device[:count].copy_(host[:count], non_blocking=True)
+            return device[:count]
+
+        input_ids = fill(self.input_ids, token_ids, tokens_out)
+        positions_t = fill(self.positions, positions, tokens_out)
+        slot_mapping = fill(self.slot_mapping, slots, tokens_out, pad=-1)
+        logits_indices = fill(self.logits_indices, logits_rows, len(logits_rows) if padded_seqs is None else rows)
+        seq_lens_t = fill(self.seq_lens, total, rows)
+        query_start = fill(self.query_start_loc, starts, rows + 1, pad=num_tokens)
+        host_tables, device_tables = self.block_tables
+        device_tables[:num_seqs, :width].copy_(host_tables[:num_seqs, :width], non_blocking=True)
+        kernel = KernelInputs(device_tables[:rows], seq_lens_t, query_start, int(query.max()), self.sliding_window)
+        meta = AttentionMetadata(positions_t, slot_mapping, num_tokens, [], None, kernel)
+        return StagedBatch(input_ids, logits_indices, meta)
+
+
+def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small per-step tensor: through pinned memory on a GPU, so the copy does not wait for it."""
+    tensor = torch.tensor(values, dtype=dtype)
+    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
