@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from fasterllm.config import EngineArgs
 from fasterllm.engine.engine import Engine, EngineStats
 from fasterllm.outputs import RequestOutput
-from fasterllm.sampling_params import SamplingParams
+from fasterllm.sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger("fasterllm")
 
@@ -34,7 +34,7 @@ class RequestFailedError(RuntimeError):
 class _Add:
     request_id: str
     prompt: str | list[int]
-    params: SamplingParams
+    params: SamplingParams | BeamSearchParams
     arrival_time: float | None
     accepted: asyncio.Future
 
@@ -76,9 +76,11 @@ class AsyncLLM:
             self._thread.join(timeout_s)
         self.dead_reason = self.dead_reason or "the server is shutting down"
 
-    async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+    async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | BeamSearchParams,
                           arrival_time: float | None = None) -> None:
         """Hand a request to the engine and wait until it is accepted; then read it with outputs().
+
+        A beam search (BeamSearchParams) has one output, when it ends, with its best hypotheses.
 
         Raises ValueError for a request the engine refuses and EngineDeadError when it is not running.
         """

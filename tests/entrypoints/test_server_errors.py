@@ -43,8 +43,6 @@ LONG_PROMPT = "word " * 600  # 601 tokens (the trailing space is one): over max_
     ("completions", {**COMPLETION, "logit_bias": {"5": 500}}, 400, "logit_bias", "out of range"),
     ("chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs", "needs logprobs=true"),
     ("chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 50}, 400, "top_logprobs", "less than or equal"),
-    ("chat/completions", {**CHAT, "use_beam_search": True}, 400, "use_beam_search",
-     "use_beam_search is not supported by this server yet"),
     ("completions", {**COMPLETION, "stream": True, "best_of": 3}, 400, "best_of", "must equal n=1 when streaming"),
 ])
 def test_bad_request_gets_its_status_and_names_the_field(server, path, body, status, param, message):

@@ -1,8 +1,9 @@
 """The OpenAI API's request bodies (pydantic) and error bodies, as the `openai` client sends and reads them.
 
 Unknown fields are refused (400 naming the field) rather than silently ignored. vLLM's extra
-sampling fields (top_k, min_p, ignore_eos, ...) are accepted at the top level of the body, which
-is where the client's `extra_body` puts them.
+sampling fields (top_k, min_p, ignore_eos, ..., and use_beam_search with length_penalty and
+early_stopping) are accepted at the top level of the body, which is where the client's
+`extra_body` puts them.
 """
 from __future__ import annotations
 
@@ -70,7 +71,9 @@ class SamplingFields(_Body):
     stop_token_ids: Optional[list[int]] = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    use_beam_search: bool = False
+    use_beam_search: bool = False  # n (completions: best_of, when given) is the beam width
+    length_penalty: Optional[float] = None  # beam search only: a hypothesis scores logprob / length ** this (1)
+    early_stopping: Optional[Union[bool, Literal["never"]]] = None  # beam search only (False)
 
 
 class CompletionRequest(SamplingFields):

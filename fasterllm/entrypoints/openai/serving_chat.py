@@ -1,4 +1,5 @@
-"""POST /v1/chat/completions: the model's chat template around the messages; whole or streamed."""
+"""POST /v1/chat/completions: the model's chat template around the messages; sampled or beam search; whole or
+streamed."""
 from __future__ import annotations
 
 import time
@@ -26,7 +27,7 @@ class OpenAIServingChat(OpenAIServing):
             max_tokens, max_field = request.max_tokens, "max_tokens"
         num_logprobs = (request.top_logprobs or 0) if request.logprobs else None
         prompt = self._render(request)
-        params = self.sampling_params(request, max_tokens, num_logprobs)
+        params = self.request_params(request, max_tokens, num_logprobs)
         self.check_length(len(prompt), max_tokens, "messages", max_field)
         request_ids = await self.start(request_id, [prompt], params, arrival)
         created = int(arrival)

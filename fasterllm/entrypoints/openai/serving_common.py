@@ -1,4 +1,5 @@
-"""What completions and chat completions share: checks, sampling params, running requests, deltas, SSE."""
+"""What completions and chat completions share: checks, sampling or beam search params, running requests,
+deltas, SSE."""
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +16,9 @@ from starlette.responses import StreamingResponse
 from fasterllm.engine.async_engine import AsyncLLM, EngineDeadError, RequestFailedError
 from fasterllm.entrypoints.openai.metrics import ServerMetrics
 from fasterllm.entrypoints.openai.protocol import OpenAIError, SamplingFields
+from fasterllm.entrypoints.openai.serving_beam_search import beam_search_params, check_beam_fields_unused
 from fasterllm.outputs import RequestOutput, SampleLogprobs
-from fasterllm.sampling_params import SamplingParams
+from fasterllm.sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger("fasterllm")
 
@@ -84,8 +86,15 @@ class OpenAIServing:
         if request.model is not None and request.model != self.served_model_name:
             raise OpenAIError(404, f"The model {request.model!r} does not exist; this server serves "
                                    f"{self.served_model_name!r} (see GET /v1/models)", "model")
-        if request.use_beam_search:
-            raise OpenAIError(400, "use_beam_search is not supported by this server yet", "use_beam_search")
+        if not request.use_beam_search:
+            check_beam_fields_unused(request)
+
+    def request_params(self, request: SamplingFields, max_tokens: int | None, logprobs: int | None,
+                       best_of: int | None = None) -> SamplingParams | BeamSearchParams:
+        """What the engine runs for this request: a beam search (use_beam_search) or sampling."""
+        if request.use_beam_search:  # no max_tokens: as many as the context allows (the engine caps it)
+            return beam_search_params(request, max_tokens or self.llm.max_model_len, logprobs, best_of)
+        return self.sampling_params(request, max_tokens, logprobs, best_of)
 
     def sampling_params(self, request: SamplingFields, max_tokens: int | None, logprobs: int | None,
                         best_of: int | None = None) -> SamplingParams:
@@ -115,7 +124,7 @@ class OpenAIServing:
                                    f"{prompt_len} tokens and this model's maximum context length is {limit}, so "
                                    f"{max_tokens_field} can be at most {limit - prompt_len}", max_tokens_field)
 
-    async def start(self, base_id: str, prompts: list[list[int]], params: SamplingParams,
+    async def start(self, base_id: str, prompts: list[list[int]], params: SamplingParams | BeamSearchParams,
                     arrival_time: float) -> list[str]:
         """Add one engine request per prompt; if one is refused, none runs."""
         request_ids = [base_id if len(prompts) == 1 else f"{base_id}-{i}" for i in range(len(prompts))]

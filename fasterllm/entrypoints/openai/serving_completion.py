@@ -1,4 +1,5 @@
-"""POST /v1/completions: one or more prompts, each with n choices; whole or streamed."""
+"""POST /v1/completions: one or more prompts, each with n choices (sampled, or a beam search's best); whole or
+streamed."""
 from __future__ import annotations
 
 import time
@@ -24,7 +25,7 @@ class OpenAIServingCompletion(OpenAIServing):
             raise OpenAIError(400, f"best_of={request.best_of} must equal n={request.n} when streaming (the best "
                                    "samples are only known at the end); drop best_of or stream=false", "best_of")
         prompts = self._tokenize(request.prompt)
-        params = self.sampling_params(request, request.max_tokens, request.logprobs, request.best_of)
+        params = self.request_params(request, request.max_tokens, request.logprobs, request.best_of)
         for prompt in prompts:
             self.check_length(len(prompt), request.max_tokens, "prompt", "max_tokens")
         request_ids = await self.start(base_id, prompts, params, arrival)
