@@ -9,7 +9,7 @@ import torch
 
 from fasterllm.config import EngineArgs
 from fasterllm.engine.engine import Engine
-from fasterllm.sampling_params import SamplingParams
+from fasterllm.sampling_params import BeamSearchParams, SamplingParams
 
 
 def random_prompts(engine: Engine, num_prompts: int, input_len: int, seed: int = 0,
@@ -25,12 +25,17 @@ def random_prompts(engine: Engine, num_prompts: int, input_len: int, seed: int =
 
 
 def run_engine(engine: Engine, prompts: list[list[int]], output_len: int,
-               late_prompt: list[int] | None = None) -> dict[str, float]:
+               late_prompt: list[int] | None = None, sequences: int = 1, beam_search: bool = False) -> dict[str, float]:
     """All prompts arrive at once; late_prompt (if any) arrives once every one of them is decoding.
 
+    sequences > 1: that many per prompt, sampled (n, temperature 1) or, with beam_search, beams.
     Inter-token latencies (ITL) are those of the prompts' requests, the late one excluded.
     """
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    if beam_search:
+        params = BeamSearchParams(beam_width=sequences, max_tokens=output_len, ignore_eos=True)
+    else:
+        params = SamplingParams(n=sequences, temperature=0.0 if sequences == 1 else 1.0, seed=0,
+                                max_tokens=output_len, ignore_eos=True)
     start = time.perf_counter()
     wall_start = time.time()
     for i, prompt in enumerate(prompts):
@@ -55,7 +60,7 @@ def run_engine(engine: Engine, prompts: list[list[int]], output_len: int,
     itl = sorted(b - a for times in token_times.values() for a, b in zip(times, times[1:]))
     tpot = [(times[-1] - times[0]) / (len(times) - 1) for times in token_times.values() if len(times) > 1]
     return {"seconds": elapsed, "requests_per_s": len(prompts) / elapsed,
-            "output_tokens_per_s": len(prompts) * output_len / elapsed,
+            "output_tokens_per_s": len(prompts) * output_len * sequences / elapsed,
             "ttft_median_ms": 1e3 * statistics.median(ttft), "ttft_max_ms": 1e3 * max(ttft),
             "tpot_median_ms": 1e3 * statistics.median(tpot) if tpot else float("nan"),
             "itl_p50_ms": 1e3 * itl[len(itl) // 2] if itl else float("nan"),
@@ -83,14 +88,21 @@ def load_transformers(engine: Engine):
     return model.to(engine.device).eval()
 
 
-def run_transformers(model, prompts: list[list[int]], output_len: int) -> dict[str, float]:
+def run_transformers(model, prompts: list[list[int]], output_len: int, sequences: int = 1,
+                     beam_search: bool = False) -> dict[str, float]:
     """The workload through transformers' generate, all prompts in one batch (they share a length)."""
     ids = torch.tensor(prompts, device=model.device)
+    if beam_search:
+        decoding = {"do_sample": False, "num_beams": sequences, "num_return_sequences": sequences}
+    elif sequences > 1:
+        decoding = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "num_return_sequences": sequences}
+    else:
+        decoding = {"do_sample": False}
 
     def generate(batch: torch.Tensor, new_tokens: int) -> float:
         start = time.perf_counter()
-        model.generate(batch, attention_mask=torch.ones_like(batch), do_sample=False, pad_token_id=0,
-                       max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+        model.generate(batch, attention_mask=torch.ones_like(batch), pad_token_id=0, max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, **decoding)
         return time.perf_counter() - start
 
     with torch.inference_mode():
@@ -98,7 +110,7 @@ def run_transformers(model, prompts: list[list[int]], output_len: int) -> dict[s
         ttft = generate(ids, 1)
         elapsed = generate(ids, output_len)
     return {"seconds": elapsed, "requests_per_s": len(prompts) / elapsed,
-            "output_tokens_per_s": len(prompts) * output_len / elapsed, "ttft_ms": 1e3 * ttft,
+            "output_tokens_per_s": len(prompts) * output_len * sequences / elapsed, "ttft_ms": 1e3 * ttft,
             "tpot_ms": 1e3 * (elapsed - ttft) / max(output_len - 1, 1)}
 
 
@@ -109,7 +121,8 @@ def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
 
 def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output_len: int,
                       with_transformers: bool, repeats: int = 3, shared_prefix_len: int = 0,
-                      long_prompt_len: int = 0, input_len_max: int | None = None) -> dict[str, dict[str, float]]:
+                      long_prompt_len: int = 0, input_len_max: int | None = None, sequences: int = 1,
+                      beam_search: bool = False) -> dict[str, dict[str, float]]:
     if min(num_prompts, input_len, output_len, repeats) < 1 or min(shared_prefix_len, long_prompt_len) < 0:
         raise ValueError(f"num_prompts={num_prompts}, input_len={input_len}, output_len={output_len}, "
                          f"repeats={repeats} must all be >= 1 (shared_prefix_len, long_prompt_len >= 0)")
@@ -125,7 +138,9 @@ def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output
     hf_model = load_transformers(engine) if with_transformers else None
     print(f"workload: {num_prompts} prompts x {input_len}{f'..{input_len_max}' if input_len_max else ''} input tokens"
           + (f" after a shared {shared_prefix_len}-token prefix" if shared_prefix_len else "")
-          + f", {output_len} output tokens (greedy, ignore_eos)"
+          + f", {output_len} output tokens ("
+          + (f"beam search, width {sequences}" if beam_search else f"n={sequences} samples" if sequences > 1
+             else "greedy") + ", ignore_eos)"
           + (f", one {long_prompt_len}-token prompt arriving mid-decode" if long_prompt_len else "")
           + f"; model {engine.model_name}, {str(engine.dtype).removeprefix('torch.')} on {engine.device}, "
           f"torch threads {torch.get_num_threads()}; median of {repeats} interleaved runs")
@@ -137,9 +152,9 @@ def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output
         # fresh prompts each run, so no run reuses the prefix cache a previous one filled
         prompts = random_prompts(engine, num_prompts, input_len, args.seed + repeat, shared_prefix_len, input_len_max)
         late = random_prompts(engine, 1, long_prompt_len, 10**6 + 1 + repeat)[0] if long_prompt_len else None
-        ours_runs.append(run_engine(engine, prompts, output_len, late))
+        ours_runs.append(run_engine(engine, prompts, output_len, late, sequences, beam_search))
         if hf_model is not None:
-            hf_runs.append(run_transformers(hf_model, prompts, output_len))
+            hf_runs.append(run_transformers(hf_model, prompts, output_len, sequences, beam_search))
     ours = _median_run(ours_runs)
     stats = engine.stats()
     print(f"fasterllm     : {ours['requests_per_s']:8.2f} req/s {ours['output_tokens_per_s']:9.1f} output tok/s  "

@@ -116,14 +116,15 @@ def cmd_bench(ns: argparse.Namespace) -> None:
     from fasterllm.bench.offline import run_offline_bench
 
     run_offline_bench(engine_args_from(ns), ns.num_prompts, ns.input_len, ns.output_len, not ns.no_hf, ns.repeats,
-                      ns.shared_prefix_len, ns.long_prompt_len, ns.input_len_max)
+                      ns.shared_prefix_len, ns.long_prompt_len, ns.input_len_max, ns.beam_width or ns.n,
+                      bool(ns.beam_width))
 
 
 def cmd_serve(ns: argparse.Namespace) -> None:
     from fasterllm.entrypoints.openai.server import run_server
 
     run_server(engine_args_from(ns, model=ns.model_path or ns.model), ns.host, ns.port, ns.api_key,
-               ns.served_model_name, ns.shutdown_timeout)
+               ns.served_model_name, ns.shutdown_timeout, ns.embedding_model)
 
 
 def cmd_bench_serve(ns: argparse.Namespace) -> None:
@@ -173,7 +174,7 @@ def add_embed_parsers(sub) -> None:
 
 
 def add_serve_parsers(sub, bench: argparse.ArgumentParser) -> None:
-    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, metrics)")
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, embeddings, metrics)")
     serve.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
                        help="model to serve (same as --model; default: embedded SmolLM2-135M-Instruct)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
@@ -182,6 +183,9 @@ def add_serve_parsers(sub, bench: argparse.ArgumentParser) -> None:
     serve.add_argument("--served-model-name", default=None, help="the model name clients use (default: the model's)")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
                        help="seconds in-flight requests get to finish on SIGTERM/SIGINT")
+    serve.add_argument("--embedding-model", default=None, metavar="PATH|default",
+                       help="also serve /v1/embeddings with this encoder directory ('default': the embedded "
+                            "all-MiniLM-L6-v2); off unless given")
     add_engine_args(serve)
     serve.set_defaults(func=cmd_serve)
 
@@ -223,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="offline throughput/latency benchmark, next to transformers")
     bench.add_argument("--num-prompts", type=int, default=32)
     bench.add_argument("--input-len", type=int, default=128)
+    bench.add_argument("--n", type=int, default=1, help="sampled sequences per prompt (temperature 1)")
+    bench.add_argument("--beam-width", type=int, default=0, help="beam search of this width instead of sampling")
     bench.add_argument("--input-len-max", type=int, default=None,
                        help="prompt lengths uniform in [input-len, input-len-max] (default: all input-len)")
     bench.add_argument("--output-len", type=int, default=128)
