@@ -80,3 +80,8 @@ def test_bad_requests_in_the_middle_of_good_ones_hurt_nobody(server, client):
     text += "".join(chunk.choices[0].text for chunk in stream)
     assert text == expected
     assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_embeddings_without_an_embedding_model_say_how_to_enable_them(client):
+    with pytest.raises(openai.NotFoundError, match="start it with `fasterllm serve --embedding-model default`"):
+        client.embeddings.create(model="all-MiniLM-L6-v2", input="hi")

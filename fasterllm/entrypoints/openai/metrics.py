@@ -17,7 +17,7 @@ class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("fasterllm_requests", "HTTP generation requests by outcome", ["outcome"], registry=r)
+        self.requests = Counter("fasterllm_requests", "HTTP requests to /v1 endpoints by outcome", ["outcome"], registry=r)
         for outcome in OUTCOMES:
             self.requests.labels(outcome)  # every series exists from the start, at 0
         self.prompt_tokens = Counter("fasterllm_prompt_tokens", "Prompt tokens of finished requests", registry=r)

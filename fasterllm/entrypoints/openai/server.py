@@ -1,4 +1,7 @@
-"""The OpenAI-compatible HTTP server: the FastAPI app and its uvicorn runner (`fasterllm serve`)."""
+"""The OpenAI-compatible HTTP server: the FastAPI app and its uvicorn runner (`fasterllm serve`).
+
+It serves one generate model (completions, chat) and, with --embedding-model, an embeddings model
+as well, on an EmbeddingEngine of its own (/v1/embeddings)."""
 from __future__ import annotations
 
 import asyncio
@@ -19,21 +22,27 @@ from starlette.exceptions import HTTPException
 
 from fasterllm.config import EngineArgs
 from fasterllm.engine.async_engine import AsyncLLM
+from fasterllm.engine.embedding_engine import EmbeddingEngine
 from fasterllm.entrypoints.openai.metrics import ServerMetrics
 from fasterllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, error_body
 from fasterllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from fasterllm.entrypoints.openai.serving_common import as_openai_error
 from fasterllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from fasterllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 
 logger = logging.getLogger("fasterllm")
 
 
-def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str | None = None) -> FastAPI:
-    """The app around a (not yet started) AsyncLLM; its engine loop runs while the app does."""
+def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str | None = None,
+              embedding_engine: EmbeddingEngine | None = None) -> FastAPI:
+    """The app around a (not yet started) AsyncLLM; its engine loop runs while the app does.
+
+    embedding_engine: serve /v1/embeddings with it (under its own model name); without it that route says how."""
     served_model_name = served_model_name or llm.model_name
     metrics = ServerMetrics()
     completions = OpenAIServingCompletion(llm, served_model_name, metrics)
     chat = OpenAIServingChat(llm, served_model_name, metrics)
+    embeddings = OpenAIServingEmbedding(embedding_engine) if embedding_engine is not None else None
     created = int(time.time())
 
     @asynccontextmanager
@@ -71,8 +80,11 @@ def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str 
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": served_model_name, "object": "model", "created": created,
-                                            "owned_by": "fasterllm", "max_model_len": llm.max_model_len}]}
+        served = [(served_model_name, llm.max_model_len)]
+        if embedding_engine is not None:
+            served.append((embeddings.model_name, embedding_engine.max_model_len))
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "fasterllm",
+                                            "max_model_len": max_model_len} for name, max_model_len in served]}
 
     async def respond(raw: Request, request_id: str, create: Awaitable) -> Response:
         """Run one generation request; a client that disconnects before the reply cancels (aborts) it."""
@@ -104,6 +116,23 @@ def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str 
     async def create_chat_completion(request: ChatCompletionRequest, raw: Request) -> Response:
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         return await respond(raw, request_id, chat.create(request, request_id))
+
+    @app.post("/v1/embeddings")
+    async def create_embeddings(raw: Request) -> Response:
+        if embeddings is None:
+            return error_response(OpenAIError(
+                404, "This server has no embeddings model: start it with `fasterllm serve --embedding-model default` "
+                     "(all-MiniLM-L6-v2) or `--embedding-model PATH` (a BERT-family model directory)", "model"))
+        try:
+            body = await raw.json()
+        except ValueError as exc:
+            return error_response(OpenAIError(400, f"The request body is not valid JSON: {exc}; send a JSON object"))
+        try:
+            result = await embeddings.create(body)
+        except Exception as exc:
+            return error_response(as_openai_error(exc, f"embd-{uuid.uuid4().hex}"))
+        metrics.requests.labels("success").inc()
+        return JSONResponse(result)
 
     return app
 
@@ -159,10 +188,19 @@ def _shown(value: object) -> str:
 
 
 def run_server(engine_args: EngineArgs, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-               served_model_name: str | None = None, shutdown_timeout_s: float = 30.0) -> None:
-    """Load the model, then serve until SIGINT/SIGTERM; in-flight requests get shutdown_timeout_s to finish."""
+               served_model_name: str | None = None, shutdown_timeout_s: float = 30.0,
+               embedding_model: str | None = None) -> None:
+    """Load the model(s), then serve until SIGINT/SIGTERM; in-flight requests get shutdown_timeout_s to finish.
+
+    embedding_model: also serve /v1/embeddings with this encoder ("default": the embedded all-MiniLM-L6-v2),
+    on the generate model's device and dtype."""
     llm = AsyncLLM.from_engine_args(engine_args)
-    app = build_app(llm, served_model_name, api_key)
+    embedding_engine = None
+    if embedding_model is not None:
+        embedding_engine = EmbeddingEngine(EngineArgs(model=None if embedding_model == "default" else embedding_model,
+                                                      task="embed", device=engine_args.device,
+                                                      dtype=engine_args.dtype))
+    app = build_app(llm, served_model_name, api_key, embedding_engine)
     logger.warning("serving %s on http://%s:%d/v1", served_model_name or llm.model_name, host, port)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                             timeout_graceful_shutdown=shutdown_timeout_s)

@@ -1,10 +1,13 @@
 """POST /v1/embeddings: an OpenAI embeddings request body in, the OpenAI response body out.
 
-The server mounts create_embedding on an EmbeddingEngine (LLM(task="embed")'s engine). It is
-synchronous (one packed forward pass per token budget); call it off the event loop, one at a time.
+`fasterllm serve --embedding-model` loads an EmbeddingEngine (LLM(task="embed")'s engine) next to
+the generate engine, and OpenAIServingEmbedding mounts create_embedding on it. create_embedding is
+synchronous (one packed forward pass per token budget), so the server runs it on a worker thread,
+one request at a time: the event loop and the generate engine's thread go on meanwhile.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Any, Literal, Optional, Union
 
@@ -24,6 +27,23 @@ class EmbeddingRequest(BaseModel):
     user: Optional[str] = None
     # vLLM's extension: -1 keeps the last max_model_len tokens, k the last k; unset, a longer input is an error
     truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)
+
+
+class OpenAIServingEmbedding:
+    """The server's embeddings model: requests name it (or no model) and run one at a time, off the event loop."""
+
+    def __init__(self, engine: EmbeddingEngine):
+        self.engine = engine
+        self.model_name = engine.model_name
+        self._lock = asyncio.Lock()  # the engine is not thread-safe
+
+    async def create(self, body: Any) -> dict[str, Any]:
+        model = body.get("model") if isinstance(body, dict) else None
+        if model is not None and model != self.model_name:
+            raise OpenAIError(404, f"The model {model!r} does not make embeddings on this server; its embeddings "
+                                   f"model is {self.model_name!r} (see GET /v1/models)", "model")
+        async with self._lock:
+            return await asyncio.to_thread(create_embedding, self.engine, body, self.model_name)
 
 
 def create_embedding(engine: EmbeddingEngine, body: dict[str, Any], served_model_name: str | None = None
