@@ -7,11 +7,8 @@ log2(e)-scaled scores), bounded by the causal limit and the sliding window. The 
 only (number of sequences, max_query_len, KV heads), so a decode batch can be captured in a CUDA graph.
 
 Decode batches (max_query_len == 1) split each sequence's keys over several programs (flash-decoding:
-short batches with long contexts would otherwise use a few SMs). The partials are merged by log-sum-exp in
-the same launch (a second one costs ~2 us a layer in a decode graph): each program counts itself done on a
-per-(sequence, KV head) counter; the last one merges and resets it to 0, so the counters (zeroed once per
-device; one stream at a time) are ready for the next launch or graph replay. The split count comes from
-host ints (batch size, heads, block table width).
+short batches with long contexts would otherwise use a few SMs) and a second kernel merges the partial
+results by their log-sum-exp. The split count comes from host ints (batch size, heads, block table width).
 """
 from __future__ import annotations
 
@@ -25,19 +22,17 @@ _LOG2E = 1.4426950408889634
 _SM_TARGET = 256  # decode programs wanted in flight: about two per SM on an H100
 _MAX_SPLITS = 16
 _MIN_KEYS_PER_SPLIT = 256
-# per device: split counters (zeroed once, reset by each launch); older ones stay alive for captured graphs
-_split_counters: dict[torch.device, list[torch.Tensor]] = {}
 
 
 @triton.jit
 def _paged_attention_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr, out_ptr,
-        part_out_ptr, part_max_ptr, part_sum_ptr, counter_ptr, scale_log2, window,
+        part_out_ptr, part_max_ptr, part_sum_ptr, scale_log2, window,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_bt, stride_ot, stride_oh,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        SPLITS_PAD: tl.constexpr, USE_WINDOW: tl.constexpr, IEEE_DOT: tl.constexpr):
+        USE_WINDOW: tl.constexpr, IEEE_DOT: tl.constexpr):
     seq, tile, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
     query_start = tl.load(query_start_ptr + seq)
@@ -101,20 +96,12 @@ def _paged_attention_kernel(
             else:
                 acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v)
             row_max = new_max
-        if NUM_SPLITS > 1:  # unnormalised partials, merged by the last split to finish
+        if NUM_SPLITS > 1:  # unnormalised partials, merged by _merge_splits_kernel
             part = (query_start + token).to(tl.int64) * (tl.num_programs(2) * GROUP) + head  # [token row, head]
             tl.store(part_max_ptr + part * NUM_SPLITS + split, row_max, mask=row_ok)
             tl.store(part_sum_ptr + part * NUM_SPLITS + split, row_sum, mask=row_ok)
             tl.store(part_out_ptr + (part * NUM_SPLITS + split)[:, None] * HEAD_DIM + dims[None, :], acc,
                      mask=row_ok[:, None] & dim_ok[None, :])
-            # every thread's stores precede the barrier, which precedes the counter's release (one thread)
-            tl.debug_barrier()
-            counter = counter_ptr + seq * tl.num_programs(2) + kv_head
-            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
-                tl.store(counter, 0)
-                _merge_splits(part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr, query_start, kv_head,
-                              tl.num_programs(2) * GROUP, stride_ot, stride_oh, GROUP, GROUP_PAD, NUM_SPLITS,
-                              SPLITS_PAD, HEAD_DIM, BLOCK_D)
         else:
             out = acc / tl.where(row_sum > 0, row_sum, 1.0)[:, None]  # no visible key (seq_len 0): zeros
             tl.store(out_ptr + (query_start + token)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh
@@ -122,38 +109,26 @@ def _paged_attention_kernel(
 
 
 @triton.jit
-def _merge_splits(part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr, token, kv_head, num_heads, stride_ot,
-                  stride_oh, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                  SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Decode row `token`, query heads of kv_head: the splits' partials weighed by exp2(max - overall max).
-    Loads bypass L1 (.cg): the other splits' partials were written by other SMs."""
-    heads = kv_head * GROUP + tl.arange(0, GROUP_PAD)
-    splits = tl.arange(0, SPLITS_PAD)
-    dims = tl.arange(0, BLOCK_D)
-    ok = (tl.arange(0, GROUP_PAD) < GROUP)[:, None] & (splits < NUM_SPLITS)[None, :]  # [heads, splits]
-    part = (token.to(tl.int64) * num_heads + heads)[:, None] * NUM_SPLITS + splits[None, :]
-    maxes = tl.load(part_max_ptr + part, mask=ok, other=float("-inf"), cache_modifier=".cg")
-    sums = tl.load(part_sum_ptr + part, mask=ok, other=0.0, cache_modifier=".cg")
-    outs = tl.load(part_out_ptr + part[:, :, None] * HEAD_DIM + dims[None, None, :],
-                   mask=ok[:, :, None] & (dims < HEAD_DIM)[None, None, :], other=0.0, cache_modifier=".cg")
-    top = tl.max(maxes, axis=1)
-    weights = tl.math.exp2(maxes - tl.where(top == float("-inf"), 0.0, top)[:, None])  # empty splits weigh 0
-    total = tl.sum(weights * sums, axis=1)
-    out = tl.sum(weights[:, :, None] * outs, axis=1) / tl.where(total > 0, total, 1.0)[:, None]
-    tl.store(out_ptr + token.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + dims[None, :],
-             out.to(out_ptr.dtype.element_ty),
-             mask=(tl.arange(0, GROUP_PAD) < GROUP)[:, None] & (dims < HEAD_DIM)[None, :])
-
-
-def _counters(device: torch.device, needed: int) -> torch.Tensor:
-    """At least `needed` zeroed split counters on device, allocated outside any CUDA graph capture."""
-    owned = _split_counters.setdefault(device, [])
-    if not owned or owned[-1].numel() < needed:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"paged_attention needs {needed} split counters but was first called with this "
-                               "shape inside a CUDA graph capture; run the same call once before capturing")
-        owned.append(torch.zeros(max(needed, _SM_TARGET), dtype=torch.int32, device=device))
-    return owned[-1]
+def _merge_splits_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, query_start_ptr, out_ptr, stride_ot, stride_oh,
+                         NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_D: tl.constexpr):
+    seq, head = tl.program_id(0), tl.program_id(1)
+    token = tl.load(query_start_ptr + seq)
+    if tl.load(query_start_ptr + seq + 1) > token:  # padding sequences own no row
+        splits = tl.arange(0, SPLITS_PAD)
+        split_ok = splits < NUM_SPLITS
+        dims = tl.arange(0, BLOCK_D)
+        part = (token.to(tl.int64) * tl.num_programs(1) + head) * NUM_SPLITS + splits
+        maxes = tl.load(part_max_ptr + part, mask=split_ok, other=float("-inf"))
+        sums = tl.load(part_sum_ptr + part, mask=split_ok, other=0.0)
+        outs = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :],
+                       mask=split_ok[:, None] & (dims[None, :] < HEAD_DIM), other=0.0)
+        top = tl.max(maxes, axis=0)
+        weights = tl.math.exp2(maxes - tl.where(top == float("-inf"), 0.0, top))  # empty splits weigh 0
+        total = tl.sum(weights * sums, axis=0)
+        out = tl.sum(weights[:, None] * outs, axis=0) / tl.where(total > 0, total, 1.0)
+        tl.store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty),
+                 mask=dims < HEAD_DIM)
 
 
 def decode_splits(num_seqs: int, num_kv_heads: int, max_keys: int) -> int:
@@ -207,21 +182,23 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         splits = 1
         block_m = max(16, min(64, triton.next_power_of_2(max_query_len) * group_pad), group_pad)
         tiles = triton.cdiv(max_query_len, block_m // group_pad)
-    part_out = part_max = part_sum = counters = out  # unused placeholders without splits
+    part_out = part_max = part_sum = out  # unused placeholders without splits
     if splits > 1:
         part_max = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32, device=query.device)
         part_sum = torch.empty_like(part_max)
         part_out = torch.empty(num_tokens, num_heads, splits, head_dim, dtype=torch.float32, device=query.device)
-        counters = _counters(query.device, num_seqs * num_kv_heads)
     _paged_attention_kernel[(num_seqs, tiles, num_kv_heads)](
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out,
-        part_out, part_max, part_sum, counters, scale * _LOG2E, sliding_window or 0,
+        part_out, part_max, part_sum, scale * _LOG2E, sliding_window or 0,
         query.stride(0), query.stride(1), *key_cache.stride()[:3], *value_cache.stride()[:3],
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
         BLOCK_N=max(block_size, 64), BLOCK_SIZE=block_size, NUM_SPLITS=splits,
-        SPLITS_PAD=triton.next_power_of_2(splits), USE_WINDOW=sliding_window is not None,
-        IEEE_DOT=query.dtype == torch.float32)
+        USE_WINDOW=sliding_window is not None, IEEE_DOT=query.dtype == torch.float32)
+    if splits > 1:
+        _merge_splits_kernel[(num_seqs, num_heads)](
+            part_out, part_max, part_sum, query_start_loc, out, out.stride(0), out.stride(1),
+            NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=head_dim, BLOCK_D=block_d)
     return out
 
 

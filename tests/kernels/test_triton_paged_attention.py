@@ -89,17 +89,6 @@ def test_padded_graph_rows_write_nothing(query_lens):
     assert torch.equal(out[real:], torch.full_like(out[real:], 7.0))
 
 
-def test_split_counters_left_ready_for_the_next_launch():
-    """The last split of each (sequence, KV head) merges in the same launch, counted on counters that every
-    launch must leave at 0: back-to-back launches (as graph replays) with other split counts stay right."""
-    args = make_batch([150, 70, 300], [1, 1, 1], 4, 2, 64, torch.float32, block_size=32)
-    expected = paged_attention_reference(**args)
-    for splits in (3, 3, 2, 5):
-        out = torch.full_like(args["query"], float("nan"))  # a row no merge wrote stays NaN
-        paged_attention(**args, out=out, num_kv_splits=splits)
-        torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
-
-
 @pytest.mark.parametrize("head_dim", [32, 96])
 def test_group_not_a_power_of_two_and_other_head_dims(head_dim):
     """SmolLM2's 3 query heads per KV head (padded rows in the tile); head dims padded to a power of two."""
@@ -137,21 +126,3 @@ def test_model_shapes_mixed_and_decode(dtype, heads):
     check(make_batch([4095, 2000, 17, 0] * 8, [1] * 32, *heads, dtype), dtype)
     check(make_batch([4095], [1], *heads, dtype, block_size=32), dtype)
     check(make_batch([3000, 100], [1, 1], *heads, dtype), dtype, sliding_window=1024)
-
-
-@gpu_only
-def test_split_decode_replayed_from_a_cuda_graph():
-    """Batch-1 Llama-3-8B decode with the default split count, captured once and replayed over contexts that
-    change on the device only; a hundred replays would also show a merge that read another split's partials
-    before they were written."""
-    args = make_batch([8000], [1], 32, 8, 128, torch.bfloat16)
-    assert decode_splits(1, 8, args["block_tables"].shape[1] * 16) == 16
-    paged_attention(**args)  # compiles and allocates the split counters outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = paged_attention(**args)
-    for seq_len in [1, 17, 300, 4097, 8001] * 20:
-        args["seq_lens"].fill_(seq_len)
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.testing.assert_close(out.float(), paged_attention_reference(**args), atol=2e-2, rtol=2e-2)
