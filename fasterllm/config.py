@@ -66,6 +66,7 @@ class EngineArgs:
     enforce_eager: bool = False  # True: no CUDA graphs (every decode step launched from Python)
     # "dummy": random weights of the checkpoint's shape (config.json alone is enough): for benchmarks
     load_format: str = "auto"
+    quantization: str | None = None  # "int8": weight-only INT8 per output channel (CPU), quantized at load
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"  # or "swap": copy a preempted request's KV to a CPU pool
     swap_space_gib: float = 4.0  # size of that CPU pool
@@ -74,6 +75,9 @@ class EngineArgs:
     task: str = "generate"  # or "embed": an encoder (BERT family) that returns one vector per input
 
     def validate(self) -> None:
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"quantization={self.quantization!r} is not supported; supported: 'int8' (weight-only, "
+                             "CPU) or None (w8a8, int4 and fp8 are not built yet)")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format={self.load_format!r} must be 'auto' (read the checkpoint) or 'dummy' "
                              "(random weights of its shape)")

@@ -58,7 +58,8 @@ class Engine:
         self.scheduler_config = SchedulerConfig(args.max_num_seqs, max_batched, self.max_model_len,
                                                 args.preemption_mode, args.watermark,
                                                 args.long_prefill_token_threshold)
-        self.runner = ModelRunner(checkpoint, self.max_model_len, self.device, self.dtype, args.load_format)
+        self.runner = ModelRunner(checkpoint, self.max_model_len, self.device, self.dtype, args.load_format,
+                                  args.quantization)
         cache = CacheConfig(args.block_size)
         self.runner.prepare_inputs(cache.block_size, self.scheduler_config)
         profile_start = time.perf_counter()

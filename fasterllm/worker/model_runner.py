@@ -12,6 +12,7 @@ from fasterllm.engine.request import Request
 from fasterllm.engine.scheduler import SchedulerOutput
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.linear import can_pack
+from fasterllm.layers.quantized_linear import quantize_linears_int8
 from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.loader.dummy_weights import fill_dummy_weights
 from fasterllm.models.registry import model_class
@@ -34,7 +35,7 @@ class ModelRunnerOutput:
 
 class ModelRunner:
     def __init__(self, checkpoint: Checkpoint, max_model_len: int, device: torch.device, dtype: torch.dtype,
-                 load_format: str = "auto"):
+                 load_format: str = "auto", quantization: str | None = None):
         self.model_config: ModelConfig = checkpoint.config
         self.device, self.dtype = device, dtype
         start = time.perf_counter()
@@ -43,6 +44,10 @@ class ModelRunner:
             fill_dummy_weights(self.model)
         else:
             self.model.load_weights(checkpoint.weights())
+        if quantization == "int8":
+            if device.type != "cpu":
+                raise ValueError("quantization='int8' runs on the CPU only so far; drop it on a GPU")
+            quantize_linears_int8(self.model)  # the output head too (a tied head gets its own INT8 copy)
         if can_pack(device, dtype):
             self.model.pack_for_cpu()
         self.load_seconds = time.perf_counter() - start
