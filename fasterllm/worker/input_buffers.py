@@ -72,7 +72,10 @@ class InputBuffers:
         input_ids = fill(self.input_ids, token_ids, tokens_out)
         positions_t = fill(self.positions, positions, tokens_out)
         slot_mapping = fill(self.slot_mapping, slots, tokens_out, pad=-1)
-        logits_indices = fill(self.logits_indices, logits_rows, len(logits_rows) if padded_seqs is None else rows)
+        if len(logits_rows) <= self.logits_indices[0].numel():
+            logits_indices = fill(self.logits_indices, logits_rows, len(logits_rows) if padded_seqs is None else rows)
+        else:  # many samples per prompt (large best_of) in an eager step: a tensor of its own
+            logits_indices = host_to_device(logits_rows, torch.long, self.input_ids[1].device)
         seq_lens_t = fill(self.seq_lens, total, rows)
         query_start = fill(self.query_start_loc, starts, rows + 1, pad=num_tokens)
         host_tables, device_tables = self.block_tables
