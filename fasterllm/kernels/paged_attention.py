@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-_LOG2E = 1.4426950408889634
+from fasterllm.kernels.online_softmax import LOG2E, dot, online_softmax_update
+
 _SM_TARGET = 256  # decode programs wanted in flight: about two per SM on an H100
 _MAX_SPLITS = 16
 _MIN_KEYS_PER_SPLIT = 256
@@ -77,25 +78,12 @@ def _paged_attention_kernel(
                         + kv_head * stride_kh + dims[None, :], mask=kv_mask, other=0.0)
             v = tl.load(v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
                         + kv_head * stride_vh + dims[None, :], mask=kv_mask, other=0.0)
-            if IEEE_DOT:  # fp32 inputs: full precision, not TF32
-                scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
-            else:
-                scores = tl.dot(q, tl.trans(k)) * scale_log2
+            scores = dot(q, tl.trans(k), IEEE_DOT) * scale_log2
             visible = key_ok[None, :] & (keys[None, :] <= position[:, None])
             if USE_WINDOW:
                 visible &= keys[None, :] > position[:, None] - window
             scores = tl.where(visible, scores, float("-inf"))
-            new_max = tl.maximum(row_max, tl.max(scores, axis=1))
-            # a row that has seen no visible key yet keeps max -inf: subtract 0 so exp2 gives 0, not NaN
-            safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-            probs = tl.math.exp2(scores - safe_max[:, None])
-            correction = tl.math.exp2(row_max - safe_max)
-            row_sum = row_sum * correction + tl.sum(probs, axis=1)
-            if IEEE_DOT:
-                acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v, input_precision="ieee")
-            else:
-                acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v)
-            row_max = new_max
+            row_max, row_sum, acc = online_softmax_update(scores, v, row_max, row_sum, acc, IEEE_DOT)
         if NUM_SPLITS > 1:  # unnormalised partials, merged by _merge_splits_kernel
             part = (query_start + token).to(tl.int64) * (tl.num_programs(2) * GROUP) + head  # [token row, head]
             tl.store(part_max_ptr + part * NUM_SPLITS + split, row_max, mask=row_ok)
@@ -189,7 +177,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         part_out = torch.empty(num_tokens, num_heads, splits, head_dim, dtype=torch.float32, device=query.device)
     _paged_attention_kernel[(num_seqs, tiles, num_kv_heads)](
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out,
-        part_out, part_max, part_sum, scale * _LOG2E, sliding_window or 0,
+        part_out, part_max, part_sum, scale * LOG2E, sliding_window or 0,
         query.stride(0), query.stride(1), *key_cache.stride()[:3], *value_cache.stride()[:3],
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,

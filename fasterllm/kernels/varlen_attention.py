@@ -11,9 +11,11 @@ import torch
 import triton
 import triton.language as tl
 
+from fasterllm.kernels.online_softmax import LOG2E, dot, online_softmax_update
+
 
 @triton.jit
-def _varlen_attention_kernel(qkv_ptr, out_ptr, cu_seqlens_ptr, scale, stride_token, stride_part, stride_head,
+def _varlen_attention_kernel(qkv_ptr, out_ptr, cu_seqlens_ptr, scale_log2, stride_token, stride_part, stride_head,
                              stride_out_token, stride_out_head, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE_DOT: tl.constexpr):
     query_block, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -35,20 +37,8 @@ def _varlen_attention_kernel(qkv_ptr, out_ptr, cu_seqlens_ptr, scale, stride_tok
             kv_offsets = cols[:, None] * stride_token + dims[None, :]
             k = tl.load(head_base + stride_part + kv_offsets, mask=kv_mask, other=0.0)
             v = tl.load(head_base + 2 * stride_part + kv_offsets, mask=kv_mask, other=0.0)
-            if IEEE_DOT:  # fp32 inputs: full precision, not TF32
-                scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-            else:
-                scores = tl.dot(q, tl.trans(k)) * scale
-            scores = tl.where(cols[None, :] < seq_len, scores, float("-inf"))
-            new_max = tl.maximum(row_max, tl.max(scores, axis=1))
-            probs = tl.exp(scores - new_max[:, None])
-            correction = tl.exp(row_max - new_max)
-            row_sum = row_sum * correction + tl.sum(probs, axis=1)
-            if IEEE_DOT:
-                acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v, input_precision="ieee")
-            else:
-                acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v)
-            row_max = new_max
+            scores = tl.where(cols[None, :] < seq_len, dot(q, tl.trans(k), IEEE_DOT) * scale_log2, float("-inf"))
+            row_max, row_sum, acc = online_softmax_update(scores, v, row_max, row_sum, acc, IEEE_DOT)
         out = acc / row_sum[:, None]
         out_ptrs = out_ptr + (start + rows)[:, None] * stride_out_token + head * stride_out_head + dims[None, :]
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < seq_len) & dim_ok[None, :])
@@ -67,7 +57,7 @@ def varlen_attention_triton(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seq
     block = 64 if max_seqlen > 32 else 16  # tl.dot needs at least 16 rows
     grid = (triton.cdiv(max_seqlen, block), cu_seqlens.numel() - 1, num_heads)
     _varlen_attention_kernel[grid](
-        qkv, out, cu_seqlens, head_dim ** -0.5, qkv.stride(0), hidden, head_dim, out.stride(0), head_dim,
+        qkv, out, cu_seqlens, head_dim ** -0.5 * LOG2E, qkv.stride(0), hidden, head_dim, out.stride(0), head_dim,
         HEAD_DIM=head_dim, BLOCK_M=block, BLOCK_N=block, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         IEEE_DOT=qkv.dtype == torch.float32)
     return out
