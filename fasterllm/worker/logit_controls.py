@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from fasterllm.engine.request import Request
+from fasterllm.worker.input_buffers import host_to_device
 
 
 @dataclass
@@ -33,13 +34,17 @@ class LogitControls:
         rows = len(requests)
 
         def per_row(values: list[float]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.float32, device=device)[:, None]
+            return host_to_device(values, torch.float32, device)[:, None]
+
+        def padded_index(lists: list[list[int]]) -> torch.Tensor:
+            """[S, width] ids, short rows padded with vocab_size (an extra column absorbs them)."""
+            width = max((len(ids) for ids in lists), default=0)
+            return host_to_device([ids + [vocab_size] * (width - len(ids)) for ids in lists], torch.long,
+                                  device).view(rows, width)
 
         def scatter(lists: list[list[int]], dtype: torch.dtype) -> torch.Tensor:
-            """[S, V] with 1 added at every listed id of each row (one extra column absorbs the padding)."""
-            width = max((len(ids) for ids in lists), default=0)
-            index = torch.tensor([ids + [vocab_size] * (width - len(ids)) for ids in lists], dtype=torch.long,
-                                 device=device).view(rows, width)
+            """[S, V] with 1 added at every listed id of each row."""
+            index = padded_index(lists)
             out = torch.zeros(rows, vocab_size + 1, dtype=dtype, device=device)
             return out.scatter_add_(1, index, torch.ones_like(index, dtype=dtype))[:, :vocab_size]
 
@@ -50,15 +55,15 @@ class LogitControls:
             bias_lists.append(list(bias))
             bias_values.append(list(bias.values()))
             banned_lists.append(_banned_ids(request))
-        bias = torch.zeros(rows, vocab_size + 1, device=device)
-        for row, (ids, values) in enumerate(zip(bias_lists, bias_values)):
-            if ids:
-                bias[row, torch.tensor(ids, device=device)] = torch.tensor(values, dtype=torch.float32, device=device)
+        width = max(len(ids) for ids in bias_lists)
+        values = host_to_device([v + [0.0] * (width - len(v)) for v in bias_values], torch.float32,
+                                device).view(rows, width)
+        bias = torch.zeros(rows, vocab_size + 1, device=device).scatter_(1, padded_index(bias_lists), values)
         banned = scatter(banned_lists, torch.int32) > 0
         allowed = [p.allowed_token_ids for p in params]
         if any(a is not None for a in allowed):
             permitted = scatter([a or [] for a in allowed], torch.int32) > 0
-            unrestricted = torch.tensor([a is None for a in allowed], device=device)[:, None]
+            unrestricted = host_to_device([a is None for a in allowed], torch.bool, device)[:, None]
             banned |= ~(permitted | unrestricted)
         return LogitControls(
             repetition=per_row([p.repetition_penalty for p in params]),
