@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fasterllm.config import EngineArgs
-from fasterllm.engine.engine import Engine, EngineStats
+from fasterllm.engine.engine import Engine, EngineStats, StepFailedError
 from fasterllm.outputs import RequestOutput
 from fasterllm.sampling_params import BeamSearchParams, SamplingParams
 
@@ -168,28 +168,21 @@ class AsyncLLM:
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
-        except Exception as exc:
-            failed = [rid for rid in self._live if self._lost(rid)]
-            if not failed:  # the error came from outside the forward pass: the engine state is unknown
-                logger.exception("engine step failed outside the forward pass; stopping the engine")
-                self._die(f"engine step failed: {exc!r}")
-                return
+        except StepFailedError as exc:  # the engine failed these requests whole and goes on
+            failed = [rid for rid in exc.request_ids if rid in self._live]
             logger.error("engine step failed (%r); failed requests %s; the engine goes on", exc, failed)
-            for rid in failed:  # parallel samples of a failed one that were not in this step
-                self.engine.abort_request(rid)
             self._live.difference_update(failed)
             self._deliver([(rid, RequestFailedError(f"the engine failed while running request {rid}: {exc!r}"))
                            for rid in failed])
+            return
+        except Exception as exc:  # from outside the forward pass: the engine state is unknown
+            logger.exception("engine step failed outside the forward pass; stopping the engine")
+            self._die(f"engine step failed: {exc!r}")
             return
         for output in outputs:
             if output.finished:
                 self._live.discard(output.request_id)
         self._deliver([(output.request_id, output) for output in outputs])
-
-    def _lost(self, request_id: str) -> bool:
-        """Whether the engine dropped this request or one of its parallel samples (a failed step does)."""
-        head = self.engine.requests.get(request_id)
-        return head is None or any(member.request_id not in self.engine.requests for member in head.family)
 
     def _die(self, reason: str) -> None:
         self.dead_reason = reason

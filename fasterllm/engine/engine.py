@@ -21,6 +21,15 @@ from fasterllm.worker.model_runner import ModelRunner
 logger = logging.getLogger("fasterllm")
 
 
+class StepFailedError(RuntimeError):
+    """The forward pass failed; request_ids are the requests (as added) it failed, whole: their
+    parallel samples and beams too. The engine goes on with the others."""
+
+    def __init__(self, request_ids: list[str], cause: Exception):
+        super().__init__(f"the forward pass failed for requests {request_ids}: {cause!r}")
+        self.request_ids = request_ids
+
+
 @dataclass
 class EngineStats:
     num_running: int
@@ -232,11 +241,12 @@ class Engine:
             if bad:
                 raise ValueError(f"{name} has token ids {bad[:5]} outside the vocabulary [0, {vocab})")
 
-    def abort_request(self, request_id: str) -> None:
+    def abort_request(self, request_id: str, reason: str = "abort") -> None:
+        """End a request as added (with its parallel samples or beams) and free its blocks."""
         request = self.requests.get(request_id)
         members = [] if request is None else [request, *request.beam.beams] if request.beam else request.family
         for member in members:
-            self.scheduler.finish_request(member, "abort")
+            self.scheduler.finish_request(member, reason)
             self.requests.pop(member.request_id, None)
             self.output_processor.remove(member.request_id)
 
@@ -253,14 +263,13 @@ class Engine:
             return []
         try:
             result = self.runner.execute(out, self.kv_cache.block_tables)
-        except Exception:
-            ids = [item.request.request_id for item in out.scheduled]
+        except Exception as exc:
+            # a failed sample or beam fails its whole request: the samples and beams not in this step too
+            ids = list(dict.fromkeys(_added_as(item.request).request_id for item in out.scheduled))
             logger.exception("forward pass failed; failing requests %s", ids)
-            for item in out.scheduled:
-                self.scheduler.finish_request(item.request, "error")
-                self.requests.pop(item.request.request_id, None)
-                self.output_processor.remove(item.request.request_id)
-            raise
+            for request_id in ids:
+                self.abort_request(request_id, "error")
+            raise StepFailedError(ids, exc) from exc
         sampled = result.sampler_output
         tokens = sampled.token_ids.tolist() if sampled is not None else []
         # a parent's extra rows (parallel sampling) become its children, sharing its blocks
@@ -356,3 +365,8 @@ class Engine:
         return EngineStats(len(sched.running), len(sched.waiting), len(sched.swapped), kv.usage, kv.num_blocks,
                            kv.num_cached_blocks, kv.prefix_cache_queries, kv.prefix_cache_hits,
                            sched.stats.num_preemptions, sched.stats.num_swapped_out, sched.stats.num_swapped_in)
+
+
+def _added_as(request: Request) -> Request:
+    """The request as added to the engine: a parallel sample's parent, a beam's search head, or itself."""
+    return request.beam.head if request.beam is not None else request.family[0]

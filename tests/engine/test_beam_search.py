@@ -115,3 +115,22 @@ def test_a_search_that_cannot_fit_the_pool_is_refused(llm):
         llm.beam_search(PROMPT, BeamSearchParams(beam_width=64, max_tokens=200), use_tqdm=False)
     with pytest.raises(ValueError, match="BeamSearchParams"):
         llm.beam_search(PROMPT, SamplingParams(), use_tqdm=False)
+
+
+def test_a_failed_forward_pass_fails_the_whole_search(llm):
+    from fasterllm.engine.engine import StepFailedError
+
+    engine = llm.engine
+    engine.add_request("b", PROMPT, PARAMS)
+    for _ in range(4):  # by now beams have forked and some, maybe the first, were pruned
+        engine.step()
+    execute = engine.runner.execute
+    engine.runner.execute = lambda *args: (_ for _ in ()).throw(RuntimeError("injected fault"))
+    try:
+        with pytest.raises(StepFailedError, match="injected fault") as failure:
+            engine.step()
+    finally:
+        engine.runner.execute = execute
+    assert failure.value.request_ids == ["b"]
+    assert not engine.has_unfinished_requests() and not engine.requests
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
