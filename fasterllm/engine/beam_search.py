@@ -48,7 +48,6 @@ class BeamSearch:
         self._beam_ids = itertools.count(1)
         self.reported: dict[str, tuple[list[int], list[float]]] = {}  # beam id -> its top candidates
         self.hypotheses: list[Hypothesis] = []  # best first, at most beam_width
-        self.improvable = True
         self.done = False
 
     def start(self, head: Request) -> None:
@@ -93,10 +92,11 @@ class BeamSearch:
                                                   "length" if token_id not in self.eos_token_ids else "stop"))
         self.hypotheses = sorted(self.hypotheses, key=lambda h: h.score, reverse=True)[:width]
         full = len(self.hypotheses) == width
+        improvable = True
         if live and full:  # can the best live beam still beat the worst hypothesis?
             length = self.max_new_tokens if self.params.early_stopping == "never" and penalty > 0 else new_length
-            self.improvable = live[0].cumulative_logprob / length ** penalty > self.hypotheses[-1].score
-        self.done = not live or not self.improvable or (self.params.early_stopping is True and full)
+            improvable = live[0].cumulative_logprob / length ** penalty > self.hypotheses[-1].score
+        self.done = not live or not improvable or (self.params.early_stopping is True and full)
         return live
 
     def make_output(self, tokenizer: TokenizerWrapper) -> RequestOutput:

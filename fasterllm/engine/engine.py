@@ -56,6 +56,8 @@ class Engine:
         self.args = args
         self.device = args.resolve_device()
         self.dtype = args.resolve_dtype(self.device)
+        if args.quantization == "int8" and self.device.type != "cpu":  # refused before loading any weight
+            raise ValueError("quantization='int8' runs on the CPU only so far; drop it on a GPU")
         torch.manual_seed(args.seed)
         checkpoint = open_checkpoint(args.model, args.tokenizer)
         self.source = checkpoint.source

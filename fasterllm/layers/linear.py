@@ -6,6 +6,8 @@ measured in benchmarks/RESULTS.md), and the reorder costs nothing per step.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -28,10 +30,15 @@ class PackedCPULinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed_weight, self.bias, "none", [], "")
 
 
-def pack_linears(module: nn.Module) -> None:
-    """Replace every nn.Linear under module (in place) with its packed CPU form."""
+def replace_linears(module: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> None:
+    """Replace every nn.Linear under module (in place) with make(linear)."""
     for name, child in module.named_children():
         if isinstance(child, nn.Linear):
-            setattr(module, name, PackedCPULinear(child.weight, child.bias))
+            setattr(module, name, make(child))
         else:
-            pack_linears(child)
+            replace_linears(child, make)
+
+
+def pack_linears(module: nn.Module) -> None:
+    """Every nn.Linear under module in its packed CPU form."""
+    replace_linears(module, lambda linear: PackedCPULinear(linear.weight, linear.bias))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fasterllm.layers.linear import replace_linears
+
 
 def quantize_int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """weight [N, K] -> (int8 [N, K], fp32 scales [N]) with weight ~= int8 * scale[:, None]."""
@@ -40,8 +42,4 @@ def quantize_linears_int8(module: nn.Module) -> None:
     tied output head (lm_head None, the embedding table used) gets an INT8 head of its own."""
     if getattr(module, "lm_head", False) is None:
         module.lm_head = Int8WeightOnlyLinear(module.embed_tokens.weight.detach(), None)
-    for name, child in module.named_children():
-        if isinstance(child, nn.Linear):
-            setattr(module, name, Int8WeightOnlyLinear(child.weight.detach(), child.bias))
-        else:
-            quantize_linears_int8(child)
+    replace_linears(module, lambda linear: Int8WeightOnlyLinear(linear.weight.detach(), linear.bias))

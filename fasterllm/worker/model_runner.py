@@ -45,8 +45,6 @@ class ModelRunner:
         else:
             self.model.load_weights(checkpoint.weights())
         if quantization == "int8":
-            if device.type != "cpu":
-                raise ValueError("quantization='int8' runs on the CPU only so far; drop it on a GPU")
             quantize_linears_int8(self.model)  # the output head too (a tied head gets its own INT8 copy)
         if can_pack(device, dtype):
             self.model.pack_for_cpu()
