@@ -126,15 +126,18 @@ class OpenAIServing:
 
     async def start(self, base_id: str, prompts: list[list[int]], params: SamplingParams | BeamSearchParams,
                     arrival_time: float) -> list[str]:
-        """Add one engine request per prompt; if one is refused, none runs."""
+        """Add one engine request per prompt, all handed over at once (so their prompts share the first
+        steps); if one is refused (the first in prompt order is reported), none runs."""
         request_ids = [base_id if len(prompts) == 1 else f"{base_id}-{i}" for i in range(len(prompts))]
-        added: list[str] = []
         try:
-            for request_id, prompt in zip(request_ids, prompts):
-                await self.llm.add_request(request_id, prompt, params, arrival_time)
-                added.append(request_id)
+            results = await asyncio.gather(*(self.llm.add_request(request_id, prompt, params, arrival_time)
+                                             for request_id, prompt in zip(request_ids, prompts)),
+                                           return_exceptions=True)
+            refused = next((r for r in results if isinstance(r, BaseException)), None)
+            if refused is not None:
+                raise refused
         except BaseException:
-            for request_id in added:
+            for request_id in request_ids:
                 self.llm.abort(request_id)
             raise
         return request_ids
