@@ -125,6 +125,7 @@ class BertModel(nn.Module):
         params = dict(self.named_parameters())
         missing = set(params)
         hidden = self.config.hidden_size
+        thirds_loaded: dict[str, set[int]] = {}  # fused qkv parameter -> which of q, k, v arrived
         for hf_name, tensor in weights:
             name = _strip_prefix(hf_name).replace(".gamma", ".weight").replace(".beta", ".bias")
             if _IGNORED.match(name):
@@ -134,8 +135,13 @@ class BertModel(nn.Module):
                 layer, which, kind = qkv.groups()
                 target = f"layers.{layer}.qkv.{kind}"
                 third = ("query", "key", "value").index(which)
-                params[target].data[third * hidden:(third + 1) * hidden].copy_(tensor)
-                if third == 2:  # counted as loaded once the value third is in (checkpoints list all three)
+                rows = params[target].data.narrow(0, third * hidden, hidden)
+                if rows.shape != tensor.shape:
+                    raise ValueError(f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, the config "
+                                     f"implies {tuple(rows.shape)}; config.json and the weights disagree")
+                rows.copy_(tensor)
+                thirds_loaded.setdefault(target, set()).add(third)
+                if len(thirds_loaded[target]) == 3:  # loaded once query, key and value all are
                     missing.discard(target)
                 continue
             for pattern, replacement in _RENAMES:

@@ -17,8 +17,9 @@ class EncoderRunner:
         start = time.perf_counter()
         self.device = device
         self.pooling = checkpoint.pooling
-        with torch.device(device):
-            model = BertModel(checkpoint.config).to(dtype)
+        with torch.device("meta"):  # no random init and no fp32 copy: load_weights fills every tensor
+            model = BertModel(checkpoint.config)
+        model = model.to(dtype).to_empty(device=device).requires_grad_(False)
         model.load_weights(checkpoint.weights())
         if device.type == "cpu":
             model.pack_for_cpu()
