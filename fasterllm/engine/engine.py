@@ -343,11 +343,14 @@ class Engine:
         return outputs
 
     def _record_logprobs(self, rows: list[Request], sampled) -> None:
+        wanted = [row for row, request in enumerate(rows)
+                  if request.sampling_params.logprobs is not None or request.sampling_params.ranks_samples]
+        if not wanted:  # only beam rows asked the sampler for logprobs: they read their own rows
+            return
         ids, values, ranks = sampled.logprob_token_ids.tolist(), sampled.logprobs.tolist(), sampled.sampled_ranks.tolist()
-        for row, request in enumerate(rows):
+        for row in wanted:
+            request = rows[row]
             params = request.sampling_params
-            if params.logprobs is None and not params.ranks_samples:
-                continue
             request.cumulative_logprob += values[row][0]
             if params.logprobs is not None:
                 request.logprobs.append(self.output_processor.decode_logprobs(ids[row], values[row], ranks[row],
