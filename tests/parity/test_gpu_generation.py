@@ -51,10 +51,14 @@ def near_tie_agreement(ours: list[int], ours_top: list[dict], ref: list[int], re
     return ref[first] in ours_top[first] and ours[first] in ref_top[first]
 
 
-def test_greedy_agrees_with_transformers(graphs_llm, prompts, gguf):
+@pytest.fixture(scope="module")
+def hf(gguf):
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16).cuda().eval()
+    return AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16).cuda().eval()
+
+
+def test_greedy_agrees_with_transformers(graphs_llm, prompts, hf):
     eos = graphs_llm.engine.tokenizer.eos_token_ids
     outputs = graphs_llm.generate([{"prompt_token_ids": p} for p in prompts],
                                   SamplingParams(temperature=0, max_tokens=NEW_TOKENS, logprobs=5), use_tqdm=False)
@@ -98,3 +102,26 @@ def test_graph_replay_and_chunked_batches_match_eager_single_requests(prompts, g
         got = got.outputs[0]
         assert near_tie_agreement(got.token_ids, [list(lp) for lp in got.logprobs], single.token_ids,
                                   [list(lp) for lp in single.logprobs])
+
+
+def test_logit_controls_on_the_gpu_agree_with_transformers(graphs_llm, prompts, hf):
+    """Repetition penalty, min_tokens and bad words applied on the GPU batch, against transformers'
+    processors with the same settings (the same near-tie rule; our logprobs are the raw model's, before
+    the penalty, so our top-20 stands in for its top-5); the banned word never appears."""
+    eos = graphs_llm.engine.tokenizer.eos_token_ids
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, logprobs=20, repetition_penalty=1.3, min_tokens=8,
+                            bad_words=["Paris"])
+    banned = graphs_llm.engine._bad_word_ids(["Paris"])
+    outputs = graphs_llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    for prompt, output in zip(prompts, outputs):
+        with torch.no_grad():
+            g = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=NEW_TOKENS, do_sample=False,
+                            eos_token_id=eos, pad_token_id=eos[0], repetition_penalty=1.3, min_new_tokens=8,
+                            bad_words_ids=banned, output_scores=True, return_dict_in_generate=True)
+        ref = g.sequences[0, len(prompt):].tolist()
+        ref = ref[:ref.index(eos[0]) + 1] if eos[0] in ref else ref
+        ref_top = [s[0].float().topk(5).indices.tolist() for s in g.scores]
+        ours = output.outputs[0]
+        assert near_tie_agreement(ours.token_ids, [list(lp) for lp in ours.logprobs], ref, ref_top), \
+            (ours.token_ids, ref)
+        assert len(ours.token_ids) >= 8 and "Paris" not in ours.text

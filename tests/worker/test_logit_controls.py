@@ -9,6 +9,12 @@ from fasterllm.worker.logit_controls import LogitControls
 VOCAB = 10
 LOGITS = torch.tensor([[2.0, -1.0, 0.5, -0.5, 1.5, 0.0, 3.0, -2.0, 1.0, -3.0]])
 EOS = 9
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> torch.device:
+    return torch.device(request.param)
 
 
 def request(prompt, output, **params):
@@ -18,67 +24,67 @@ def request(prompt, output, **params):
     return r
 
 
-def controlled(req):
-    controls = LogitControls.build([req], VOCAB, torch.device("cpu"))
-    return controls.apply(LOGITS.clone())[0]
+def controlled(req, device):
+    controls = LogitControls.build([req], VOCAB, device)
+    return controls.apply(LOGITS.to(device))[0].cpu()
 
 
-def test_repetition_penalty_is_transformers_definition_over_prompt_and_output():
+def test_repetition_penalty_is_transformers_definition_over_prompt_and_output(device):
     req = request(prompt=[0, 1], output=[1, 6], repetition_penalty=2.0)
     expected = LOGITS[0].clone()
     for token in {0, 1, 6}:  # prompt tokens count too
         expected[token] = expected[token] / 2 if expected[token] > 0 else expected[token] * 2
-    assert torch.equal(controlled(req), expected)
+    assert torch.equal(controlled(req, device), expected)
 
 
-def test_presence_and_frequency_count_generated_tokens_only():
+def test_presence_and_frequency_count_generated_tokens_only(device):
     req = request(prompt=[0, 4, 4], output=[6, 6, 6, 2], presence_penalty=0.5, frequency_penalty=0.25)
     expected = LOGITS[0].clone()
     for token, count in {6: 3, 2: 1}.items():  # 0 and 4 appear only in the prompt: untouched
         expected[token] -= 0.5 + 0.25 * count
-    assert torch.allclose(controlled(req), expected)
+    assert torch.allclose(controlled(req, device), expected)
 
 
-def test_negative_presence_penalty_encourages_repeats():
+def test_negative_presence_penalty_encourages_repeats(device):
     req = request(prompt=[], output=[7], presence_penalty=-2.0)
-    assert controlled(req)[7] == LOGITS[0, 7] + 2.0
+    assert controlled(req, device)[7] == LOGITS[0, 7] + 2.0
 
 
-def test_logit_bias_is_added():
+def test_logit_bias_is_added(device):
     req = request(prompt=[0], output=[], logit_bias={7: 100.0, 6: -100.0})
-    out = controlled(req)
+    out = controlled(req, device)
     assert out[7] == LOGITS[0, 7] + 100 and out[6] == LOGITS[0, 6] - 100 and out.argmax() == 7
 
 
-def test_min_tokens_bans_eos_and_stop_ids_until_reached():
+def test_min_tokens_bans_eos_and_stop_ids_until_reached(device):
     params = dict(min_tokens=3, stop_token_ids=[4])
-    early = controlled(request(prompt=[0], output=[1, 2], **params))
+    early = controlled(device=device, req=request(prompt=[0], output=[1, 2], **params))
     assert early[EOS] == float("-inf") and early[4] == float("-inf")
     assert torch.equal(early[:4], LOGITS[0, :4])
-    late = controlled(request(prompt=[0], output=[1, 2, 3], **params))
+    late = controlled(device=device, req=request(prompt=[0], output=[1, 2, 3], **params))
     assert torch.equal(late, LOGITS[0])
 
 
-def test_bad_words_ban_single_tokens_always_and_longer_words_only_as_their_last_token():
+def test_bad_words_ban_single_tokens_always_and_longer_words_only_as_their_last_token(device):
     req = request(prompt=[0], output=[5, 2], bad_words=["(set below as ids)"])
     req.bad_word_ids = [[6], [2, 8], [1, 3]]
-    out = controlled(req)
+    out = controlled(req, device)
     assert out[6] == float("-inf")  # single-token word
     assert out[8] == float("-inf")  # output ends with 2: 8 would complete [2, 8]
     assert out[3] == LOGITS[0, 3]  # output does not end with 1
 
 
-def test_allowed_token_ids_leave_only_those():
-    out = controlled(request(prompt=[0], output=[], allowed_token_ids=[1, 3]))
+def test_allowed_token_ids_leave_only_those(device):
+    out = controlled(device=device, req=request(prompt=[0], output=[], allowed_token_ids=[1, 3]))
     assert torch.isfinite(out).nonzero().flatten().tolist() == [1, 3]
 
 
-def test_rows_without_controls_are_untouched_in_a_mixed_batch():
+def test_rows_without_controls_are_untouched_in_a_mixed_batch(device):
     plain, penalized = request([0], [6]), request([0], [6], frequency_penalty=1.0)
-    controls = LogitControls.build([plain, penalized], VOCAB, torch.device("cpu"))
-    out = controls.apply(LOGITS.repeat(2, 1))
+    controls = LogitControls.build([plain, penalized], VOCAB, device)
+    out = controls.apply(LOGITS.repeat(2, 1).to(device)).cpu()
     assert torch.equal(out[0], LOGITS[0]) and out[1, 6] == LOGITS[0, 6] - 1.0
-    assert LogitControls.build([plain], VOCAB, torch.device("cpu")) is None
+    assert LogitControls.build([plain], VOCAB, device) is None
 
 
 @pytest.mark.parametrize("kwargs, field", [
