@@ -109,3 +109,15 @@ def test_bench_embed_runs_both_sides_on_the_same_sentences(capsys):
     assert all(rate > 0 for rate in rates.values())
     cosines = [float(value) for value in re.findall(r"min cosine ([0-9.]+)", capsys.readouterr().out)]
     assert len(cosines) == 2 and min(cosines) >= 0.9999
+
+
+def test_texts_tokenized_together_equal_texts_tokenized_one_by_one(llm):
+    engine = llm.engine
+    texts = ["short", "a b c " * 40, " ", "Ünïcödé, punctuation! And digits 12345.", "word " * 300]
+    prompts = texts + [[101, 2000, 102]]
+    for keep in (None, -1, 50):
+        limit = engine._truncation_length(keep)
+        one_by_one = [engine._tokenize_one(p, limit) for p in prompts[:-2] + prompts[-1:]]
+        together = engine.tokenize(prompts[:-2] + prompts[-1:], truncate_prompt_tokens=keep)
+        assert together == one_by_one
+    assert len(engine.tokenize(prompts, truncate_prompt_tokens=-1)[4]) == engine.max_model_len

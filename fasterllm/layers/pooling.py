@@ -30,7 +30,9 @@ def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, config: PoolingConfig) 
     elif config.mode == "max":
         pooled = torch.segment_reduce(hidden.float(), "max", lengths=lengths)
     else:
-        seq_index = torch.repeat_interleave(torch.arange(len(lengths), device=hidden.device), lengths)
+        # output_size: without it repeat_interleave waits for the device to learn how many rows it makes
+        seq_index = torch.repeat_interleave(torch.arange(len(lengths), device=hidden.device), lengths,
+                                            output_size=hidden.shape[0])
         sums = hidden.new_zeros(len(lengths), hidden.shape[1], dtype=torch.float32).index_add_(0, seq_index, hidden.float())
         divisor = lengths.float() if config.mode == "mean" else lengths.float().sqrt()
         pooled = sums / divisor.unsqueeze(1)

@@ -37,7 +37,10 @@ class VarlenBatch:
         return max(self.seq_lens)
 
     @classmethod
-    def from_lengths(cls, seq_lens: list[int], device: torch.device) -> VarlenBatch:
+    def from_lengths(cls, seq_lens: list[int], device: torch.device, cu_seqlens: torch.Tensor | None = None
+                     ) -> VarlenBatch:
+        """cu_seqlens: these lengths' prefix sums already on the device (staged with the batch's other inputs
+        in one copy); made here when not given."""
         if not seq_lens or min(seq_lens) < 1:
             raise ValueError(f"sequence lengths {seq_lens[:8]} must be a non-empty list of positive lengths")
         cu = [0]
@@ -49,7 +52,9 @@ class VarlenBatch:
             else:
                 runs.append(SequenceRun(cu[-1], 1, length))
             cu.append(cu[-1] + length)
-        return cls(list(seq_lens), torch.tensor(cu, dtype=torch.int32, device=device), runs)
+        if cu_seqlens is None:
+            cu_seqlens = torch.tensor(cu, dtype=torch.int32, device=device)
+        return cls(list(seq_lens), cu_seqlens, runs)
 
 
 def varlen_attention(qkv: torch.Tensor, batch: VarlenBatch, num_heads: int) -> torch.Tensor:

@@ -4,7 +4,8 @@ The batch's real tokens are one [total_tokens, hidden] tensor from the embedding
 LayerNorm (Effective Transformer / ByteTransformer: remove padding once, keep it removed through every
 layer). Every GEMM, bias, GELU and LayerNorm runs on real tokens only; attention runs over each
 sequence's range of rows (layers/varlen_attention.py). Q, K and V are one GEMM; bias+GELU ride in the
-FFN GEMM's epilogue (layers/fused_linear.py); the residual is added in place before each LayerNorm.
+FFN GEMM's epilogue on the CPU (layers/fused_linear.py); the residual is added in place before each LayerNorm,
+or, on a GPU, bias + residual + LayerNorm are one Triton kernel (kernels/layer_norm.py).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fasterllm.layers.fused_linear import GELU_FORMS, FusedLinear
@@ -87,8 +89,19 @@ class BertLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: VarlenBatch) -> torch.Tensor:
         attended = varlen_attention(self.qkv(x), batch, self.num_heads)
-        x = self.attn_norm(self.attn_out(attended, residual=x))
-        return self.ffn_norm(self.ffn_down(self.ffn_up(x), residual=x))
+        x = _project_add_norm(self.attn_out, self.attn_norm, attended, x)
+        return _project_add_norm(self.ffn_down, self.ffn_norm, self.ffn_up(x), x)
+
+
+def _project_add_norm(linear: FusedLinear, norm: nn.LayerNorm, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """norm(x W^T + b + residual). On a GPU the GEMM runs without bias and one Triton kernel adds the bias and
+    the residual and normalises (one read of each [T, H] input, one write) instead of three launches."""
+    if x.is_cuda:
+        from fasterllm.kernels.layer_norm import add_bias_residual_layer_norm
+
+        return add_bias_residual_layer_norm(F.linear(x, linear.weight), linear.bias, residual, norm.weight, norm.bias,
+                                            norm.eps)
+    return norm(linear(x, residual=residual))
 
 
 # Hugging Face names (prefix removed) -> ours; q/k/v land in thirds of qkv

@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from itertools import chain
 
+import numpy as np
 import torch
 
 from fasterllm.layers.pooling import pool
@@ -28,13 +29,26 @@ class EncoderRunner:
 
     @torch.inference_mode()
     def embed(self, token_ids: list[list[int]]) -> torch.Tensor:
-        """One packed forward pass over these sequences -> pooled vectors [num_seqs, hidden], fp32 on the CPU."""
+        """One packed forward pass over these sequences -> pooled vectors [num_seqs, hidden], fp32, left on the
+        model's device: nothing here waits for the device, so the host can stage the next batch meanwhile."""
         lengths = [len(ids) for ids in token_ids]
-        batch = VarlenBatch.from_lengths(lengths, self.device)
-        flat_ids = torch.tensor(list(chain.from_iterable(token_ids)), dtype=torch.long).to(self.device)
-        starts = batch.cu_seqlens[:-1].long()
-        # position of each token within its own sequence
-        positions = torch.arange(batch.num_tokens, device=self.device) - torch.repeat_interleave(
-            starts, torch.tensor(lengths, device=self.device))
+        flat_ids, positions, cu_seqlens = self._stage_inputs(token_ids, lengths)
+        batch = VarlenBatch.from_lengths(lengths, self.device, cu_seqlens)
         hidden = self.model(flat_ids, positions, batch)
-        return pool(hidden, batch.cu_seqlens, self.pooling).cpu()
+        return pool(hidden, batch.cu_seqlens, self.pooling)
+
+    def _stage_inputs(self, token_ids: list[list[int]], lengths: list[int]
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Token ids, each token's position in its sequence, and cu_seqlens, built on the host and sent in one
+        copy (from pinned memory on a GPU, without waiting)."""
+        seq_lens = np.asarray(lengths, dtype=np.int32)
+        total, count = int(seq_lens.sum()), len(lengths)
+        host = torch.empty(2 * total + count + 1, dtype=torch.int32, pin_memory=self.device.type == "cuda")
+        staged = host.numpy()
+        staged[:total] = np.fromiter(chain.from_iterable(token_ids), dtype=np.int32, count=total)
+        cu_seqlens = staged[2 * total:]
+        cu_seqlens[0] = 0
+        np.cumsum(seq_lens, out=cu_seqlens[1:])
+        staged[total:2 * total] = np.arange(total, dtype=np.int32) - np.repeat(cu_seqlens[:-1], seq_lens)
+        device_copy = host.to(self.device, non_blocking=True)
+        return device_copy[:total], device_copy[total:2 * total], device_copy[2 * total:]
