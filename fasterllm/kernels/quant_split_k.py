@@ -1,0 +1,85 @@
+"""The launch plan shared by the quantized matmuls (Triton): tile sizes and a split of K, chosen from shapes only.
+
+Decode multiplies a few rows by a large weight: with one program per output tile, 4096 output columns make 64
+programs, half an H100. Splitting K across programs gives every SM several programs streaming weights at
+once; the partial sums land in an fp32/int32 workspace [splits, M, N] and one small kernel adds them in a
+fixed order (deterministic, so a CUDA graph replay gives the eager result bit for bit) and applies the
+epilogue (per-row scales, per-column scales, bias, cast). Everything depends on shapes alone: no host sync,
+nothing data-dependent, so the launches are capturable.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+_PROGRAMS_PER_SM = 4  # enough resident programs to keep loads in flight (memory-bound decode)
+
+
+@dataclass(frozen=True)
+class SplitKPlan:
+    block_m: int
+    block_n: int
+    block_k: int
+    k_per_split: int  # a multiple of block_k
+    splits: int
+
+    def grid(self, m: int, n: int) -> tuple[int, int, int]:
+        return triton.cdiv(n, self.block_n), self.splits, triton.cdiv(m, self.block_m)
+
+
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def plan_split_k(m: int, n: int, k: int, block_n: int, block_k: int, device: torch.device) -> SplitKPlan:
+    block_m = min(64, max(16, triton.next_power_of_2(m)))  # tl.dot needs >= 16 rows; padding rows are masked
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    k_blocks = triton.cdiv(k, block_k)
+    wanted = max(1, min(k_blocks, _PROGRAMS_PER_SM * _num_sms(device) // tiles))
+    blocks_per_split = triton.cdiv(k_blocks, wanted)
+    return SplitKPlan(block_m, block_n, block_k, blocks_per_split * block_k, triton.cdiv(k_blocks, blocks_per_split))
+
+
+@triton.jit
+def epilogue(acc, rm, rn, M, N, row_scale_ptr, col_scale_ptr, bias_ptr, HAS_ROW_SCALE: tl.constexpr,
+             HAS_COL_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """acc [BM, BN] (fp32 or int32) -> fp32 acc * row_scale[m] * col_scale[n] + bias[n]."""
+    out = acc.to(tl.float32)
+    if HAS_ROW_SCALE:
+        out = out * tl.load(row_scale_ptr + rm, mask=rm < M, other=0.0)[:, None]
+    if HAS_COL_SCALE:
+        out = out * tl.load(col_scale_ptr + rn, mask=rn < N, other=0.0)[None, :]
+    if HAS_BIAS:
+        out = out + tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    return out
+
+
+@triton.jit
+def _reduce_splits_kernel(partial_ptr, out_ptr, row_scale_ptr, col_scale_ptr, bias_ptr, M, N, SPLITS: tl.constexpr,
+                          HAS_ROW_SCALE: tl.constexpr, HAS_COL_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    offsets = rm[:, None].to(tl.int64) * N + rn[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=partial_ptr.dtype.element_ty)  # int32 partials add exactly
+    for split in range(SPLITS):  # a fixed order: the same sum on every run
+        acc += tl.load(partial_ptr + split * M * N + offsets, mask=mask, other=0)
+    out = epilogue(acc, rm, rn, M, N, row_scale_ptr, col_scale_ptr, bias_ptr, HAS_ROW_SCALE, HAS_COL_SCALE, HAS_BIAS)
+    tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def reduce_splits(partials: torch.Tensor, out: torch.Tensor, row_scale: torch.Tensor | None,
+                  col_scale: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """out [M, N] = epilogue(sum over splits of partials [S, M, N]); absent scales and bias are skipped."""
+    splits, m, n = partials.shape
+    block_m, block_n = min(16, triton.next_power_of_2(m)), 128
+    _reduce_splits_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
+        partials, out, row_scale if row_scale is not None else out, col_scale if col_scale is not None else out,
+        bias if bias is not None else out, m, n, SPLITS=splits, HAS_ROW_SCALE=row_scale is not None,
+        HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+        num_warps=4)
+    return out
