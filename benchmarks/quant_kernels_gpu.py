@@ -1,0 +1,136 @@
+"""Quantized GPU kernels at the Llama-3-8B shapes: correctness against the reference and speed against torch's bf16
+matmul, measured in the same run (one GPU call answers both "is it right" and "how fast").
+
+    python3 benchmarks/quant_kernels_gpu.py                 # every kernel, rows 1, 16, 64, 512
+    python3 benchmarks/quant_kernels_gpu.py --rows 1 64     # fewer
+
+Each line: kernel, shape, time (median of triton.testing.do_bench, L2 flushed between runs), GB/s of weight
+bytes read (scales included) and the speed-up over bf16 F.linear of the same shape, and the worst error against
+its reference relative to the output's largest value (NaN fails). A kernel that raises prints its error and the
+run goes on. Random weights (std 0.02) and activations; bf16.
+"""
+from __future__ import annotations
+
+import argparse
+import traceback
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+from fasterllm.kernels.quant_activation import (quantize_per_token, quantize_per_token_reference, rms_norm_quantize,
+                                                silu_and_mul_quantize)
+from fasterllm.kernels.quant_w8a8 import int8_gemm, int8_gemm_reference
+from fasterllm.kernels.quant_weight_only import pack_int4_codes, weight_only_matmul, weight_only_matmul_reference
+from fasterllm.layers.activation import silu_and_mul
+from fasterllm.layers.norm import RMSNorm
+from fasterllm.layers.quantization.gpu import FP8Linear
+from fasterllm.layers.quantization.int4 import GROUP_SIZE, quantize_int4_grouped
+from fasterllm.layers.quantization.int8 import quantize_int8_per_channel
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (2 * 14336, 4096), "down": (4096, 14336),
+          "lm_head": (128256, 4096)}
+
+
+def report(name: str, shape: str, seconds: float, weight_bytes: int, bf16_seconds: float, error: float) -> None:
+    ok = "ok" if error == error and error < 0.1 else "WRONG"
+    print(f"{name:10s} {shape:24s} {seconds * 1e6:9.1f} us {weight_bytes / seconds / 1e9:8.0f} GB/s "
+          f"{bf16_seconds / seconds:6.2f}x bf16   max err {error:.2e} {ok}", flush=True)
+
+
+def relative(got: torch.Tensor, expected: torch.Tensor) -> float:
+    if not torch.isfinite(got).all():
+        return float("nan")
+    return ((got.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
+
+
+def time_it(fn) -> float:
+    return do_bench(fn, warmup=25, rep=100, return_mode="median") / 1e3
+
+
+def bench_matmuls(rows: list[int]) -> None:
+    for layer, (n, k) in SHAPES.items():
+        bench_layer(layer, n, k, rows)
+        torch.cuda.empty_cache()
+
+
+def bench_layer(layer: str, n: int, k: int, rows: list[int]) -> None:
+    """One projection's weight in every format, each row count; the weights are freed on return."""
+    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    q8, s8 = quantize_int8_per_channel(weight)
+    codes, s4, m4 = quantize_int4_grouped(weight)
+    q4, s4, m4 = pack_int4_codes(codes), s4.half(), m4.half()
+    del codes
+    try:
+        fp8 = FP8Linear(weight, None)
+    except ValueError as exc:  # not a Hopper GPU: the fp8 rows print this
+        print(f"fp8 unavailable: {exc}", flush=True)
+        fp8 = None
+    for m in rows:
+        shape = f"{layer} {m}x{n}x{k}"
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        bf16 = time_it(lambda: F.linear(x, weight))
+        report("bf16", shape, bf16, 2 * n * k, bf16, 0.0)
+        cases = {
+            "int8": (lambda: weight_only_matmul(x, q8, s8), lambda: weight_only_matmul_reference(x, q8, s8),
+                     n * k + 4 * n),
+            "int4": (lambda: weight_only_matmul(x, q4, s4, None, m4, GROUP_SIZE),
+                     lambda: weight_only_matmul_reference(x, q4, s4, None, m4, GROUP_SIZE),
+                     n * k // 2 + 4 * n * k // GROUP_SIZE),
+            "w8a8": (lambda: int8_gemm(*quantize_per_token(x), q8, s8, None, x.dtype),
+                     lambda: int8_gemm_reference(*quantize_per_token_reference(x), q8, s8, None, x.dtype),
+                     n * k + 4 * n),
+            "w8a8-gemm": (lambda: int8_gemm(qx, sx, q8, s8, None, x.dtype),
+                          lambda: int8_gemm_reference(qx, sx, q8, s8, None, x.dtype), n * k + 4 * n),
+            "fp8": (lambda: fp8(x), lambda: x.float() @ (fp8.qweight.float() * fp8.scales.t()).t(), n * k + 4 * n),
+        }
+        qx, sx = quantize_per_token(x)
+        for name, (run, reference, weight_bytes) in cases.items():
+            try:
+                error = relative(run(), reference())
+                report(name, shape, time_it(run), weight_bytes, bf16, error)
+            except Exception:  # keep measuring the others; say what failed
+                print(f"{name:10s} {shape:24s} FAILED:\n{traceback.format_exc(limit=3)}", flush=True)
+        if m > 16:  # torch's own int8 GEMM (no epilogue) as a peer of w8a8-gemm
+            try:
+                q8t = q8.t()
+                report("_int_mm", shape, time_it(lambda: torch._int_mm(qx, q8t)), n * k, bf16, 0.0)
+            except Exception as exc:
+                print(f"_int_mm    {shape:24s} FAILED: {exc}", flush=True)
+
+
+def bench_quantizers(rows: list[int]) -> None:
+    norm = RMSNorm(4096, 1e-5).to("cuda", torch.bfloat16)
+    for m in rows:
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        residual = torch.randn_like(x)
+        gate_up = torch.randn(m, 2 * 14336, device="cuda", dtype=torch.bfloat16)
+        cases = {
+            "quant": (lambda: quantize_per_token(x)[0], lambda: quantize_per_token_reference(x)[0], 3 * x.numel()),
+            "silu+q": (lambda: silu_and_mul_quantize(gate_up)[0],
+                       lambda: quantize_per_token_reference(silu_and_mul(gate_up))[0], 5 * gate_up.numel() // 2),
+            "norm+q": (lambda: rms_norm_quantize(x, residual, norm.weight, 1e-5)[0],
+                       lambda: quantize_per_token_reference(norm(x, residual)[0])[0], 7 * x.numel()),
+        }
+        for name, (run, reference, moved_bytes) in cases.items():
+            try:
+                codes_off = (run().float() - reference().float()).abs().max().item()  # codes: off by one at ties
+                seconds = time_it(run)
+                print(f"{name:10s} rows {m:<19d} {seconds * 1e6:9.1f} us {moved_bytes / seconds / 1e9:8.0f} GB/s "
+                      f"moved   max code diff {codes_off:.0f} {'ok' if codes_off <= 1 else 'WRONG'}", flush=True)
+            except Exception:
+                print(f"{name:10s} rows {m:<19d} FAILED:\n{traceback.format_exc(limit=3)}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 512])
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    bench_quantizers(args.rows)
+    bench_matmuls(args.rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Quantized linear layers on an NVIDIA GPU: int8 / int4 weight-only, W8A8 and FP8, each built from a float weight.
+
+  int8  Int8GPULinear   int8 weights per output channel, read and widened inside a Triton split-K matmul
+  int4  Int4GPULinear   4-bit codes (groups of 32, scale + minimum, the CPU layer's and GGUF Q4_1's convention),
+                        two per byte, dequantized inside the same kernel
+  w8a8  W8A8GPULinear   int8 weights per channel x int8 activations per token (quantized here, one Triton
+                        launch), int32 sums on the tensor cores, dequantization in the GEMM's epilogue
+  fp8   FP8Linear       e4m3 weights per channel x e4m3 activations per token through torch._scaled_mm's
+                        row-wise scaling (Hopper, compute capability 9.0+)
+Every forward launches only shape-dependent work (no host sync): the layers run inside the decode CUDA graphs.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fasterllm.kernels.quant_activation import quantize_per_token
+from fasterllm.kernels.quant_w8a8 import int8_gemm
+from fasterllm.kernels.quant_weight_only import pack_int4_codes, weight_only_matmul
+from fasterllm.layers.quantization.int4 import GROUP_SIZE, quantize_int4_grouped
+from fasterllm.layers.quantization.int8 import quantize_int8_per_channel
+
+FP8_MAX = 448.0
+_SCALED_MM_MULTIPLE = 16  # torch._scaled_mm: K and N must be multiples of 16 (M is free)
+
+
+class _GPULinear(nn.Module):
+    """Flattens leading dims and restores them; each subclass's matmul maps [M, K] -> [M, N]."""
+
+    out_features: int
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        return self.matmul(x.reshape(-1, shape[-1]).contiguous()).view(*shape[:-1], self.out_features)
+
+
+class Int8GPULinear(_GPULinear):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features = weight.shape[0]
+        self.qweight, self.scales = quantize_int8_per_channel(weight)
+        self.bias = bias
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return weight_only_matmul(x, self.qweight, self.scales, self.bias)
+
+
+class Int4GPULinear(_GPULinear):
+    """Built from codes uint8 [N, K] (0..15), per-group scales and minimums [N, K/32] (codes * scale + minimum),
+    the CPU Int4WeightOnlyLinear's arguments: quantized from a float weight by from_float, or GGUF's Q4 blocks."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor,
+                 bias: torch.Tensor | None, dtype: torch.dtype):
+        super().__init__()
+        self.out_features = codes.shape[0]
+        self.qweight = pack_int4_codes(codes)
+        self.scales, self.minimums = scales.half().contiguous(), minimums.half().contiguous()
+        self.bias = None if bias is None else bias.to(dtype)
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Int4GPULinear:
+        return cls(*quantize_int4_grouped(weight), bias, weight.dtype)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return weight_only_matmul(x, self.qweight, self.scales, self.bias, self.minimums, GROUP_SIZE)
+
+
+class W8A8GPULinear(Int8GPULinear):
+    """The int8 weights of Int8GPULinear, multiplied by int8 activations instead of widened."""
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        qx, x_scales = quantize_per_token(x, torch.int8)
+        return int8_gemm(qx, x_scales, self.qweight, self.scales, self.bias, x.dtype)
+
+
+def check_fp8_device(device: torch.device) -> None:
+    """fp8 needs torch._scaled_mm's row-wise scaling: an NVIDIA GPU of compute capability 9.0+ (Hopper)."""
+    if device.type != "cuda":
+        raise ValueError(f"quantization='fp8' needs an NVIDIA Hopper GPU (compute capability >= 9.0), not "
+                         f"{device.type}; use 'int8', 'int4' or 'w8a8' there")
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 9:
+        raise ValueError(f"quantization='fp8' needs compute capability >= 9.0 (Hopper) for torch._scaled_mm's "
+                         f"row-wise scales; this GPU ({torch.cuda.get_device_name(device)}) is {major}.{minor}: use "
+                         "'w8a8' or 'int8'")
+
+
+class FP8Linear(_GPULinear):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        check_fp8_device(weight.device)
+        n, k = weight.shape
+        if n % _SCALED_MM_MULTIPLE or k % _SCALED_MM_MULTIPLE:
+            raise ValueError(f"quantization='fp8' needs in and out features that are multiples of "
+                             f"{_SCALED_MM_MULTIPLE} (torch._scaled_mm), got a [{n}, {k}] weight; use 'w8a8'")
+        w = weight.float()
+        scales = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / FP8_MAX
+        self.out_features = n
+        self.qweight = (w / scales).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)  # [N, K]: .t() is column-major
+        self.scales = scales.view(1, n).contiguous()  # [1, N] fp32, the row-wise form
+        self.bias = bias
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        qx, x_scales = quantize_per_token(x, torch.float8_e4m3fn)  # [M, K] e4m3, [M, 1] fp32
+        return torch._scaled_mm(qx, self.qweight.t(), scale_a=x_scales, scale_b=self.scales,
+                                bias=None if self.bias is None else self.bias.to(x.dtype), out_dtype=x.dtype)
+
+
+GPU_LINEARS = {"int8": Int8GPULinear, "int4": Int4GPULinear.from_float, "w8a8": W8A8GPULinear, "fp8": FP8Linear}

@@ -1,0 +1,98 @@
+"""The weight-only int8 / int4 matmuls against torch on the dequantized weight: in Triton's interpreter on a CPU
+(small shapes), natively on a GPU (the Llama-3-8B shapes)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fasterllm.layers.quantization.int4 import GROUP_SIZE, quantize_int4_grouped
+from fasterllm.layers.quantization.int8 import quantize_int8_per_channel
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytest.importorskip("triton")
+from fasterllm.kernels.quant_weight_only import (  # noqa: E402
+    FUSED_MAX_ROWS, dequantize_int4, dequantize_reference, pack_int4_codes, weight_only_matmul,
+    weight_only_matmul_reference)
+
+gpu_only = pytest.mark.skipif(DEVICE.type != "cuda", reason="real model shapes need a GPU")
+# Triton 3.9's interpreter multiplies bf16 tiles wrongly (tl.dot): bf16 runs on a GPU only
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def quantized(method, n, k, seed=0):
+    torch.manual_seed(seed)
+    weight = torch.randn(n, k, device=DEVICE) * 0.05
+    if method == "int8":
+        return weight, quantize_int8_per_channel(weight) + (None,)
+    codes, scales, minimums = quantize_int4_grouped(weight)
+    return weight, (pack_int4_codes(codes), scales.half(), minimums.half())
+
+
+def check(method, m, n, k, dtype, with_bias=True):
+    weight, (qweight, scales, minimums) = quantized(method, n, k)
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    bias = torch.randn(n, device=DEVICE).to(dtype) if with_bias else None
+    got = weight_only_matmul(x, qweight, scales, bias, minimums, GROUP_SIZE)
+    expected = weight_only_matmul_reference(x, qweight, scales, bias, minimums, GROUP_SIZE)
+    assert got.shape == (m, n) and got.dtype == dtype and torch.isfinite(got).all()
+    scale = expected.float().abs().max().item()
+    torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE[dtype] * scale, rtol=0)
+    # against the float weight: the format's own error, far from a wrong answer
+    exact = x.float() @ weight.t() + (0 if bias is None else bias.float())
+    assert (got.float() - exact).abs().max() <= (0.02 if method == "int8" else 0.15) * exact.abs().max()
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 5, 33])  # one row (decode), a few, more than one 32-row tile
+def test_matches_dequantized_reference(method, dtype, m):
+    check(method, m, 200, 576, dtype)  # 576 = SmolLM2's hidden: a partial K block and a partial N block
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_without_bias_and_with_large_m_fallback(method):
+    check(method, 3, 64, 256, torch.float16, with_bias=False)
+    check(method, FUSED_MAX_ROWS + 6, 96, 256, torch.float32)  # prefill: dequantize + torch matmul
+
+
+def test_dequantize_int4_kernel_is_exact():
+    _, (qweight, scales, minimums) = quantized("int4", 70, 320)
+    got = dequantize_int4(qweight, scales, minimums, GROUP_SIZE, torch.float32)
+    assert torch.equal(got, dequantize_reference(qweight, scales, minimums, GROUP_SIZE))
+
+
+def test_packing_keeps_every_code():
+    codes = torch.randint(0, 16, (3, 64), dtype=torch.uint8)
+    packed = pack_int4_codes(codes)
+    assert packed.shape == (3, 32)
+    ones = torch.ones(3, 2)
+    assert torch.equal(dequantize_reference(packed, ones, torch.zeros(3, 2), 32), codes.float())
+
+
+def test_mismatched_shapes_are_refused():
+    _, (qweight, scales, _) = quantized("int8", 64, 128)
+    with pytest.raises(ValueError, match="does not fit"):
+        weight_only_matmul(torch.zeros(2, 96, device=DEVICE), qweight, scales)
+
+
+@gpu_only
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("m", [1, 16, 64, 256])
+@pytest.mark.parametrize("n, k", [(4096, 4096), (2 * 14336, 4096), (4096, 14336)])
+def test_llama_8b_shapes(method, m, n, k):
+    check(method, m, n, k, torch.bfloat16)
+
+
+@gpu_only
+def test_replayed_from_a_cuda_graph_equals_eager():
+    _, (qweight, scales, minimums) = quantized("int4", 4096, 4096)
+    x = torch.randn(4, 4096, device=DEVICE, dtype=torch.bfloat16)
+    eager = weight_only_matmul(x, qweight, scales, None, minimums, GROUP_SIZE)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = weight_only_matmul(x, qweight, scales, None, minimums, GROUP_SIZE)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert torch.equal(captured, weight_only_matmul(x, qweight, scales, None, minimums, GROUP_SIZE))
+    assert not torch.equal(captured, eager)

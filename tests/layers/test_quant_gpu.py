@@ -1,0 +1,59 @@
+"""The GPU quantized linears (layers/quantization/gpu.py) against the float linear: on a CPU their Triton kernels
+run in the interpreter (fp8 is refused there, with the fix named); on a GPU at real shapes, fp8 included."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+from fasterllm.layers.quantization.gpu import (  # noqa: E402
+    FP8Linear, Int4GPULinear, Int8GPULinear, W8A8GPULinear, check_fp8_device)
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+HOPPER = DEVICE.type == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+DTYPE = torch.bfloat16 if DEVICE.type == "cuda" else torch.float16  # the interpreter's bf16 dot is wrong
+# relative error of the output each format allows (random weights, std 0.05; activations N(0, 1))
+FORMATS = {"int8": (Int8GPULinear, 0.015), "int4": (Int4GPULinear.from_float, 0.1), "w8a8": (W8A8GPULinear, 0.02)}
+if HOPPER:
+    FORMATS["fp8"] = (FP8Linear, 0.08)
+
+
+def relative_error(make, tokens, n, k):
+    torch.manual_seed(0)
+    weight = (torch.randn(n, k, device=DEVICE) * 0.05).to(DTYPE)
+    bias = torch.randn(n, device=DEVICE).to(DTYPE)
+    x = torch.randn(2, tokens, k, device=DEVICE).to(DTYPE)  # leading dims are kept
+    got = make(weight, bias)(x)
+    assert got.shape == (2, tokens, n) and got.dtype == DTYPE and torch.isfinite(got).all()
+    exact = F.linear(x.float(), weight.float(), bias.float())
+    return ((got.float() - exact).norm() / exact.norm()).item()
+
+
+@pytest.mark.parametrize("method", list(FORMATS))
+@pytest.mark.parametrize("tokens", [1, 40])  # a decode row (split-K) and more rows than one kernel tile
+def test_close_to_the_float_linear(method, tokens):
+    make, allowed = FORMATS[method]
+    assert relative_error(make, tokens, 96, 576) <= allowed
+
+
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="the CPU refusal")
+def test_fp8_is_refused_off_hopper_with_the_fix():
+    with pytest.raises(ValueError, match="Hopper.*'int8'"):
+        check_fp8_device(torch.device("cpu"))
+    with pytest.raises(ValueError, match="Hopper"):
+        FP8Linear(torch.randn(32, 32), None)
+
+
+@pytest.mark.skipif(not HOPPER, reason="fp8 needs a Hopper GPU")
+def test_fp8_refuses_widths_scaled_mm_cannot_take():
+    with pytest.raises(ValueError, match="multiples of 16"):
+        FP8Linear(torch.randn(40, 24, device=DEVICE, dtype=DTYPE), None)
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="real model shapes need a GPU")
+@pytest.mark.parametrize("method", list(FORMATS))
+@pytest.mark.parametrize("tokens", [1, 64, 512])
+def test_llama_8b_projection(method, tokens):
+    make, allowed = FORMATS[method]
+    assert relative_error(make, tokens, 6144, 4096) <= allowed
