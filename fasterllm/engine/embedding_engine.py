@@ -40,7 +40,7 @@ class EmbeddingEngine:
             raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} is below max_model_len="
                              f"{self.max_model_len}: a longest input would not fit a batch; raise it or lower "
                              "max_model_len")
-        self.runner = EncoderRunner(checkpoint, self.device, self.dtype)
+        self.runner = EncoderRunner(checkpoint, self.device, self.dtype, self.max_model_len, args.enforce_eager)
         logger.info("embedding engine ready in %.1fs: %s (%s pooling%s), %s on %s, max_model_len %d",
                     time.perf_counter() - start, self.model_name, self.pooling.mode,
                     ", normalised" if self.pooling.normalize else "", str(self.dtype).removeprefix("torch."),

@@ -48,7 +48,9 @@ def varlen_attention_triton(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seq
                             num_heads: int) -> torch.Tensor:
     """qkv: [total_tokens, 3 * hidden] (q, k, v side by side); cu_seqlens: [num_seqs + 1] int32 on qkv's device.
 
-    Returns [total_tokens, hidden]: softmax(q k^T / sqrt(head_dim)) v within each sequence.
+    Returns [total_tokens, hidden]: softmax(q k^T / sqrt(head_dim)) v within each sequence. max_seqlen need only
+    bound the lengths (programs past a sequence's end return at once), so a CUDA graph can fix it; rows of qkv
+    that belong to no sequence (a graph's padding) are left unwritten.
     """
     total, three_hidden = qkv.shape
     hidden = three_hidden // 3

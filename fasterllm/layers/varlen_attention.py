@@ -24,17 +24,9 @@ class SequenceRun:
 class VarlenBatch:
     """Where each sequence of a packed batch starts and ends (the prefix sums of its lengths)."""
 
-    seq_lens: list[int]
     cu_seqlens: torch.Tensor  # [num_seqs + 1] int32 on the model's device, for kernels and pooling
-    runs: list[SequenceRun]
-
-    @property
-    def num_tokens(self) -> int:
-        return int(sum(self.seq_lens))
-
-    @property
-    def max_seqlen(self) -> int:
-        return max(self.seq_lens)
+    max_seqlen: int  # no sequence is longer (the GPU kernel's grid covers this many rows of each)
+    runs: list[SequenceRun]  # for the torch path; a CUDA graph's batch, whose lengths change per replay, has none
 
     @classmethod
     def from_lengths(cls, seq_lens: list[int], device: torch.device, cu_seqlens: torch.Tensor | None = None
@@ -54,7 +46,7 @@ class VarlenBatch:
             cu.append(cu[-1] + length)
         if cu_seqlens is None:
             cu_seqlens = torch.tensor(cu, dtype=torch.int32, device=device)
-        return cls(list(seq_lens), cu_seqlens, runs)
+        return cls(cu_seqlens, max(seq_lens), runs)
 
 
 def varlen_attention(qkv: torch.Tensor, batch: VarlenBatch, num_heads: int) -> torch.Tensor:

@@ -1,20 +1,25 @@
-"""The device side of embeddings: pack a batch of token-id lists, run the encoder, pool."""
+"""The device side of embeddings: pack a batch of token-id lists, run the encoder (eager, or a CUDA graph's
+replay for small batches on a GPU), pool."""
 from __future__ import annotations
 
 import time
-from itertools import chain
 
-import numpy as np
 import torch
 
 from fasterllm.layers.pooling import pool
 from fasterllm.layers.varlen_attention import VarlenBatch
 from fasterllm.loader.encoder_checkpoint import EncoderCheckpoint
 from fasterllm.models.bert import BertModel
+from fasterllm.worker.encoder_graphs import EncoderGraphs
+from fasterllm.worker.encoder_inputs import split_staged, stage_packed_inputs
+
+# the largest batch that gets a CUDA graph: past it the GPU's work outlasts launching it from Python
+GRAPH_MAX_TOKENS = 8192
 
 
 class EncoderRunner:
-    def __init__(self, checkpoint: EncoderCheckpoint, device: torch.device, dtype: torch.dtype):
+    def __init__(self, checkpoint: EncoderCheckpoint, device: torch.device, dtype: torch.dtype, max_model_len: int,
+                 enforce_eager: bool = False):
         start = time.perf_counter()
         self.device = device
         self.pooling = checkpoint.pooling
@@ -25,30 +30,23 @@ class EncoderRunner:
         if device.type == "cpu":
             model.pack_for_cpu()
         self.model = model.eval()
+        use_graphs = device.type == "cuda" and not enforce_eager
+        self.graphs = EncoderGraphs(self.model, device, max_model_len, GRAPH_MAX_TOKENS) if use_graphs else None
         self.load_seconds = time.perf_counter() - start
 
     @torch.inference_mode()
     def embed(self, token_ids: list[list[int]]) -> torch.Tensor:
         """One packed forward pass over these sequences -> pooled vectors [num_seqs, hidden], fp32, left on the
         model's device: nothing here waits for the device, so the host can stage the next batch meanwhile."""
-        lengths = [len(ids) for ids in token_ids]
-        flat_ids, positions, cu_seqlens = self._stage_inputs(token_ids, lengths)
-        batch = VarlenBatch.from_lengths(lengths, self.device, cu_seqlens)
-        hidden = self.model(flat_ids, positions, batch)
-        return pool(hidden, batch.cu_seqlens, self.pooling)
+        if self.graphs is not None and self.graphs.fits(sum(map(len, token_ids))):
+            hidden, cu_seqlens = self.graphs.forward(token_ids)
+        else:
+            hidden, cu_seqlens = self._eager_forward(token_ids)
+        return pool(hidden, cu_seqlens, self.pooling)
 
-    def _stage_inputs(self, token_ids: list[list[int]], lengths: list[int]
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Token ids, each token's position in its sequence, and cu_seqlens, built on the host and sent in one
-        copy (from pinned memory on a GPU, without waiting)."""
-        seq_lens = np.asarray(lengths, dtype=np.int32)
-        total, count = int(seq_lens.sum()), len(lengths)
-        host = torch.empty(2 * total + count + 1, dtype=torch.int32, pin_memory=self.device.type == "cuda")
-        staged = host.numpy()
-        staged[:total] = np.fromiter(chain.from_iterable(token_ids), dtype=np.int32, count=total)
-        cu_seqlens = staged[2 * total:]
-        cu_seqlens[0] = 0
-        np.cumsum(seq_lens, out=cu_seqlens[1:])
-        staged[total:2 * total] = np.arange(total, dtype=np.int32) - np.repeat(cu_seqlens[:-1], seq_lens)
-        device_copy = host.to(self.device, non_blocking=True)
-        return device_copy[:total], device_copy[total:2 * total], device_copy[2 * total:]
+    def _eager_forward(self, token_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        lengths = [len(ids) for ids in token_ids]
+        staged = stage_packed_inputs(token_ids, sum(lengths), len(lengths), pin=self.device.type == "cuda")
+        ids, positions, cu_seqlens = split_staged(staged.to(self.device, non_blocking=True), sum(lengths))
+        batch = VarlenBatch.from_lengths(lengths, self.device, cu_seqlens)
+        return self.model(ids, positions, batch), cu_seqlens

@@ -32,3 +32,18 @@ def test_kernel_matches_sdpa_per_sequence(lengths, heads, head_dim, dtype):
     expected = varlen_attention_sdpa(qkv.float(), batch, heads)
     tolerance = 2e-5 if dtype == torch.float32 else 2e-2  # half types: rounding of p before p @ v
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_with_a_length_bound_and_padding_as_a_cuda_graph_runs_it(dtype):
+    """A graph fixes max_seqlen at the model's limit and pads with rows of no sequence and empty sequences:
+    the real rows still match SDPA per sequence."""
+    torch.manual_seed(0)
+    lengths, heads, head_dim, bound = [3, 20, 1], 2, 16, 64
+    exact = VarlenBatch.from_lengths(lengths, DEVICE)
+    qkv = torch.randn(32, 3 * heads * head_dim, device=DEVICE).to(dtype)  # 24 real rows, 8 padding rows
+    cu_seqlens = torch.tensor([0, 3, 23, 24, 24, 24], dtype=torch.int32, device=DEVICE)  # two empty sequences
+    got = varlen_attention_triton(qkv, cu_seqlens, bound, heads)
+    expected = varlen_attention_sdpa(qkv[:24].float(), exact, heads)
+    tolerance = 2e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got[:24].float(), expected, atol=tolerance, rtol=tolerance)
