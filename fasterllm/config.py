@@ -63,7 +63,7 @@ class EngineArgs:
     num_kv_blocks: int | None = None
     max_num_seqs: int = 128
     max_num_batched_tokens: int | None = None
-    enforce_eager: bool = False  # True: no CUDA graphs (every decode step launched from Python)
+    enforce_eager: bool = False  # True: no CUDA graphs (decode steps, encoder batches: launched from Python)
     # "dummy": random weights of the checkpoint's shape (config.json alone is enough): for benchmarks
     load_format: str = "auto"
     quantization: str | None = None  # "int8": weight-only INT8 per output channel (CPU), quantized at load

@@ -34,7 +34,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="CPU pool for preemption by swap")
     g.add_argument("--long-prefill-token-threshold", type=int, default=defaults.long_prefill_token_threshold,
                    help="most prompt tokens one request takes per step (0 = no cap)")
-    g.add_argument("--enforce-eager", action="store_true", help="GPU: no CUDA graphs for decode steps")
+    g.add_argument("--enforce-eager", action="store_true", help="GPU: no CUDA graphs (decode steps, encoder batches)")
     g.add_argument("--quantization", choices=["int8"], default=None,
                    help="int8: weight-only INT8 per output channel, quantized at load (CPU)")
     g.add_argument("--load-format", choices=["auto", "dummy"], default=defaults.load_format,
