@@ -1,8 +1,8 @@
 """Where the packed encoder's time goes on a GPU, next to transformers': one run answers it.
 
 For each workload (an encoder shape with random bf16 weights, a number of mixed-length sentences):
-1. end-to-end sentences/s of ours and of transformers (input order, length-sorted), interleaved medians, exactly
-   as `fasterllm bench-embed` measures them;
+1. end-to-end sentences/s of ours (CUDA graphs where a batch fits one, and enforce_eager) and of transformers
+   (input order, length-sorted), interleaved medians, exactly as `fasterllm bench-embed` measures them;
 2. the phases of one call of ours (host clock): tokenize, queue every batch's forward pass, wait for the device
    and copy the vectors back, turn them into Python lists;
 3. tokens and GEMM work: real tokens (ours) against the padded tokens transformers computes;
@@ -112,18 +112,21 @@ def print_profile(name: str, run, sentences: list[str], device: torch.device, ro
 def profile_workload(shape: str, num_sentences: int, repeats: int, args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix=f"random-{shape}-") as directory:
         make_random_encoder(Path(directory), shape)
-        llm = LLM(model=directory, task="embed", device=args.device, dtype=args.dtype,
-                  enforce_eager=args.enforce_eager)
+        llm = LLM(model=directory, task="embed", device=args.device, dtype=args.dtype)
+        eager = LLM(model=directory, task="embed", device=args.device, dtype=args.dtype, enforce_eager=True)
         device = llm.engine.device
         sentences = mixed_sentences(word_vocabulary(llm), num_sentences, 3, 120, seed=0)
         print(f"\n===== {shape}, {num_sentences} sentences, {args.dtype} on {device} "
-              f"(max_num_batched_tokens {llm.engine.max_num_batched_tokens}, enforce_eager {args.enforce_eager})")
+              f"(max_num_batched_tokens {llm.engine.max_num_batched_tokens})")
 
         def ours(batch: list[str]) -> list:
             return llm.embed(batch, truncate_prompt_tokens=-1, use_tqdm=False)
 
         hf_input_order = hf_embedder(llm, args.hf_batch_size, sort_by_length=False)
-        runners = {"fasterllm": ours, "transformers, input order": hf_input_order,
+        runners = {"fasterllm": ours,
+                   "fasterllm, enforce_eager": lambda batch: eager.embed(batch, truncate_prompt_tokens=-1,
+                                                                          use_tqdm=False),
+                   "transformers, input order": hf_input_order,
                    "transformers, length-sorted": hf_embedder(llm, args.hf_batch_size, sort_by_length=True)}
         report_interleaved_runs(runners, sentences, repeats, device)
         print_phases(llm, sentences)
@@ -139,7 +142,6 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--hf-batch-size", type=int, default=32)
-    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for ours")
     parser.add_argument("--rows", type=int, default=15, help="rows of each profiler table")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, "
