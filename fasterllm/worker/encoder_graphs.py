@@ -64,7 +64,8 @@ class EncoderGraphs:
         self.model(token_ids, positions, batch)  # compiles the Triton kernels and lets cuBLAS pick, before capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: the server's generating engine may launch work from its own thread meanwhile
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             hidden = self.model(token_ids, positions, batch)
         captured = _CapturedForward(graph, inputs, hidden, cu_seqlens)
         self.captured[(token_capacity, seq_capacity)] = captured
