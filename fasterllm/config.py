@@ -66,7 +66,8 @@ class EngineArgs:
     enforce_eager: bool = False  # True: no CUDA graphs (decode steps, encoder batches: launched from Python)
     # "dummy": random weights of the checkpoint's shape (config.json alone is enough): for benchmarks
     load_format: str = "auto"
-    quantization: str | None = None  # "int8": weight-only INT8 per output channel (CPU), quantized at load
+    # "int8" | "int4" | "w8a8" | "fp8" | "gguf" (a GGUF's Q4 blocks as they are): layers/quantization/
+    quantization: str | None = None
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"  # or "swap": copy a preempted request's KV to a CPU pool
     swap_space_gib: float = 4.0  # size of that CPU pool
@@ -75,9 +76,14 @@ class EngineArgs:
     task: str = "generate"  # or "embed": an encoder (BERT family) that returns one vector per input
 
     def validate(self) -> None:
-        if self.quantization not in (None, "int8"):
-            raise ValueError(f"quantization={self.quantization!r} is not supported; supported: 'int8' (weight-only, "
-                             "CPU) or None (w8a8, int4 and fp8 are not built yet)")
+        from fasterllm.layers.quantization import QUANTIZED_LINEARS  # torch layers: imported when needed
+
+        if self.quantization is not None and self.quantization not in QUANTIZED_LINEARS:
+            raise ValueError(f"quantization={self.quantization!r} is not supported; supported: "
+                             f"{', '.join(repr(m) for m in QUANTIZED_LINEARS)} or None (no quantization)")
+        if self.quantization == "gguf" and self.load_format == "dummy":
+            raise ValueError("quantization='gguf' runs a GGUF file's own blocks, which load_format='dummy' does not "
+                             "read; use quantization='int4' for random weights")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format={self.load_format!r} must be 'auto' (read the checkpoint) or 'dummy' "
                              "(random weights of its shape)")

@@ -13,6 +13,7 @@ from fasterllm.engine.kv_cache_manager import KVCacheManager, SwapSpace
 from fasterllm.engine.output_processor import OutputProcessor
 from fasterllm.engine.request import Request
 from fasterllm.engine.scheduler import Scheduler
+from fasterllm.layers.quantization import check_supported
 from fasterllm.loader.checkpoint import open_checkpoint
 from fasterllm.outputs import RequestOutput
 from fasterllm.sampling_params import BeamSearchParams, SamplingParams
@@ -56,8 +57,7 @@ class Engine:
         self.args = args
         self.device = args.resolve_device()
         self.dtype = args.resolve_dtype(self.device)
-        if args.quantization == "int8" and self.device.type != "cpu":  # refused before loading any weight
-            raise ValueError("quantization='int8' runs on the CPU only so far; drop it on a GPU")
+        check_supported(args.quantization, self.device)  # refused before loading any weight
         torch.manual_seed(args.seed)
         checkpoint = open_checkpoint(args.model, args.tokenizer)
         self.source = checkpoint.source

@@ -30,13 +30,13 @@ class PackedCPULinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed_weight, self.bias, "none", [], "")
 
 
-def replace_linears(module: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> None:
-    """Replace every nn.Linear under module (in place) with make(linear)."""
+def replace_linears(module: nn.Module, make: Callable[[nn.Module], nn.Module], kind: type = nn.Linear) -> None:
+    """Replace every module of type kind (nn.Linear unless told) under module, in place, with make(it)."""
     for name, child in module.named_children():
-        if isinstance(child, nn.Linear):
+        if isinstance(child, kind):
             setattr(module, name, make(child))
         else:
-            replace_linears(child, make)
+            replace_linears(child, make, kind)
 
 
 def pack_linears(module: nn.Module) -> None:

@@ -21,6 +21,16 @@ class Checkpoint:
     config: ModelConfig
     tokenizer: TokenizerWrapper
     weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]  # Hugging Face names
+    # a GGUF whose projections are all Q4_0/Q4_1: the same stream with those kept as blocks (quantization='gguf')
+    q4_block_weights: Callable[[], Iterator[tuple[str, torch.Tensor]]] | None = None
+
+    def require_q4_block_weights(self) -> Callable[[], Iterator[tuple[str, torch.Tensor]]]:
+        if self.q4_block_weights is None:
+            kind = "GGUF file whose projections are not all Q4_0/Q4_1" if self.source.format == "gguf" else \
+                f"{self.source.format} checkpoint, not a GGUF file"
+            raise ValueError(f"quantization='gguf' runs Q4_0/Q4_1 GGUF blocks as stored, but {self.source.path} is a "
+                             f"{kind}; use quantization='int4' (or 'int8') to quantize it at load instead")
+        return self.q4_block_weights
 
 
 def open_checkpoint(model: str | None, tokenizer: str | None = None) -> Checkpoint:
@@ -30,7 +40,8 @@ def open_checkpoint(model: str | None, tokenizer: str | None = None) -> Checkpoi
         config = gguf_file.model_config()
         tok = (load_gguf_tokenizer(gguf_file.metadata, config.eos_token_ids) if tokenizer is None
                else load_hf_tokenizer(resolve_model(tokenizer).path, config.eos_token_ids))
-        return Checkpoint(source, config, tok, gguf_file.iter_weights)
+        q4_blocks = (lambda: gguf_file.iter_weights(keep_q4_blocks=True)) if gguf_file.projections_are_q4() else None
+        return Checkpoint(source, config, tok, gguf_file.iter_weights, q4_blocks)
     config = load_hf_config(source.path)
     model_class(config.architecture)  # an unsupported architecture is the first thing to report
     tok_dir = source.path if tokenizer is None else Path(resolve_model(tokenizer).path)

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from fasterllm.config import ModelConfig
+from fasterllm.loader.gguf_blocks import Q4_TYPES, unpack_q4_blocks
 
 # GGUF architecture -> (our model class name, whether llama.cpp permuted Q/K rows for interleaved RoPE)
 _ARCHITECTURES = {
@@ -99,8 +100,15 @@ class GGUFFile:
             rope_freq_factors=rope_freqs,
         )
 
-    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(Hugging Face name, float32 tensor) for every weight, with llama.cpp's Q/K permutation undone."""
+    def projections_are_q4(self) -> bool:
+        """Whether every decoder-layer projection is stored as Q4_0 / Q4_1 blocks."""
+        return all(t.tensor_type.name in Q4_TYPES for t in self.reader.tensors
+                   if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.shape) == 2)
+
+    def iter_weights(self, keep_q4_blocks: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """(Hugging Face name, float32 tensor) for every weight, with llama.cpp's Q/K permutation undone.
+        keep_q4_blocks: a Q4_0/Q4_1 projection comes as three row-indexed tensors instead, <module>.qcodes,
+        .qscales and .qmins (loader/gguf_blocks.py)."""
         cfg_heads = self.required(f"{self.arch}.attention.head_count")
         kv_heads = self.metadata.get(f"{self.arch}.attention.head_count_kv", cfg_heads)
         permuted = _ARCHITECTURES[self.arch][1]
@@ -108,12 +116,19 @@ class GGUFFile:
             if tensor.name == "rope_freqs.weight":
                 continue  # folded into the rotary embedding by model_config()
             name = _hf_name(tensor.name)
-            weight = torch.from_numpy(self._dequantize(tensor).copy())
-            if permuted and ".self_attn.q_proj." in name:
-                weight = _unpermute_rows(weight, cfg_heads)
-            elif permuted and ".self_attn.k_proj." in name:
-                weight = _unpermute_rows(weight, kv_heads)
-            yield name, weight
+            if keep_q4_blocks and tensor.name.startswith("blk.") and tensor.tensor_type.name in Q4_TYPES:
+                shape = tuple(int(d) for d in reversed(tensor.shape))
+                parts = unpack_q4_blocks(tensor.data, tensor.tensor_type.name, shape)
+                named = [(name.replace(".weight", suffix), part)
+                         for suffix, part in zip((".qcodes", ".qscales", ".qmins"), parts)]
+            else:
+                named = [(name, torch.from_numpy(self._dequantize(tensor).copy()))]
+            for part_name, weight in named:  # every row-indexed part is permuted alike
+                if permuted and ".self_attn.q_proj." in part_name:
+                    weight = _unpermute_rows(weight, cfg_heads)
+                elif permuted and ".self_attn.k_proj." in part_name:
+                    weight = _unpermute_rows(weight, kv_heads)
+                yield part_name, weight
 
     def _tensor(self, name: str):
         return next(t for t in self.reader.tensors if t.name == name)

@@ -12,7 +12,8 @@ from fasterllm.engine.request import Request
 from fasterllm.engine.scheduler import SchedulerOutput
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.linear import can_pack
-from fasterllm.layers.quantized_linear import quantize_linears_int8
+from fasterllm.layers.quantization import quantize_model
+from fasterllm.layers.quantization.gguf import prepare_gguf_linears
 from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.loader.dummy_weights import fill_dummy_weights
 from fasterllm.models.registry import model_class
@@ -42,10 +43,14 @@ class ModelRunner:
         self.model = model_class(self.model_config.architecture)(self.model_config, max_model_len, device, dtype)
         if load_format == "dummy":
             fill_dummy_weights(self.model)
+        elif quantization == "gguf":  # the projections take the file's Q4 blocks as stored
+            weights = checkpoint.require_q4_block_weights()
+            prepare_gguf_linears(self.model)
+            self.model.load_weights(weights())
         else:
             self.model.load_weights(checkpoint.weights())
-        if quantization == "int8":
-            quantize_linears_int8(self.model)  # the output head too (a tied head gets its own INT8 copy)
+        if quantization is not None:
+            quantize_model(self.model, quantization, device)  # the output head too (a tied head: a quantized copy)
         if can_pack(device, dtype):
             self.model.pack_for_cpu()
         self.load_seconds = time.perf_counter() - start

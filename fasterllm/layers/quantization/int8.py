@@ -10,8 +10,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fasterllm.layers.linear import replace_linears
-
 
 def quantize_int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """weight [N, K] -> (int8 [N, K], fp32 scales [N]) with weight ~= int8 * scale[:, None]."""
@@ -35,11 +33,3 @@ class Int8WeightOnlyLinear(nn.Module):
         if self.bias is not None:
             out = out + self.bias
         return out.view(*shape[:-1], self.out_features)
-
-
-def quantize_linears_int8(module: nn.Module) -> None:
-    """Replace every nn.Linear under module (in place) with its weight-only INT8 form; a model with a
-    tied output head (lm_head None, the embedding table used) gets an INT8 head of its own."""
-    if getattr(module, "lm_head", False) is None:
-        module.lm_head = Int8WeightOnlyLinear(module.embed_tokens.weight.detach(), None)
-    replace_linears(module, lambda linear: Int8WeightOnlyLinear(linear.weight.detach(), linear.bias))

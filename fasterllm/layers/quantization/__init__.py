@@ -1,0 +1,79 @@
+"""Quantized linear layers: the method registry and the one entry point, quantize_model.
+
+QUANTIZED_LINEARS maps a method name to {device type: factory}; a factory takes a float linear's
+(weight, bias) and returns the module that replaces it. A method with no entry for a device is
+refused on that device before any weight loads (check_supported). GPU classes are registered by
+adding a "cuda" entry to a method's dict (layers/quantization/gpu.py).
+
+Methods (all quantized at load from the float weights of any checkpoint, the output head included):
+  int8  weight-only INT8 per output channel                         int8.py
+  int4  weight-only 4-bit, groups of 32 with scale and offset        int4.py
+        (the output head: weight-only INT8, see KEPT_INT8)
+  w8a8  INT8 weights per channel + dynamic INT8 per-token activations w8a8.py
+        (down_proj and the output head: weight-only INT8, see KEPT_INT8)
+  fp8   e4m3 weights + dynamic per-token activations (Hopper GPUs)   no CPU path
+  gguf  a GGUF's own Q4_0/Q4_1 blocks repacked as int4 (no re-rounding); the other linears
+        (the output head) as int8                                     gguf.py
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from fasterllm.layers.linear import replace_linears
+from fasterllm.layers.quantization.gguf import repack_gguf_linears
+from fasterllm.layers.quantization.int4 import Int4WeightOnlyLinear
+from fasterllm.layers.quantization.int8 import Int8WeightOnlyLinear
+from fasterllm.layers.quantization.w8a8 import W8A8Linear
+
+LinearFactory = Callable[[torch.Tensor, "torch.Tensor | None"], nn.Module]
+
+QUANTIZED_LINEARS: dict[str, dict[str, LinearFactory]] = {
+    "int8": {"cpu": Int8WeightOnlyLinear},
+    "int4": {"cpu": Int4WeightOnlyLinear.from_float},
+    "w8a8": {"cpu": W8A8Linear},
+    "fp8": {},
+    "gguf": {"cpu": Int8WeightOnlyLinear},  # the linears a GGUF does not store as Q4 blocks
+}
+
+# Linears (by attribute name) that a method leaves as weight-only INT8 (measured on SmolLM2, RESULTS.md):
+# w8a8: down_proj's input, SiLU(gate) * up, has per-token outliers that per-token INT8 rounds too coarsely
+# (perplexity +1.1% with it quantized, +0.06% without). int4, w8a8: the output head decides every token
+# (4 bits there: +8.5%), and llama.cpp's Q4 files keep it at 6-8 bits too.
+KEPT_INT8 = {"w8a8": ("down_proj", "lm_head"), "int4": ("lm_head",)}
+
+
+def check_supported(method: str | None, device: torch.device) -> None:
+    """Raise a ValueError naming the method, where it runs and the fix, if it cannot run on device."""
+    if method is None:
+        return
+    if method not in QUANTIZED_LINEARS:
+        raise ValueError(f"quantization={method!r} is not supported; supported: "
+                         f"{', '.join(repr(m) for m in QUANTIZED_LINEARS)} or None")
+    if device.type not in QUANTIZED_LINEARS[method]:
+        where = [m for m, devices in QUANTIZED_LINEARS.items() if device.type in devices]
+        need = "an NVIDIA Hopper GPU (e4m3 through torch._scaled_mm)" if method == "fp8" else "another device"
+        raise ValueError(f"quantization={method!r} has no {device.type.upper()} kernels (it needs {need}); on "
+                         f"{device.type} use one of {', '.join(repr(m) for m in where) or 'none'} or drop it")
+
+
+def quantize_model(model: nn.Module, method: str, device: torch.device) -> None:
+    """Replace every nn.Linear under model (in place) with its quantized form for device; a tied output
+    head (lm_head None, the embedding table used) gets a quantized copy of its own."""
+    check_supported(method, device)
+    make = QUANTIZED_LINEARS[method][device.type]
+    if method == "gguf":
+        repack_gguf_linears(model)
+    if getattr(model, "lm_head", False) is None:
+        model.lm_head = nn.Linear(0, 0, bias=False, device="meta")  # quantized below, from the embedding table
+        model.lm_head.weight = model.embed_tokens.weight
+    if method in KEPT_INT8:
+        weight_only = QUANTIZED_LINEARS["int8"][device.type]
+        for parent in list(model.modules()):
+            for name in KEPT_INT8[method]:
+                child = getattr(parent, name, None)
+                if isinstance(child, nn.Linear):
+                    setattr(parent, name, weight_only(child.weight.detach(), child.bias))
+    replace_linears(model, lambda linear: make(linear.weight.detach(), linear.bias))

@@ -1,0 +1,55 @@
+"""Weight-only INT4 linear layers: asymmetric 4-bit codes in groups of 32 along the input dimension.
+
+Each group of 32 weights of a row keeps a scale and an offset (w ~= (code - 8) * scale + zero, codes
+0..15), the layout of torch's packed CPU kernel `_weight_int4pack_mm_for_cpu`, which dequantizes
+inside the matrix product with bf16/fp32 activations. Groups of 32 match GGUF's Q4_0/Q4_1 blocks,
+so those repack into this layer without rounding the codes (layers/quantization/gguf.py), and 32
+divides every SmolLM2 width (576 is not a multiple of 128).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+GROUP_SIZE = 32
+
+
+def quantize_int4_grouped(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> (codes uint8 [N, K] in 0..15, fp32 scales [N, K/32], fp32 minimums [N, K/32])
+    with weight ~= codes * scale + minimum per group (min/max rounding, as GGUF's Q4_1)."""
+    rows, cols = weight.shape
+    if cols % GROUP_SIZE:
+        raise ValueError(f"int4 needs an input width divisible by the group size {GROUP_SIZE}, got {cols}; "
+                         "use quantization='int8' for this model")
+    groups = weight.float().reshape(rows, cols // GROUP_SIZE, GROUP_SIZE)
+    low, high = groups.amin(dim=2), groups.amax(dim=2)
+    scales = ((high - low) / 15).clamp(min=1e-12)
+    codes = torch.round((groups - low[..., None]) / scales[..., None]).clamp(0, 15)
+    return codes.reshape(rows, cols).to(torch.uint8), scales, low
+
+
+class Int4WeightOnlyLinear(nn.Module):
+    """Built from codes, per-group scales and minimums (codes * scale + minimum): quantized from a
+    float weight by from_float, or repacked from GGUF blocks."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor,
+                 bias: torch.Tensor | None, dtype: torch.dtype):
+        super().__init__()
+        self.out_features = codes.shape[0]
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
+        # the kernel centres codes at 8: codes * s + m == (codes - 8) * s + (m + 8 s)
+        zeros = minimums.float() + 8 * scales.float()
+        self.scales_and_zeros = torch.stack([scales.float(), zeros], dim=-1).transpose(0, 1).contiguous().to(dtype)
+        self.bias = bias
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Int4WeightOnlyLinear:
+        return cls(*quantize_int4_grouped(weight), bias, weight.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1]).contiguous()
+        out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP_SIZE, self.scales_and_zeros)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*shape[:-1], self.out_features)
