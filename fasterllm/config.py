@@ -64,6 +64,9 @@ class EngineArgs:
     max_num_seqs: int = 128
     max_num_batched_tokens: int | None = None
     enforce_eager: bool = False  # True: no CUDA graphs (decode steps, encoder batches: launched from Python)
+    # launch the next decode step before reading this one's tokens, so host work overlaps the GPU's;
+    # None: on where it pays (CUDA), off on the CPU (its forward pass is synchronous anyway)
+    async_scheduling: bool | None = None
     # "dummy": random weights of the checkpoint's shape (config.json alone is enough): for benchmarks
     load_format: str = "auto"
     # "int8" | "int4" | "w8a8" | "fp8" | "gguf" (a GGUF's Q4 blocks as they are): layers/quantization/

@@ -12,12 +12,12 @@ from fasterllm.engine.beam_search import BeamSearch
 from fasterllm.engine.kv_cache_manager import KVCacheManager, SwapSpace
 from fasterllm.engine.output_processor import OutputProcessor
 from fasterllm.engine.request import Request
-from fasterllm.engine.scheduler import Scheduler
+from fasterllm.engine.scheduler import Scheduler, SchedulerOutput
 from fasterllm.layers.quantization import check_supported
 from fasterllm.loader.checkpoint import open_checkpoint
 from fasterllm.outputs import RequestOutput
 from fasterllm.sampling_params import BeamSearchParams, SamplingParams
-from fasterllm.worker.model_runner import ModelRunner
+from fasterllm.worker.model_runner import ModelRunner, ModelRunnerOutput
 
 logger = logging.getLogger("fasterllm")
 
@@ -91,6 +91,8 @@ class Engine:
         self.scheduler = Scheduler(self.scheduler_config, self.kv_cache, swap_space)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.requests: dict[str, Request] = {}
+        self.async_scheduling = self.device.type == "cuda" if args.async_scheduling is None else args.async_scheduling
+        self._in_flight: tuple[SchedulerOutput, ModelRunnerOutput] | None = None  # launched, tokens not read
         self.startup_seconds = {"total": time.perf_counter() - start, "weights": self.runner.load_seconds,
                                 "kv_sizing": profile_seconds, "cuda_graphs": graph_seconds}
         logger.info("engine ready in %.1fs (weights %.1fs, KV sizing %.1fs, CUDA graphs %.1fs): %s, %s on %s, "
@@ -257,14 +259,26 @@ class Engine:
 
     # ---- the loop -------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one step; return an output for every request that produced a token or finished."""
-        out = self.scheduler.schedule()
+        """Run one step; return an output for every request that produced a token or finished.
+
+        With asynchronous scheduling, the next decode step is launched before this step's tokens are
+        read: the host's work on them (detokenizing, stop checks, outputs) overlaps the GPU's next step."""
+        launched = self._in_flight or self._launch(self.scheduler.schedule())
+        self._in_flight = None
+        if launched is None:
+            return []
+        out, result = launched
+        if self.async_scheduling:
+            self._in_flight = self._launch_lookahead(out, result)
+        return self._finish_step(out, result)
+
+    def _launch(self, out: SchedulerOutput) -> tuple[SchedulerOutput, ModelRunnerOutput] | None:
         if out.swap_out or out.swap_in or out.copies:  # before the forward pass writes into any of them
             self.runner.move_blocks(out)
         if not out.scheduled:
-            return []
+            return None
         try:
-            result = self.runner.execute(out, self.kv_cache.block_tables)
+            return out, self.runner.execute(out, self.kv_cache.block_tables)
         except Exception as exc:
             # a failed sample or beam fails its whole request: the samples and beams not in this step too
             ids = list(dict.fromkeys(_added_as(item.request).request_id for item in out.scheduled))
@@ -272,16 +286,44 @@ class Engine:
             for request_id in ids:
                 self.abort_request(request_id, "error")
             raise StepFailedError(ids, exc) from exc
+
+    def _launch_lookahead(self, out: SchedulerOutput,
+                          result: ModelRunnerOutput) -> tuple[SchedulerOutput, ModelRunnerOutput] | None:
+        """Schedule and launch the next step now, each row's input being this step's sampled id still on
+        the device, when nothing needs this step's tokens on the host first: every request decodes one
+        row with no beam, fork or logit control (those read the tokens). A request that then ends in
+        this step wastes its lookahead row, which is dropped."""
+        sampled = result.sampler_output
+        if sampled is None or len(set(result.request_ids)) != len(result.request_ids) or any(
+                not item.samples or item.request.beam is not None or item.request.sampling_params.controls_logits
+                for item in out.scheduled):
+            return None
+        lookahead = self.scheduler.schedule_lookahead({rid: row for row, rid in enumerate(result.request_ids)})
+        if lookahead is None:
+            return None
+        try:
+            if lookahead.copies:
+                self.runner.move_blocks(lookahead)
+            return lookahead, self.runner.execute(lookahead, self.kv_cache.block_tables, sampled.token_ids)
+        except Exception:  # nothing was recorded: the next step schedules them again, synchronously
+            logger.warning("a lookahead step failed to launch; continuing synchronously", exc_info=True)
+            return None
+
+    def _finish_step(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[RequestOutput]:
+        """Read the step's tokens and account them: forks, beams, logprobs, stops, outputs."""
         sampled = result.sampler_output
         tokens = sampled.token_ids.tolist() if sampled is not None else []
         # a parent's extra rows (parallel sampling) become its children, sharing its blocks
-        rows: list[Request] = []
+        rows: list[Request | None] = []  # None: a lookahead row of a request that has ended since
         first_tokens: dict[str, int] = {}
         computed = {item.request.request_id: item.request.num_computed_tokens + item.num_new_tokens
                     for item in out.scheduled}
         beam_rows: list[tuple[int, Request]] = []
         for row, (request_id, token) in enumerate(zip(result.request_ids, tokens)):
-            request = self.requests[request_id]
+            request = self.requests.get(request_id)
+            if request is None or request.finished:
+                rows.append(None)
+                continue
             if request.beam is not None:
                 beam_rows.append((row, request))
             elif request_id in first_tokens:  # forked before update() can release the parent's blocks
@@ -299,7 +341,7 @@ class Engine:
         self._record_prompt_logprobs(result.prompt_logprobs)
         families: dict[str, Request] = {}  # head of each family that produced tokens, in row order
         for request, token in zip(rows, tokens):
-            if request.beam is not None:
+            if request is None or request.beam is not None:
                 continue
             stop = self.output_processor.new_tokens(request, [token])
             if stop is not None:
@@ -343,8 +385,8 @@ class Engine:
         return outputs
 
     def _record_logprobs(self, rows: list[Request], sampled) -> None:
-        wanted = [row for row, request in enumerate(rows)
-                  if request.sampling_params.logprobs is not None or request.sampling_params.ranks_samples]
+        wanted = [row for row, request in enumerate(rows) if request is not None
+                  and (request.sampling_params.logprobs is not None or request.sampling_params.ranks_samples)]
         if not wanted:  # only beam rows asked the sampler for logprobs: they read their own rows
             return
         ids, values, ranks = sampled.logprob_token_ids.tolist(), sampled.logprobs.tolist(), sampled.sampled_ranks.tolist()

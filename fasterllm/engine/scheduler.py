@@ -24,10 +24,18 @@ from fasterllm.engine.request import Request, RequestStatus
 class ScheduledRequest:
     request: Request
     num_new_tokens: int
+    # a lookahead step (asynchronous scheduling) is scheduled before the step in flight has appended its
+    # token: the one new token is that step's sampled id in row `input_row`, at position num_tokens
+    input_row: int | None = None
+    start: int = field(init=False)  # position of the first new token
     samples: bool = field(init=False)  # this chunk reaches the last known token: the step yields a new one
 
     def __post_init__(self) -> None:
-        self.samples = self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+        if self.input_row is None:
+            self.start = self.request.num_computed_tokens
+            self.samples = self.start + self.num_new_tokens == self.request.num_tokens
+        else:
+            self.start, self.samples = self.request.num_tokens, True
 
 
 @dataclass
@@ -105,6 +113,24 @@ class Scheduler:
             budget = self._swap_in(out, budget)
             if not self.swapped:  # swapped-out requests come back before new ones start
                 self._admit_waiting(out, budget)
+        out.copies = self.kv_cache.take_pending_copies()
+        return out
+
+    def schedule_lookahead(self, rows: dict[str, int]) -> SchedulerOutput | None:
+        """The next step, scheduled while the step in flight still runs (asynchronous scheduling): each
+        running request decodes the token that step samples for it in row rows[request_id]. A request at
+        its token limit after that token is left out (it finishes). Only for a plain step: nothing queued
+        to admit or swap in, every running request in flight, and blocks for all without preempting;
+        otherwise None, and the next step is scheduled once the tokens are read."""
+        if self.waiting or self.swapped or any(r.request_id not in rows for r in self.running):
+            return None
+        going_on = [r for r in self.running if len(r.output_token_ids) + 1 < r.max_tokens]
+        if not going_on or len(going_on) > self.config.max_num_batched_tokens:
+            return None
+        for request in going_on:  # the in-flight step's tokens were allocated; one more each
+            if not self.kv_cache.allocate_slots(request, request.num_tokens - request.num_computed_tokens + 1):
+                return None  # what was taken stays in the tables: the next step needs it anyway
+        out = SchedulerOutput([ScheduledRequest(r, 1, rows[r.request_id]) for r in going_on])
         out.copies = self.kv_cache.take_pending_copies()
         return out
 
@@ -197,6 +223,8 @@ class Scheduler:
         now = time.time()
         for item in out.scheduled:
             request = item.request
+            if request.finished:  # ended (a stop, an abort) after a lookahead step had been launched for it
+                continue
             request.num_computed_tokens += item.num_new_tokens
             self.kv_cache.cache_full_blocks(request)
             token = sampled.get(request.request_id)

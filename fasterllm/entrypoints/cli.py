@@ -35,6 +35,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--long-prefill-token-threshold", type=int, default=defaults.long_prefill_token_threshold,
                    help="most prompt tokens one request takes per step (0 = no cap)")
     g.add_argument("--enforce-eager", action="store_true", help="GPU: no CUDA graphs (decode steps, encoder batches)")
+    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="launch the next decode step before reading this one's tokens (default: on with CUDA)")
     g.add_argument("--quantization", choices=["int8", "int4", "w8a8", "fp8", "gguf"], default=None,
                    help="quantized at load: int8 / int4 weight-only, w8a8 (INT8 weights and activations), fp8 (Hopper "
                         "GPUs); gguf: a GGUF's Q4_0/Q4_1 blocks as stored (README: Quantization)")

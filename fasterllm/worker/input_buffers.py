@@ -2,8 +2,9 @@
 
 The device buffers never move, so a CUDA graph captured over slices of them replays with whatever a
 later step copied in; the copies are non-blocking (pinned memory), so staging never waits for the
-GPU. A pinned buffer is rewritten only in the next step, after that step's sampled ids were read,
-which waits for every copy before it.
+GPU. Two sets of pinned buffers take turns: with asynchronous scheduling a step is staged while the
+one before it may not have copied its inputs yet, but the step before that had its sampled ids read,
+which waited for every copy it queued.
 """
 from __future__ import annotations
 
@@ -29,9 +30,9 @@ class InputBuffers:
         self.max_tokens, self.max_seqs = max_tokens, max_seqs
         max_rows = 2 * max_tokens + max_seqs  # logits rows: samples (best_of at a first token) + prompt scoring
 
-        def pair(*shape: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-            host = torch.zeros(shape, dtype=dtype, pin_memory=True)
-            return host, torch.zeros(shape, dtype=dtype, device=device)
+        def pair(*shape: int, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
+            hosts = [torch.zeros(shape, dtype=dtype, pin_memory=True) for _ in range(2)]
+            return hosts, torch.zeros(shape, dtype=dtype, device=device)
 
         self.input_ids = pair(max_tokens, dtype=torch.long)
         self.positions = pair(max_tokens, dtype=torch.long)
@@ -40,6 +41,7 @@ class InputBuffers:
         self.block_tables = pair(max_seqs, max_blocks_per_seq, dtype=torch.int32)
         self.seq_lens = pair(max_seqs, dtype=torch.int32)
         self.query_start_loc = pair(max_seqs + 1, dtype=torch.int32)
+        self.turn = 0  # which pinned set this step writes
 
     def stage(self, token_ids: list[int], query_lens: list[int], seq_lens: list[int],
               block_tables: list[list[int]], logits_rows: list[int], padded_seqs: int | None = None) -> StagedBatch:
@@ -53,7 +55,9 @@ class InputBuffers:
         starts = np.zeros(num_seqs + 1, dtype=np.int64)
         np.cumsum(query, out=starts[1:])
         positions = np.arange(num_tokens) - np.repeat(starts[:-1] - (total - query), query)
-        tables = self.block_tables[0].numpy()
+        self.turn ^= 1
+        turn = self.turn
+        tables = self.block_tables[0][turn].numpy()
         for i, table in enumerate(block_tables):
             tables[i, :len(table)] = table
         width = max(len(t) for t in block_tables)
@@ -61,8 +65,8 @@ class InputBuffers:
         slots = tables[seq_index, positions // self.block_size].astype(np.int64) * self.block_size
         slots += positions % self.block_size
 
-        def fill(buffers: tuple[torch.Tensor, torch.Tensor], values, count: int, pad: int = 0) -> torch.Tensor:
-            host, device = buffers
+        def fill(buffers: tuple[list[torch.Tensor], torch.Tensor], values, count: int, pad: int = 0) -> torch.Tensor:
+            host, device = buffers[0][turn], buffers[1]
             array = host.numpy()
             array[:len(values)] = values
             array[len(values):count] = pad
@@ -72,13 +76,13 @@ class InputBuffers:
         input_ids = fill(self.input_ids, token_ids, tokens_out)
         positions_t = fill(self.positions, positions, tokens_out)
         slot_mapping = fill(self.slot_mapping, slots, tokens_out, pad=-1)
-        if len(logits_rows) <= self.logits_indices[0].numel():
+        if len(logits_rows) <= self.logits_indices[1].numel():
             logits_indices = fill(self.logits_indices, logits_rows, len(logits_rows) if padded_seqs is None else rows)
         else:  # many samples per prompt (large best_of) in an eager step: a tensor of its own
             logits_indices = host_to_device(logits_rows, torch.long, self.input_ids[1].device)
         seq_lens_t = fill(self.seq_lens, total, rows)
         query_start = fill(self.query_start_loc, starts, rows + 1, pad=num_tokens)
-        host_tables, device_tables = self.block_tables
+        host_tables, device_tables = self.block_tables[0][turn], self.block_tables[1]
         device_tables[:num_seqs, :width].copy_(host_tables[:num_seqs, :width], non_blocking=True)
         kernel = KernelInputs(device_tables[:rows], seq_lens_t, query_start, int(query.max()), self.sliding_window)
         meta = AttentionMetadata(positions_t, slot_mapping, num_tokens, [], None, kernel)

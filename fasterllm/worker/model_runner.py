@@ -18,7 +18,7 @@ from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.loader.dummy_weights import fill_dummy_weights
 from fasterllm.models.registry import model_class
 from fasterllm.worker.cuda_graphs import DecodeGraphs
-from fasterllm.worker.input_buffers import InputBuffers
+from fasterllm.worker.input_buffers import InputBuffers, host_to_device
 from fasterllm.worker.logit_controls import LogitControls
 from fasterllm.worker.sampler import SamplerOutput, SamplingMetadata, sample
 
@@ -138,16 +138,24 @@ class ModelRunner:
             self.kv_caches[:, :, device_blocks.to(self.device)] = self.swap_caches[:, :, cpu_blocks].to(self.device)
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> ModelRunnerOutput:
+    def execute(self, out: SchedulerOutput, block_tables: dict[str, list[int]],
+                previous_tokens: torch.Tensor | None = None) -> ModelRunnerOutput:
+        """One step. previous_tokens: the sampled ids of the step still in flight, which a lookahead step's
+        rows take their input token from (on the device: the host has not read them yet)."""
         token_ids: list[int] = []
         query_lens, seq_lens, tables = [], [], []
         logits_rows: list[int] = []
         sampling = []
         prompt_rows: list[tuple[Request, int, int, int]] = []  # request, first position, first row, count
+        carried: list[tuple[int, int]] = []  # (token row, row of previous_tokens) for lookahead rows
         for item in out.scheduled:
-            request, start = item.request, item.request.num_computed_tokens
+            request, start = item.request, item.start
             end = start + item.num_new_tokens
-            token_ids.extend(request.all_token_ids[start:end])
+            if item.input_row is None:
+                token_ids.extend(request.all_token_ids[start:end])
+            else:
+                carried.append((len(token_ids), item.input_row))
+                token_ids.append(0)  # replaced on the device
             query_lens.append(item.num_new_tokens)
             seq_lens.append(end)
             tables.append(block_tables[request.request_id])
@@ -160,7 +168,8 @@ class ModelRunner:
         device = self.device
         for _, _, first_row, count in prompt_rows:  # prompt-scoring rows go after the sampling rows
             logits_rows.extend(range(first_row, first_row + count))
-        logits = self._forward(token_ids, query_lens, seq_lens, tables, logits_rows)
+        logits = self._forward(token_ids, query_lens, seq_lens, tables, logits_rows,
+                               _carried_inputs(carried, previous_tokens, self.device))
         prompt_logprobs = self._prompt_logprobs(logits[len(sampling):], prompt_rows)
         if not sampling:
             return ModelRunnerOutput([], None, prompt_logprobs)
@@ -172,18 +181,24 @@ class ModelRunner:
         return ModelRunnerOutput([r.request_id for r in sampling], sample(logits, md), prompt_logprobs)
 
     def _forward(self, token_ids: list[int], query_lens: list[int], seq_lens: list[int], tables: list[list[int]],
-                 logits_rows: list[int]) -> torch.Tensor:
+                 logits_rows: list[int], carried: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """One forward pass -> fp32 logits of logits_rows: a CUDA graph for a decode batch that has one,
-        the Triton kernels eagerly for any other batch on a GPU, the torch path on the CPU."""
+        the Triton kernels eagerly for any other batch on a GPU, the torch path on the CPU. carried: (token
+        rows, their ids on the device) written over those rows' placeholder ids before the pass."""
         if self.buffers is None:
             meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, self.device,
                                            self.model_config.sliding_window)
-            return self.model(torch.tensor(token_ids), meta.positions, self.kv_caches, meta,
+            input_ids = torch.tensor(token_ids)
+            if carried is not None:
+                input_ids[carried[0]] = carried[1]
+            return self.model(input_ids, meta.positions, self.kv_caches, meta,
                               torch.tensor(logits_rows, dtype=torch.long))
         num_seqs = len(query_lens)
         decode = len(token_ids) == num_seqs and logits_rows == list(range(num_seqs))
         size = self.graphs.padded_size(num_seqs) if self.graphs is not None and decode else None
         batch = self.buffers.stage(token_ids, query_lens, seq_lens, tables, logits_rows, padded_seqs=size)
+        if carried is not None:  # after the staging copy, on the same stream
+            batch.input_ids[carried[0]] = carried[1]
         if size is not None:
             return self.graphs.replay(size, num_seqs)
         return self.model(batch.input_ids, batch.meta.positions, self.kv_caches, batch.meta, batch.logits_indices)
@@ -205,6 +220,16 @@ class ModelRunner:
             result[request.request_id] = (start, ids[row:row + count], values[row:row + count], ranks[row:row + count])
             row += count
         return result
+
+
+def _carried_inputs(carried: list[tuple[int, int]], previous_tokens: torch.Tensor | None,
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Lookahead rows' input ids, gathered from the previous step's sampled ids without reading them."""
+    if not carried:
+        return None
+    token_rows, source_rows = zip(*carried)
+    ids = previous_tokens[host_to_device(list(source_rows), torch.long, device)]
+    return host_to_device(list(token_rows), torch.long, device), ids
 
 
 def _row_generators(sampling: list[Request]) -> list[torch.Generator | None]:

@@ -1,0 +1,83 @@
+"""Asynchronous scheduling: the next decode step launched before this step's tokens are read.
+
+The engine with it must return exactly what the synchronous engine returns (tokens, texts, finish
+reasons, logprobs, seeded samples), also when requests arrive, stop on a string or eos, hit their
+token limit, are aborted, or need their tokens on the host (penalties) while a lookahead step is in
+flight; and every block comes back. Runs on the CPU, where async_scheduling=True takes the same path
+(the forward pass is merely synchronous there).
+"""
+import pytest
+
+from fasterllm import LLM, SamplingParams
+
+PROMPTS = ["The capital of France is", "Once upon a time", "def add(a, b):", "List three colours:",
+           "The quick brown fox", "In 1969, the first"]
+
+
+@pytest.fixture(scope="module")
+def engines():
+    def make(async_scheduling: bool) -> LLM:
+        return LLM(None, dtype="float32", device="cpu", max_model_len=256, num_kv_blocks=64, block_size=16,
+                   async_scheduling=async_scheduling)
+    return make(False), make(True)
+
+
+def lookahead_count(monkeypatch, llm) -> list[int]:
+    """Counts the lookahead steps the engine launched (to show the path under test really ran)."""
+    launched = [0]
+    scheduler = llm.engine.scheduler
+    original = scheduler.schedule_lookahead
+
+    def spy(rows):
+        out = original(rows)
+        launched[0] += out is not None
+        return out
+    monkeypatch.setattr(scheduler, "schedule_lookahead", spy)
+    return launched
+
+
+def summary(outputs):
+    return [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason,
+             [sorted(lp.items()) for lp in o.outputs[0].logprobs or []]) for o in outputs]
+
+
+def test_same_outputs_as_synchronous(engines, monkeypatch):
+    sync, lookahead = engines
+    params = [SamplingParams(temperature=0, max_tokens=12, logprobs=2),
+              SamplingParams(temperature=0, max_tokens=1),
+              SamplingParams(temperature=0.8, seed=7, max_tokens=10),
+              SamplingParams(temperature=0, max_tokens=30, stop=[","]),
+              SamplingParams(temperature=0, max_tokens=8, repetition_penalty=1.3),  # reads tokens on the host
+              SamplingParams(temperature=0.7, top_p=0.9, seed=3, max_tokens=16)]
+    launched = lookahead_count(monkeypatch, lookahead)
+    expected = sync.generate(PROMPTS, params, use_tqdm=False)
+    got = lookahead.generate(PROMPTS, params, use_tqdm=False)
+    assert summary(got) == summary(expected)
+    assert launched[0] > 0
+    assert lookahead.engine.kv_cache.usage == 0  # the dropped lookahead rows' blocks came back
+
+
+def test_staggered_arrivals_and_an_abort_in_flight(engines):
+    sync, lookahead = engines
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    ids = [lookahead.get_tokenizer().encode(p) for p in PROMPTS[:3]]
+
+    def run(llm, abort_at: int | None) -> dict[str, list[int]]:
+        engine, finished = llm.engine, {}
+        for step in range(200):
+            if step < 3:  # a new request before each of the first steps
+                engine.add_request(f"r{step}", ids[step], params)
+            if step == abort_at:
+                engine.abort_request("r1")
+            for output in engine.step():
+                if output.finished:
+                    finished[output.request_id] = output.outputs[0].token_ids
+            if step > 3 and not engine.has_unfinished_requests():
+                break
+        return finished
+
+    assert run(lookahead, None) == run(sync, None)
+    aborted = run(lookahead, abort_at=5)
+    assert "r1" not in aborted and aborted == {k: v for k, v in run(sync, None).items() if k != "r1"}
+    lookahead.engine.step()  # the last launched step, if any, is drained
+    assert lookahead.engine.kv_cache.usage == 0
