@@ -3,7 +3,7 @@
 QUANTIZED_LINEARS maps a method name to {device type: factory}; a factory takes a float linear's
 (weight, bias) and returns the module that replaces it. A method with no entry for a device is
 refused on that device before any weight loads (check_supported). GPU classes are registered by
-adding a "cuda" entry to a method's dict (layers/quantization/gpu.py).
+a "cuda" entry in a method's dict (layers/quantization/gpu.py, imported when first used).
 
 Methods (all quantized at load from the float weights of any checkpoint, the output head included):
   int8  weight-only INT8 per output channel                         int8.py
@@ -30,13 +30,23 @@ from fasterllm.layers.quantization.w8a8 import W8A8Linear
 
 LinearFactory = Callable[[torch.Tensor, "torch.Tensor | None"], nn.Module]
 
+
+def _gpu():
+    """The GPU layers (gpu.py), imported on first use: they need Triton, which a CPU install may lack."""
+    from fasterllm.layers.quantization import gpu
+    return gpu
+
+
 QUANTIZED_LINEARS: dict[str, dict[str, LinearFactory]] = {
-    "int8": {"cpu": Int8WeightOnlyLinear},
-    "int4": {"cpu": Int4WeightOnlyLinear.from_float},
-    "w8a8": {"cpu": W8A8Linear},
-    "fp8": {},
-    "gguf": {"cpu": Int8WeightOnlyLinear},  # the linears a GGUF does not store as Q4 blocks
+    "int8": {"cpu": Int8WeightOnlyLinear, "cuda": lambda w, b: _gpu().Int8GPULinear(w, b)},
+    "int4": {"cpu": Int4WeightOnlyLinear.from_float, "cuda": lambda w, b: _gpu().Int4GPULinear.from_float(w, b)},
+    "w8a8": {"cpu": W8A8Linear, "cuda": lambda w, b: _gpu().W8A8GPULinear(w, b)},
+    "fp8": {"cuda": lambda w, b: _gpu().FP8Linear(w, b)},
+    # the linears a GGUF does not store as Q4 blocks (the output head)
+    "gguf": {"cpu": Int8WeightOnlyLinear, "cuda": lambda w, b: _gpu().Int8GPULinear(w, b)},
 }
+# the int4 layer a GGUF's Q4 blocks are repacked into, per device (codes, scales, minimums, bias, dtype)
+GGUF_INT4 = {"cpu": Int4WeightOnlyLinear, "cuda": lambda *blocks: _gpu().Int4GPULinear(*blocks)}
 
 # Linears (by attribute name) that a method leaves as weight-only INT8 (measured on SmolLM2, RESULTS.md):
 # w8a8: down_proj's input, SiLU(gate) * up, has per-token outliers that per-token INT8 rounds too coarsely
@@ -57,6 +67,8 @@ def check_supported(method: str | None, device: torch.device) -> None:
         need = "an NVIDIA Hopper GPU (e4m3 through torch._scaled_mm)" if method == "fp8" else "another device"
         raise ValueError(f"quantization={method!r} has no {device.type.upper()} kernels (it needs {need}); on "
                          f"{device.type} use one of {', '.join(repr(m) for m in where) or 'none'} or drop it")
+    if method == "fp8":
+        _gpu().check_fp8_device(device)  # a CUDA GPU older than Hopper
 
 
 def quantize_model(model: nn.Module, method: str, device: torch.device) -> None:
@@ -65,7 +77,7 @@ def quantize_model(model: nn.Module, method: str, device: torch.device) -> None:
     check_supported(method, device)
     make = QUANTIZED_LINEARS[method][device.type]
     if method == "gguf":
-        repack_gguf_linears(model)
+        repack_gguf_linears(model, GGUF_INT4[device.type])
     if getattr(model, "lm_head", False) is None:
         model.lm_head = nn.Linear(0, 0, bias=False, device="meta")  # quantized below, from the embedding table
         model.lm_head.weight = model.embed_tokens.weight

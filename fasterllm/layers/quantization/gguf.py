@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from fasterllm.layers.linear import replace_linears
-from fasterllm.layers.quantization.int4 import GROUP_SIZE, Int4WeightOnlyLinear
+from fasterllm.layers.quantization.int4 import GROUP_SIZE
 
 
 class GGUFQ4Linear(nn.Module):
@@ -40,6 +40,7 @@ def prepare_gguf_linears(model: nn.Module) -> None:
     replace_linears(model.layers, GGUFQ4Linear)
 
 
-def repack_gguf_linears(model: nn.Module) -> None:
-    replace_linears(model, lambda held: Int4WeightOnlyLinear(held.qcodes, held.qscales, held.qmins, held.bias,
-                                                             held.dtype), kind=GGUFQ4Linear)
+def repack_gguf_linears(model: nn.Module, int4_linear) -> None:
+    """Each held projection as int4_linear (the device's int4 layer) over the same codes."""
+    replace_linears(model, lambda held: int4_linear(held.qcodes, held.qscales, held.qmins, held.bias, held.dtype),
+                    kind=GGUFQ4Linear)
