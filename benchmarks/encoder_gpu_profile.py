@@ -51,7 +51,10 @@ def print_phases(llm: LLM, sentences: list[str]) -> None:
     token_ids = engine.tokenize(sentences, truncate_prompt_tokens=-1)
     marks["tokenize (host)"] = time.perf_counter()
 
-    def batch_queued(_: int) -> None:
+    batch_sizes = []
+
+    def batch_queued(num_seqs: int) -> None:
+        batch_sizes.append(num_seqs)
         marks["queue forward passes (host)"] = time.perf_counter()
 
     vectors = engine.embed(token_ids, on_batch=batch_queued)
@@ -59,8 +62,8 @@ def print_phases(llm: LLM, sentences: list[str]) -> None:
     vectors.tolist()
     marks["vectors to Python lists (host)"] = time.perf_counter()
     previous = start
-    print(f"  phases of one call ({len(engine._token_budget_batches(list(range(len(token_ids))), token_ids))} "
-          f"batches of <= {engine.max_num_batched_tokens} tokens):")
+    print(f"  phases of one call ({len(batch_sizes)} batches of <= {engine.max_num_batched_tokens} tokens, "
+          f"{batch_sizes} sentences):")
     for name, mark in marks.items():
         print(f"    {name:34s} {(mark - previous) * 1e3:9.2f} ms")
         previous = mark

@@ -39,7 +39,8 @@ def test_graph_replays_match_eager_and_transformers(encoder_dir, dtype):
     sentences = mixed_sentences(word_vocabulary(graphed), 100, 1, 120, seed=3)  # ~6,400 tokens: one graph batch
     for batch in (sentences[:1], sentences[:7], sentences[:40], sentences):  # a different bucket each
         got, expected = _vectors(graphed, batch), _vectors(eager, batch)
-        assert F.cosine_similarity(got, expected).min() >= 0.99999
+        # padded GEMMs may take other cuBLAS kernels: bf16 roundings differ, fp32 ones barely
+        assert F.cosine_similarity(got, expected).min() >= (0.999999 if dtype == "float32" else 0.9999)
     assert len(graphed.engine.runner.graphs.captured) >= 4 and eager.engine.runner.graphs is None
     reference = _transformers_vectors(encoder_dir, graphed, sentences[:40], graphed.engine.dtype)
     assert F.cosine_similarity(_vectors(graphed, sentences[:40]), reference).min() >= 0.9999
