@@ -312,7 +312,7 @@ class Engine:
     def _finish_step(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[RequestOutput]:
         """Read the step's tokens and account them: forks, beams, logprobs, stops, outputs."""
         sampled = result.sampler_output
-        tokens = sampled.token_ids.tolist() if sampled is not None else []
+        tokens = sampled.host("token_ids").tolist() if sampled is not None else []
         # a parent's extra rows (parallel sampling) become its children, sharing its blocks
         rows: list[Request | None] = []  # None: a lookahead row of a request that has ended since
         first_tokens: dict[str, int] = {}
@@ -389,7 +389,7 @@ class Engine:
                   and (request.sampling_params.logprobs is not None or request.sampling_params.ranks_samples)]
         if not wanted:  # only beam rows asked the sampler for logprobs: they read their own rows
             return
-        ids, values, ranks = sampled.logprob_token_ids.tolist(), sampled.logprobs.tolist(), sampled.sampled_ranks.tolist()
+        ids, values, ranks = (sampled.host(name).tolist() for name in ("logprob_token_ids", "logprobs", "sampled_ranks"))
         for row in wanted:
             request = rows[row]
             params = request.sampling_params

@@ -178,7 +178,10 @@ class ModelRunner:
         beam_candidates = max((r.beam.num_candidates for r in sampling if r.beam is not None), default=0)
         md = SamplingMetadata.build([r.sampling_params for r in sampling], _row_generators(sampling), vocab,
                                     device, LogitControls.build(sampling, vocab, device), beam_candidates)
-        return ModelRunnerOutput([r.request_id for r in sampling], sample(logits, md), prompt_logprobs)
+        sampled = sample(logits, md)
+        if self.device.type == "cuda":
+            sampled.copy_to_host_async()
+        return ModelRunnerOutput([r.request_id for r in sampling], sampled, prompt_logprobs)
 
     def _forward(self, token_ids: list[int], query_lens: list[int], seq_lens: list[int], tables: list[list[int]],
                  logits_rows: list[int], carried: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

@@ -6,7 +6,7 @@ depend on what else is in the batch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -63,6 +63,26 @@ class SamplerOutput:
     logprob_token_ids: torch.Tensor | None = None
     logprobs: torch.Tensor | None = None
     sampled_ranks: torch.Tensor | None = None
+    _host: dict[str, torch.Tensor] = field(default_factory=dict)  # pinned copies, valid once _ready has passed
+    _ready: torch.cuda.Event | None = None
+
+    def copy_to_host_async(self) -> None:
+        """On a GPU: queue the copies to pinned host memory now, right behind this step's sampling, so
+        that reading them later waits for this step only, not for a lookahead step queued after it."""
+        for name in ("token_ids", "logprob_token_ids", "logprobs", "sampled_ranks"):
+            tensor = getattr(self, name)
+            if tensor is not None:
+                self._host[name] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+                self._host[name].copy_(tensor, non_blocking=True)
+        self._ready = torch.cuda.Event()
+        self._ready.record()
+
+    def host(self, name: str) -> torch.Tensor:
+        """The tensor `name` on the host (waiting for its copy if one was queued)."""
+        if self._ready is None:
+            return getattr(self, name)
+        self._ready.synchronize()
+        return self._host[name]
 
 
 def filtered_probs(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
