@@ -51,8 +51,9 @@ GGUF_INT4 = {"cpu": Int4WeightOnlyLinear, "cuda": lambda *blocks: _gpu().Int4GPU
 # Linears (by attribute name) that a method leaves as weight-only INT8 (measured on SmolLM2, RESULTS.md):
 # w8a8: down_proj's input, SiLU(gate) * up, has per-token outliers that per-token INT8 rounds too coarsely
 # (perplexity +1.1% with it quantized, +0.06% without). int4, w8a8: the output head decides every token
-# (4 bits there: +8.5%), and llama.cpp's Q4 files keep it at 6-8 bits too.
-KEPT_INT8 = {"w8a8": ("down_proj", "lm_head"), "int4": ("lm_head",)}
+# (4 bits there: +8.5%), and llama.cpp's Q4 files keep it at 6-8 bits too. fp8: with an e4m3 head SmolLM2 on
+# the H100 answered "L'Étoile" for the capital of France (vLLM keeps the head unquantized for fp8).
+KEPT_INT8 = {"w8a8": ("down_proj", "lm_head"), "int4": ("lm_head",), "fp8": ("lm_head",)}
 
 
 def check_supported(method: str | None, device: torch.device) -> None:
