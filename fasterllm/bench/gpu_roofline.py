@@ -42,10 +42,27 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 8192) -> f
     return 2 * size**3 / seconds
 
 
+def weight_bytes_per_step(model: torch.nn.Module) -> int:
+    """Bytes of weights one decode step reads: every tensor the modules hold (a quantized layer's codes and
+    scales too, which are not Parameters), less the input embedding table when a separate output head
+    exists (a step reads one row of it)."""
+    sizes: dict[int, int] = {}
+    for module in model.modules():
+        held = [*module._parameters.values(), *module._buffers.values(),
+                *(v for v in vars(module).values() if isinstance(v, torch.Tensor))]
+        for tensor in held:
+            if tensor is not None:  # keyed by storage: a tied table counts once (oneDNN-packed CPU tensors have none)
+                key = tensor.data_ptr() if not tensor.is_mkldnn else id(tensor)
+                sizes[key] = tensor.numel() * tensor.element_size()
+    if getattr(model, "lm_head", None) is not None:
+        sizes.pop(model.embed_tokens.weight.data_ptr(), None)
+    return sum(sizes.values())
+
+
 def print_roofline(engine: Engine, run: dict[str, float], tokens_processed: int) -> dict[str, float]:
     model = engine.runner.model
     parameters = sum(p.numel() for p in model.parameters())
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    weight_bytes = weight_bytes_per_step(model)
     bandwidth = copy_bandwidth(engine.device)
     peak = matmul_peak(engine.device, engine.dtype)
     achieved = weight_bytes / (run["tpot_median_ms"] / 1e3)
