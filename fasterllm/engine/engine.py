@@ -319,9 +319,11 @@ class Engine:
         computed = {item.request.request_id: item.request.num_computed_tokens + item.num_new_tokens
                     for item in out.scheduled}
         beam_rows: list[tuple[int, Request]] = []
+        # by object, not id: a lookahead row's request may have ended and its id been added again since
+        live = {item.request.request_id: item.request for item in out.scheduled if not item.request.finished}
         for row, (request_id, token) in enumerate(zip(result.request_ids, tokens)):
-            request = self.requests.get(request_id)
-            if request is None or request.finished:
+            request = live.get(request_id)
+            if request is None:
                 rows.append(None)
                 continue
             if request.beam is not None:

@@ -81,3 +81,24 @@ def test_staggered_arrivals_and_an_abort_in_flight(engines):
     assert "r1" not in aborted and aborted == {k: v for k, v in run(sync, None).items() if k != "r1"}
     lookahead.engine.step()  # the last launched step, if any, is drained
     assert lookahead.engine.kv_cache.usage == 0
+
+
+def test_a_reused_request_id_never_gets_a_dropped_lookahead_token(engines):
+    """A request ends while its lookahead row is in flight; the same id is added again at once: the new
+    request's tokens are its own (as the synchronous engine gives them), not the dropped row's."""
+    sync, lookahead = engines
+    ids = lookahead.get_tokenizer().encode(PROMPTS[1])
+    first, second = SamplingParams(temperature=0, max_tokens=3), SamplingParams(temperature=0, max_tokens=4)
+
+    def run(llm) -> list[int]:
+        engine = llm.engine
+        engine.add_request("same", ids, first)
+        while engine.has_unfinished_requests():
+            engine.step()
+        engine.add_request("same", ids[:3], second)
+        outputs = []
+        while engine.has_unfinished_requests():
+            outputs += engine.step()
+        return [o.outputs[0].token_ids for o in outputs if o.finished]
+
+    assert run(lookahead) == run(sync)
