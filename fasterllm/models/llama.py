@@ -34,7 +34,7 @@ class DecoderLayer(nn.Module):
         self.scale = self.head_dim ** -0.5
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None,
-                rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
+                rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor | None,
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """rope: the whole cos/sin table (kernels, GPU) or this step's (cos, sin) rows (torch path)."""
         hidden, residual = self.input_layernorm(hidden, residual)
@@ -47,7 +47,8 @@ class DecoderLayer(nn.Module):
             qk = apply_rotary(qkv[:, :self.num_heads + self.num_kv_heads], *rope)
             query, key = qk.split([self.num_heads, self.num_kv_heads], dim=1)
             value = qkv[:, self.num_heads + self.num_kv_heads:]
-            store_kv(kv_cache, key, value, meta)
+            if kv_cache is not None:  # None: a pass without a cache (embeddings), whole prompts, nothing kept
+                store_kv(kv_cache, key, value, meta)
             attention = paged_attention(query, key, value, kv_cache, meta, self.scale)
         hidden, residual = self.post_attention_layernorm(self.o_proj(attention), residual)
         return self.down_proj(silu_and_mul(self.gate_up_proj(hidden))), residual
@@ -76,14 +77,22 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,
                 meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """Flat batch of new tokens -> fp32 logits of the rows in logits_indices only."""
+        hidden = self.hidden_states(input_ids, positions, kv_caches, meta, logits_indices)
+        logits = F.linear(hidden, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(hidden)
+        return logits.float()
+
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor | None,
+                      meta: AttentionMetadata, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Flat batch of new tokens -> the final norm's output (what the output head reads) at `rows`, or at
+        every row when None. kv_caches=None: no cache (torch path only, every sequence a whole prompt)."""
         hidden = self.embed_tokens(input_ids)
         rope = self.rotary.cos_sin if meta.kernel is not None else self.rotary.cos_sin_for(positions)
         residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        for layer, kv_cache in zip(self.layers, kv_caches if kv_caches is not None else [None] * len(self.layers)):
             hidden, residual = layer(hidden, residual, rope, kv_cache, meta)
-        hidden, _ = self.norm(hidden[logits_indices], residual[logits_indices])
-        logits = F.linear(hidden, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(hidden)
-        return logits.float()
+        if rows is not None:
+            hidden, residual = hidden[rows], residual[rows]
+        return self.norm(hidden, residual)[0]
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
