@@ -52,9 +52,8 @@ class LLM:
         if not conversations:
             raise ValueError("chat() got no conversation; pass a list of {'role', 'content'} messages")
         tokenizer = self.engine.tokenizer
-        prompts = [{"prompt_token_ids": tokenizer.encode(
-            tokenizer.apply_chat_template(conv, add_generation_prompt, chat_template, **template_kwargs),
-            add_special_tokens=False)} for conv in conversations]
+        prompts = [{"prompt_token_ids": tokenizer.encode_chat(conv, add_generation_prompt, chat_template,
+                                                              **template_kwargs)} for conv in conversations]
         return self._run(prompts, _params_per_prompt(sampling_params, len(prompts)), use_tqdm)
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,

@@ -76,6 +76,8 @@ def test_float_and_base64_carry_the_same_vectors(llm):
     ({"input": "x", "encoding_format": "hex"}, "encoding_format", "'float' or 'base64'"),
     ({"input": "x", "dimensions": 64}, "dimensions", "dimensions=64 is not available"),
     ({"input": "x", "truncate_prompt_tokens": -5}, "truncate_prompt_tokens", "greater than or equal to -1"),
+    ({"input": "x", "truncate_prompt_tokens": 1000}, "truncate_prompt_tokens",
+     "truncate_prompt_tokens=1000 must be -1 (the model's limit) or in [1, max_model_len=256]"),
     ({"input": "x", "temperature": 1}, "temperature", "Extra inputs are not permitted"),
 ])
 def test_bad_requests_name_the_field(llm, body, param, message):

@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from fasterllm.bench.stats import percentile
 from fasterllm.config import EngineArgs
 from fasterllm.engine.engine import Engine
 from fasterllm.sampling_params import BeamSearchParams, SamplingParams
@@ -57,15 +58,14 @@ def run_engine(engine: Engine, prompts: list[list[int]], output_len: int,
         peak_blocks = max(peak_blocks, engine.kv_cache.num_blocks - engine.kv_cache.num_free_blocks)
     elapsed = time.perf_counter() - start
     ttft = [o.metrics.time_to_first_token for o in finished if o.request_id in token_times]
-    itl = sorted(b - a for times in token_times.values() for a, b in zip(times, times[1:]))
+    itl = [b - a for times in token_times.values() for a, b in zip(times, times[1:])]
     tpot = [(times[-1] - times[0]) / (len(times) - 1) for times in token_times.values() if len(times) > 1]
     return {"seconds": elapsed, "requests_per_s": len(prompts) / elapsed,
             "output_tokens_per_s": len(prompts) * output_len * sequences / elapsed,
             "ttft_median_ms": 1e3 * statistics.median(ttft), "ttft_max_ms": 1e3 * max(ttft),
             "tpot_median_ms": 1e3 * statistics.median(tpot) if tpot else float("nan"),
-            "itl_p50_ms": 1e3 * itl[len(itl) // 2] if itl else float("nan"),
-            "itl_p99_ms": 1e3 * itl[min(len(itl) - 1, int(0.99 * len(itl)))] if itl else float("nan"),
-            "itl_max_ms": 1e3 * itl[-1] if itl else float("nan"),
+            "itl_p50_ms": 1e3 * percentile(itl, 50), "itl_p99_ms": 1e3 * percentile(itl, 99),
+            "itl_max_ms": 1e3 * max(itl) if itl else float("nan"),
             "peak_kv_blocks": peak_blocks}
 
 

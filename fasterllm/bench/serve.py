@@ -17,6 +17,8 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from fasterllm.bench.stats import percentile
+
 # random prompt token ids are drawn from this range: above the special tokens and below the vocabulary
 # size of every model family we serve (SmolLM2 49152, Llama 3 128256, Qwen2 151936)
 _RANDOM_TOKEN_IDS = (1000, 30000)
@@ -86,13 +88,6 @@ def _served_model(base: urllib.parse.SplitResult, headers: dict[str, str]) -> st
         conn.close()
 
 
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
-
-
 def run_serve_bench(base_url: str, endpoint: str, num_prompts: int, input_len: int, output_len: int,
                     max_concurrency: int, request_rate: float, api_key: str | None = None,
                     model: str | None = None, seed: int = 0) -> dict[str, float]:
@@ -147,8 +142,8 @@ def _report(results: list[RequestResult], elapsed: float, num_prompts: int, max_
     output_tokens = sum(r.output_tokens for r in done)
     stats = {"seconds": elapsed, "completed": len(done), "failed": len(failed),
              "requests_per_s": len(done) / elapsed, "output_tokens_per_s": output_tokens / elapsed,
-             "ttft_p50_ms": 1e3 * _percentile(ttft, 50), "ttft_p99_ms": 1e3 * _percentile(ttft, 99),
-             "itl_p50_ms": 1e3 * _percentile(itl, 50), "itl_p99_ms": 1e3 * _percentile(itl, 99),
+             "ttft_p50_ms": 1e3 * percentile(ttft, 50), "ttft_p99_ms": 1e3 * percentile(ttft, 99),
+             "itl_p50_ms": 1e3 * percentile(itl, 50), "itl_p99_ms": 1e3 * percentile(itl, 99),
              "tpot_median_ms": 1e3 * statistics.median(tpot) if tpot else float("nan")}
     print(f"{num_prompts} requests, max concurrency {max_concurrency}, request rate {request_rate}/s: "
           f"{len(done)} completed, {len(failed)} failed in {elapsed:.2f} s")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from fasterllm.config import EngineArgs
+from fasterllm.engine.limits import check_token_ids, resolve_max_model_len
 from fasterllm.loader.encoder_checkpoint import open_encoder_checkpoint
 from fasterllm.worker.encoder_runner import EncoderRunner
 
@@ -34,7 +35,9 @@ class EmbeddingEngine:
         self.tokenizer = checkpoint.tokenizer
         self.pooling = checkpoint.pooling
         self.embedding_dim = checkpoint.config.hidden_size
-        self.max_model_len = _max_model_len(args.max_model_len, checkpoint.max_seq_length, checkpoint.config.max_seq_len)
+        limit = checkpoint.config.max_seq_len
+        self.max_model_len = resolve_max_model_len(args.max_model_len, checkpoint.max_seq_length, limit,
+                                                   f"{limit} positions")
         self.max_num_batched_tokens = args.max_num_batched_tokens or (32768 if self.device.type == "cuda" else 8192)
         if self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} is below max_model_len="
@@ -64,12 +67,11 @@ class EmbeddingEngine:
     def _encode_texts_at_once(self, prompts: list[str | list[int]], keep: int | None) -> dict[int, list[int]]:
         """Index -> token ids (special tokens included) of every non-empty text that fits as it is, from one
         encode_batch call: the Rust tokenizer spreads the texts over the cores instead of one call each."""
-        tokenizer = self.tokenizer.tokenizer
-        if keep is not None and keep <= tokenizer.num_special_tokens_to_add(is_pair=False):
+        if keep is not None and keep <= self.tokenizer.num_special_tokens:
             return {}  # _tokenize_one names that error
         limit = self.max_model_len if keep is None else keep
         texts = [index for index, prompt in enumerate(prompts) if isinstance(prompt, str) and prompt]
-        encoded = (e.ids for e in tokenizer.encode_batch([prompts[i] for i in texts]))
+        encoded = self.tokenizer.encode_batch([prompts[i] for i in texts])
         return {index: ids for index, ids in zip(texts, encoded) if 0 < len(ids) <= limit}
 
     def _truncation_length(self, truncate_prompt_tokens: int | None) -> int | None:
@@ -86,21 +88,13 @@ class EmbeddingEngine:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("the text is empty; give at least one character")
-            tokenizer = self.tokenizer.tokenizer
-            encoding = tokenizer.encode(prompt, add_special_tokens=False)
-            special = tokenizer.num_special_tokens_to_add(is_pair=False)
+            special = self.tokenizer.num_special_tokens
             if keep is not None and keep <= special:
                 raise ValueError(f"truncate_prompt_tokens={keep} leaves no room for text beside the model's "
                                  f"{special} special tokens; keep at least {special + 1}")
-            if keep is not None and len(encoding.ids) + special > keep:
-                # as vLLM: keep the last tokens of the text, and the model's [CLS]/[SEP] around them
-                encoding.truncate(max(keep - special, 0), direction="left")
-            token_ids = tokenizer.post_process(encoding).ids
+            token_ids = self.tokenizer.encode(prompt) if keep is None else self.tokenizer.encode_last(prompt, keep)
         elif isinstance(prompt, list):
-            vocab = self.model_config.vocab_size
-            bad = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"token ids {bad[:5]} are not valid: ids must be integers in [0, {vocab})")
+            check_token_ids(prompt, self.model_config.vocab_size, "token ids")
             token_ids = prompt[-keep:] if keep is not None else list(prompt)
         else:
             raise ValueError(f"an input of type {type(prompt).__name__} is not supported; pass a string or a "
@@ -138,11 +132,3 @@ class EmbeddingEngine:
             batches[-1].append(index)
             used += length
         return batches
-
-
-def _max_model_len(requested: int | None, default: int, limit: int) -> int:
-    if requested is None:
-        return default
-    if requested > limit:
-        raise ValueError(f"max_model_len={requested} exceeds the model's {limit} positions; use max_model_len <= {limit}")
-    return requested

@@ -105,8 +105,7 @@ def cmd_chat(ns: argparse.Namespace) -> None:
         if not line.strip():
             break
         history.append({"role": "user", "content": line})
-        prompt = engine.tokenizer.encode(engine.tokenizer.apply_chat_template(history), add_special_tokens=False)
-        engine.add_request(f"chat-{turn}", prompt, params)
+        engine.add_request(f"chat-{turn}", engine.tokenizer.encode_chat(history), params)
         shown = ""
         while engine.has_unfinished_requests():
             for output in engine.step():

@@ -41,6 +41,23 @@ class TokenizerWrapper:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token ids (special tokens included) of each text, from one call: the Rust tokenizer spreads the
+        texts over the cores."""
+        return [encoding.ids for encoding in self.tokenizer.encode_batch(texts)]
+
+    @property
+    def num_special_tokens(self) -> int:
+        """How many special tokens encode() adds around one text (BERT: [CLS] and [SEP])."""
+        return self.tokenizer.num_special_tokens_to_add(is_pair=False)
+
+    def encode_last(self, text: str, max_tokens: int) -> list[int]:
+        """Token ids of the text's last tokens, with the special tokens around them, max_tokens in all (as vLLM
+        truncates: the end of a text is kept); max_tokens must leave room beside the special tokens."""
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        encoding.truncate(max_tokens - self.num_special_tokens, direction="left")
+        return self.tokenizer.post_process(encoding).ids
+
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
@@ -57,6 +74,12 @@ class TokenizerWrapper:
         return _compile_template(template).render(
             messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
+
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    chat_template: str | None = None, **kwargs: Any) -> list[int]:
+        """Token ids of a conversation in the chat template; the template writes the special tokens itself."""
+        text = self.apply_chat_template(messages, add_generation_prompt, chat_template, **kwargs)
+        return self.encode(text, add_special_tokens=False)
 
 
 def _check_messages(messages: list[dict[str, Any]]) -> None:

@@ -11,7 +11,7 @@ from jinja2 import TemplateError
 from starlette.responses import StreamingResponse
 
 from fasterllm.entrypoints.openai.protocol import ChatCompletionRequest, OpenAIError, usage
-from fasterllm.entrypoints.openai.serving_common import DeltaTracker, OpenAIServing
+from fasterllm.entrypoints.openai.serving_common import DeltaTracker, OpenAIServing, StreamChunks, ranked_logprobs
 from fasterllm.outputs import SampleLogprobs
 
 
@@ -29,7 +29,7 @@ class OpenAIServingChat(OpenAIServing):
         prompt = self._render(request)
         params = self.request_params(request, max_tokens, num_logprobs)
         self.check_length(len(prompt), max_tokens, "messages", max_field)
-        request_ids = await self.start(request_id, [prompt], params, arrival)
+        request_ids = await self.start(request, request_id, [prompt], params, arrival)
         created = int(arrival)
         if request.stream:
             return self.stream_response(request_id, request_ids,
@@ -49,28 +49,18 @@ class OpenAIServingChat(OpenAIServing):
             if isinstance(content, list):  # text parts, joined as the model sees one text
                 content = "".join(part.text for part in content)
             messages.append({**message.model_dump(exclude_none=True), "content": content or ""})
-        tokenizer = self.llm.tokenizer
         try:
-            text = tokenizer.apply_chat_template(messages, request.add_generation_prompt)
+            return self.llm.tokenizer.encode_chat(messages, request.add_generation_prompt)
         except (ValueError, TemplateError) as exc:
             raise OpenAIError(400, f"messages could not be rendered with the model's chat template: {exc}",
                               "messages") from None
-        return tokenizer.encode(text, add_special_tokens=False)
 
     async def _chunks(self, request: ChatCompletionRequest, request_id: str, created: int,
                       request_ids: list[str]) -> AsyncIterator[dict[str, Any]]:
-        include_usage = request.stream_options is not None and request.stream_options.include_usage
         num_logprobs = (request.top_logprobs or 0) if request.logprobs else None
-
-        def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
-            body = {"id": request_id, "object": "chat.completion.chunk", "created": created,
-                    "model": self.served_model_name, "choices": choices}
-            if include_usage:
-                body["usage"] = None
-            return body
-
-        yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                      "finish_reason": None} for i in range(request.n)])
+        chunks = StreamChunks(request, request_id, "chat.completion.chunk", created, self.served_model_name)
+        yield chunks.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None} for i in range(request.n)])
         tracker = DeltaTracker()
         final = None
         async for _, output in self.merged_outputs(request_ids):
@@ -78,12 +68,10 @@ class OpenAIServingChat(OpenAIServing):
                         "logprobs": _logprobs(d.logprobs, num_logprobs), "finish_reason": d.finish_reason}
                        for d in tracker.deltas(output)]
             if choices:
-                yield chunk(choices)
+                yield chunks.chunk(choices)
             final = output
-        if include_usage and final is not None:
-            body = chunk([])
-            body["usage"] = usage(len(final.prompt_token_ids), sum(len(c.token_ids) for c in final.outputs))
-            yield body
+        if chunks.include_usage and final is not None:
+            yield chunks.usage_chunk(len(final.prompt_token_ids), sum(len(c.token_ids) for c in final.outputs))
 
 
 def _logprobs(logprobs: SampleLogprobs | None, num_top: int | None) -> dict[str, Any] | None:
@@ -95,9 +83,5 @@ def _logprobs(logprobs: SampleLogprobs | None, num_top: int | None) -> dict[str,
         token = lp.decoded_token or ""
         return {"token": token, "logprob": lp.logprob, "bytes": list(token.encode("utf-8"))}
 
-    content = []
-    for entry in logprobs:
-        sampled = next(iter(entry.values()))  # the sampled token comes first
-        top = sorted((lp for lp in entry.values() if lp.rank <= num_top), key=lambda lp: lp.rank)
-        content.append({**item(sampled), "top_logprobs": [item(lp) for lp in top]})
-    return {"content": content}
+    return {"content": [{**item(sampled), "top_logprobs": [item(lp) for lp in top]}
+                        for sampled, top in ranked_logprobs(logprobs, num_top)]}

@@ -1,23 +1,24 @@
 """What completions and chat completions share: checks, sampling or beam search params, running requests,
-deltas, SSE."""
+deltas, logprobs ranking, stream chunk envelopes, SSE."""
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 
 from fasterllm.engine.async_engine import AsyncLLM, EngineDeadError, RequestFailedError
 from fasterllm.entrypoints.openai.metrics import ServerMetrics
-from fasterllm.entrypoints.openai.protocol import OpenAIError, SamplingFields
+from fasterllm.entrypoints.openai.protocol import OpenAIError, SamplingFields, usage
 from fasterllm.entrypoints.openai.serving_beam_search import beam_search_params, check_beam_fields_unused
-from fasterllm.outputs import RequestOutput, SampleLogprobs
+from fasterllm.outputs import Logprob, RequestOutput, SampleLogprobs
 from fasterllm.sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger("fasterllm")
@@ -27,9 +28,8 @@ def as_openai_error(exc: Exception, request_id: str) -> OpenAIError:
     """The client's view of an exception raised while handling its request."""
     if isinstance(exc, OpenAIError):
         return exc
-    if isinstance(exc, ValueError):  # the engine's and SamplingParams' checks name the field first
-        field = re.match(r"[A-Za-z_]+", str(exc))
-        return OpenAIError(400, str(exc), field.group(0) if field else None)
+    if isinstance(exc, ValueError):  # a check without a request at hand: no field to name
+        return OpenAIError(400, str(exc))
     if isinstance(exc, EngineDeadError):
         return OpenAIError(503, f"The engine is not running ({exc}); request {request_id} was not completed")
     if isinstance(exc, RequestFailedError):
@@ -37,6 +37,42 @@ def as_openai_error(exc: Exception, request_id: str) -> OpenAIError:
         return OpenAIError(500, f"Internal error while generating request {request_id}: {exc}")
     logger.exception("request %s failed unexpectedly", request_id)
     return OpenAIError(500, f"Internal error while handling request {request_id}: {exc!r}")
+
+
+def invalid_request(exc: ValueError, request: BaseModel) -> OpenAIError:
+    """A 400 for a ValueError that SamplingParams, BeamSearchParams or the engine raised on this request.
+
+    Those errors carry no field, but each starts with the name of what it checks ("temperature=2.5 ...",
+    "logit_bias[5]=500 ...", "prompt token ids [...] ...", "input 1: ..."). This is the one place that reads
+    it: the name is the error's field when the request has a field of that name, else the error has none."""
+    name = re.match(r"[A-Za-z_]+", str(exc))
+    param = name.group(0) if name and name.group(0) in type(request).model_fields else None
+    return OpenAIError(400, str(exc), param)
+
+
+def ranked_logprobs(logprobs: SampleLogprobs, num_top: int) -> Iterator[tuple[Logprob, list[Logprob]]]:
+    """Per token: the sampled token (each entry lists it first) and the num_top most likely tokens, by rank."""
+    for entry in logprobs:
+        top = sorted((lp for lp in entry.values() if lp.rank <= num_top), key=lambda lp: lp.rank)
+        yield next(iter(entry.values())), top
+
+
+class StreamChunks:
+    """The fields around every streamed chunk's choices. With stream_options.include_usage each chunk carries
+    "usage": null and a last chunk, with no choices, the totals (as OpenAI streams them)."""
+
+    def __init__(self, request: SamplingFields, request_id: str, object_name: str, created: int, model: str):
+        self.include_usage = request.stream_options is not None and request.stream_options.include_usage
+        self.head = {"id": request_id, "object": object_name, "created": created, "model": model}
+
+    def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        body = {**self.head, "choices": choices}
+        if self.include_usage:
+            body["usage"] = None
+        return body
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        return {**self.head, "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
 
 
 @dataclass
@@ -92,9 +128,12 @@ class OpenAIServing:
     def request_params(self, request: SamplingFields, max_tokens: int | None, logprobs: int | None,
                        best_of: int | None = None) -> SamplingParams | BeamSearchParams:
         """What the engine runs for this request: a beam search (use_beam_search) or sampling."""
-        if request.use_beam_search:  # no max_tokens: as many as the context allows (the engine caps it)
-            return beam_search_params(request, max_tokens or self.llm.max_model_len, logprobs, best_of)
-        return self.sampling_params(request, max_tokens, logprobs, best_of)
+        try:
+            if request.use_beam_search:  # no max_tokens: as many as the context allows (the engine caps it)
+                return beam_search_params(request, max_tokens or self.llm.max_model_len, logprobs, best_of)
+            return self.sampling_params(request, max_tokens, logprobs, best_of)
+        except ValueError as exc:
+            raise invalid_request(exc, request) from exc
 
     def sampling_params(self, request: SamplingFields, max_tokens: int | None, logprobs: int | None,
                         best_of: int | None = None) -> SamplingParams:
@@ -124,8 +163,8 @@ class OpenAIServing:
                                    f"{prompt_len} tokens and this model's maximum context length is {limit}, so "
                                    f"{max_tokens_field} can be at most {limit - prompt_len}", max_tokens_field)
 
-    async def start(self, base_id: str, prompts: list[list[int]], params: SamplingParams | BeamSearchParams,
-                    arrival_time: float) -> list[str]:
+    async def start(self, request: SamplingFields, base_id: str, prompts: list[list[int]],
+                    params: SamplingParams | BeamSearchParams, arrival_time: float) -> list[str]:
         """Add one engine request per prompt, all handed over at once (so their prompts share the first
         steps); if one is refused (the first in prompt order is reported), none runs."""
         request_ids = [base_id if len(prompts) == 1 else f"{base_id}-{i}" for i in range(len(prompts))]
@@ -134,6 +173,8 @@ class OpenAIServing:
                                              for request_id, prompt in zip(request_ids, prompts)),
                                            return_exceptions=True)
             refused = next((r for r in results if isinstance(r, BaseException)), None)
+            if isinstance(refused, ValueError):
+                raise invalid_request(refused, request) from refused
             if refused is not None:
                 raise refused
         except BaseException:

@@ -9,7 +9,7 @@ from typing import Any
 from starlette.responses import StreamingResponse
 
 from fasterllm.entrypoints.openai.protocol import CompletionRequest, OpenAIError, usage
-from fasterllm.entrypoints.openai.serving_common import DeltaTracker, OpenAIServing
+from fasterllm.entrypoints.openai.serving_common import DeltaTracker, OpenAIServing, StreamChunks, ranked_logprobs
 from fasterllm.outputs import SampleLogprobs
 
 
@@ -28,7 +28,7 @@ class OpenAIServingCompletion(OpenAIServing):
         params = self.request_params(request, request.max_tokens, request.logprobs, request.best_of)
         for prompt in prompts:
             self.check_length(len(prompt), request.max_tokens, "prompt", "max_tokens")
-        request_ids = await self.start(base_id, prompts, params, arrival)
+        request_ids = await self.start(request, base_id, prompts, params, arrival)
         created = int(arrival)
         if request.stream:
             return self.stream_response(base_id, request_ids, self._chunks(request, base_id, created, request_ids))
@@ -58,7 +58,7 @@ class OpenAIServingCompletion(OpenAIServing):
 
     async def _chunks(self, request: CompletionRequest, base_id: str, created: int,
                       request_ids: list[str]) -> AsyncIterator[dict[str, Any]]:
-        include_usage = request.stream_options is not None and request.stream_options.include_usage
+        chunks = StreamChunks(request, base_id, "text_completion", created, self.served_model_name)
         trackers = [DeltaTracker() for _ in request_ids]
         text_offsets: dict[int, int] = {}
         prompt_tokens = completion_tokens = 0
@@ -74,14 +74,9 @@ class OpenAIServingCompletion(OpenAIServing):
                 prompt_tokens += len(output.prompt_token_ids)
                 completion_tokens += sum(len(c.token_ids) for c in output.outputs)
             if choices:
-                chunk = {"id": base_id, "object": "text_completion", "created": created,
-                         "model": self.served_model_name, "choices": choices}
-                if include_usage:
-                    chunk["usage"] = None
-                yield chunk
-        if include_usage:
-            yield {"id": base_id, "object": "text_completion", "created": created, "model": self.served_model_name,
-                   "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+                yield chunks.chunk(choices)
+        if chunks.include_usage:
+            yield chunks.usage_chunk(prompt_tokens, completion_tokens)
 
 
 def _choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None) -> dict[str, Any]:
@@ -93,11 +88,9 @@ def _logprobs(logprobs: SampleLogprobs | None, num_top: int | None, text_offset:
     if logprobs is None or num_top is None:
         return None
     tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
-    for entry in logprobs:
-        sampled = next(iter(entry.values()))  # the sampled token comes first
+    for sampled, top in ranked_logprobs(logprobs, num_top):
         tokens.append(sampled.decoded_token)
         token_logprobs.append(sampled.logprob)
-        top = sorted((lp for lp in entry.values() if lp.rank <= num_top), key=lambda lp: lp.rank)
         top_logprobs.append({lp.decoded_token: lp.logprob for lp in top})
         offsets.append(text_offset)
         text_offset += len(sampled.decoded_token or "")

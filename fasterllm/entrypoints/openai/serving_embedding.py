@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fasterllm.engine.embedding_engine import EmbeddingEngine
 from fasterllm.entrypoints.openai.protocol import OpenAIError
+from fasterllm.entrypoints.openai.serving_common import invalid_request
 
 
 class EmbeddingRequest(BaseModel):
@@ -61,8 +62,8 @@ def create_embedding(engine: EmbeddingEngine, body: dict[str, Any], served_model
     inputs = _input_list(request.input)
     try:
         token_ids = engine.tokenize(inputs, request.truncate_prompt_tokens)
-    except ValueError as exc:
-        raise OpenAIError(400, str(exc), "input") from exc
+    except ValueError as exc:  # "input 1: ..." or "truncate_prompt_tokens=..."
+        raise invalid_request(exc, request) from exc
     vectors = engine.embed(token_ids)
     if request.encoding_format == "base64":  # little-endian float32 bytes, as OpenAI sends them
         encoded = [base64.b64encode(row.numpy().astype("<f4").tobytes()).decode("ascii") for row in vectors]
