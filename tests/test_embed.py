@@ -8,7 +8,6 @@ import torch
 
 from fasterllm import LLM
 from fasterllm.config import EngineArgs
-from fasterllm.loader.model_source import default_model_path
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +80,6 @@ def test_tasks_are_kept_apart(llm):
         llm.generate("Hello")
     with pytest.raises(ValueError, match="task='bogus' is not supported"):
         EngineArgs(task="bogus").validate()
-    with pytest.raises(ValueError, match="gguf file; embeddings need a Hugging Face encoder directory"):
-        LLM(str(default_model_path()), task="embed")
     with pytest.raises(ValueError, match="max_model_len=600 exceeds the model's 512 positions"):
         LLM(task="embed", max_model_len=600)
 

@@ -15,10 +15,16 @@ import torch
 
 from fasterllm.config import EngineArgs
 from fasterllm.engine.limits import check_token_ids, resolve_max_model_len
-from fasterllm.loader.encoder_checkpoint import open_encoder_checkpoint
+from fasterllm.layers.pooling import PoolingConfig
+from fasterllm.loader.checkpoint import open_checkpoint
+from fasterllm.loader.encoder_checkpoint import open_encoder_checkpoint, read_pooling
+from fasterllm.loader.hf_checkpoint import read_json
+from fasterllm.loader.model_source import ModelSource, resolve_model
+from fasterllm.worker.decoder_embedding_runner import DecoderEmbeddingRunner
 from fasterllm.worker.encoder_runner import EncoderRunner
 
 logger = logging.getLogger("fasterllm")
+DECODER_POOLING = PoolingConfig("last", normalize=True)  # vLLM's default for a decoder used as an embedder
 
 
 class EmbeddingEngine:
@@ -26,24 +32,33 @@ class EmbeddingEngine:
         start = time.perf_counter()
         args.validate()
         self.args = args
-        checkpoint = open_encoder_checkpoint(args.model, args.tokenizer)
+        # the model's architecture picks the path: a decoder (LLaMA family) or a BERT-family encoder
+        decoder = _is_decoder(resolve_model(args.model, task="embed"))
+        checkpoint = (open_checkpoint if decoder else open_encoder_checkpoint)(args.model, args.tokenizer)
         self.device = args.resolve_device()
         self.dtype = args.resolve_dtype(self.device)
         self.source = checkpoint.source
         self.model_name = checkpoint.source.name
         self.model_config = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
-        self.pooling = checkpoint.pooling
         self.embedding_dim = checkpoint.config.hidden_size
-        limit = checkpoint.config.max_seq_len
-        self.max_model_len = resolve_max_model_len(args.max_model_len, checkpoint.max_seq_length, limit,
-                                                   f"{limit} positions")
         self.max_num_batched_tokens = args.max_num_batched_tokens or (32768 if self.device.type == "cuda" else 8192)
+        if decoder:
+            self.pooling = _decoder_pooling(checkpoint.source)
+            # a prompt attends to all of itself here (no cache, no chunks): a sliding window bounds its length too
+            limit = min(checkpoint.config.max_position_embeddings, checkpoint.config.sliding_window or 1 << 62)
+            default_len = min(limit, self.max_num_batched_tokens)
+        else:
+            self.pooling = checkpoint.pooling
+            limit, default_len = checkpoint.config.max_seq_len, checkpoint.max_seq_length
+        self.max_model_len = resolve_max_model_len(args.max_model_len, default_len, limit, f"{limit} positions")
         if self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} is below max_model_len="
                              f"{self.max_model_len}: a longest input would not fit a batch; raise it or lower "
                              "max_model_len")
-        self.runner = EncoderRunner(checkpoint, self.device, self.dtype, self.max_model_len, args.enforce_eager)
+        self.runner = (DecoderEmbeddingRunner(checkpoint, self.pooling, self.device, self.dtype, self.max_model_len)
+                       if decoder else
+                       EncoderRunner(checkpoint, self.device, self.dtype, self.max_model_len, args.enforce_eager))
         logger.info("embedding engine ready in %.1fs: %s (%s pooling%s), %s on %s, max_model_len %d",
                     time.perf_counter() - start, self.model_name, self.pooling.mode,
                     ", normalised" if self.pooling.normalize else "", str(self.dtype).removeprefix("torch."),
@@ -132,3 +147,19 @@ class EmbeddingEngine:
             batches[-1].append(index)
             used += length
         return batches
+
+
+def _is_decoder(source: ModelSource) -> bool:
+    """A GGUF file (we read only decoders from GGUF) or a directory whose config names a *ForCausalLM."""
+    if source.format == "gguf":
+        return True
+    architectures = read_json(source.path / "config.json").get("architectures") or []
+    return any(name.endswith("ForCausalLM") for name in architectures)
+
+
+def _decoder_pooling(source: ModelSource) -> PoolingConfig:
+    """What the checkpoint's sentence-transformers modules ask for; without them, vLLM's default for decoder
+    embedders: the last token's final-norm state, L2-normalised."""
+    if source.format == "hf" and (source.path / "modules.json").is_file():
+        return read_pooling(source.path)
+    return DECODER_POOLING
