@@ -188,7 +188,8 @@ def add_serve_parsers(sub, bench: argparse.ArgumentParser) -> None:
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
                        help="seconds in-flight requests get to finish on SIGTERM/SIGINT")
     serve.add_argument("--embedding-model", default=None, metavar="PATH|default",
-                       help="also serve /v1/embeddings with this encoder directory ('default': the embedded "
+                       help="also serve /v1/embeddings with this model: an encoder directory, or a LLaMA-family "
+                            "decoder (.gguf or directory; last-token pooling) ('default': the embedded "
                             "all-MiniLM-L6-v2); off unless given")
     add_engine_args(serve)
     serve.set_defaults(func=cmd_serve)

@@ -122,7 +122,8 @@ def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str 
         if embeddings is None:
             return error_response(OpenAIError(
                 404, "This server has no embeddings model: start it with `fasterllm serve --embedding-model default` "
-                     "(all-MiniLM-L6-v2) or `--embedding-model PATH` (a BERT-family model directory)", "model"))
+                     "(all-MiniLM-L6-v2) or `--embedding-model PATH` (an encoder directory, or a LLaMA-family "
+                     "decoder: .gguf or directory)", "model"))
         try:
             body = await raw.json()
         except ValueError as exc:
@@ -192,7 +193,7 @@ def run_server(engine_args: EngineArgs, host: str = "127.0.0.1", port: int = 800
                embedding_model: str | None = None) -> None:
     """Load the model(s), then serve until SIGINT/SIGTERM; in-flight requests get shutdown_timeout_s to finish.
 
-    embedding_model: also serve /v1/embeddings with this encoder ("default": the embedded all-MiniLM-L6-v2),
+    embedding_model: also serve /v1/embeddings with this model ("default": the embedded all-MiniLM-L6-v2),
     on the generate model's device and dtype."""
     llm = AsyncLLM.from_engine_args(engine_args)
     embedding_engine = None
