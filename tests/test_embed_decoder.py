@@ -92,3 +92,12 @@ def test_checkpoints_that_cannot_serve_are_refused_before_loading(tmp_path):
     with pytest.raises(ValueError, match="architecture 'FalconForCausalLM' is not supported; supported: "
                                          "LlamaForCausalLM"):
         LLM(str(tmp_path), task="embed", device="cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype, min_cosine", [("float32", 0.9999), ("bfloat16", 0.98)])
+def test_gpu_vectors_match_the_cpu_fp32_ones(smollm2_embedder, dtype, min_cosine):
+    gpu = LLM(str(default_model_path()), task="embed", dtype=dtype, device="cuda")
+    on_gpu = _vectors(gpu.embed(TEXTS, use_tqdm=False))
+    on_cpu = _vectors(smollm2_embedder.embed(TEXTS, use_tqdm=False))
+    assert (F.cosine_similarity(on_gpu, on_cpu, dim=1) >= min_cosine).all()
