@@ -95,6 +95,8 @@ class LLM:
             raise ValueError(f"this LLM was made with task='embed' ({self.engine.model_name}); use embed(), or make "
                              "a generating LLM without task='embed'")
         request_ids = []
+        finished: dict[str, RequestOutput] = {}
+        bar = None
         try:  # all prompts are checked before any runs: one bad prompt names itself and runs nothing
             for index, (prompt, p) in enumerate(zip(prompts, params)):
                 request_id = str(next(self._ids))
@@ -103,13 +105,7 @@ class LLM:
                 except ValueError as exc:
                     raise ValueError(f"prompt {index}: {exc}") from exc
                 request_ids.append(request_id)
-        except BaseException:
-            for request_id in request_ids:
-                self.engine.abort_request(request_id)
-            raise
-        finished: dict[str, RequestOutput] = {}
-        bar = _progress_bar(len(prompts), use_tqdm)
-        try:
+            bar = _progress_bar(len(prompts), use_tqdm)
             while len(finished) < len(request_ids):
                 for output in self.engine.step():
                     if output.finished:
