@@ -3,9 +3,6 @@ matmul, measured in the same run (one GPU call answers both "is it right" and "h
 
     python3 benchmarks/quant_kernels_gpu.py                 # every kernel, rows 1, 16, 64, 512
     python3 benchmarks/quant_kernels_gpu.py --rows 1 64     # fewer
-    python3 benchmarks/quant_kernels_gpu.py --baseline 170a87c --programs-per-sm 1 2 4
-        # also the kernels as they were at a commit (or from a folder, see kernel_baseline.py), named "old-...",
-        # and today's split-K kernels at each programs-per-SM target, named "...@P"
 
 Each line: kernel, shape, time (median of triton.testing.do_bench, L2 flushed between runs), GB/s of weight
 bytes read (scales included) and the speed-up over bf16 F.linear of the same shape, and the worst error against
@@ -15,18 +12,12 @@ run goes on. Random weights (std 0.02) and activations; bf16.
 from __future__ import annotations
 
 import argparse
-import sys
 import traceback
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-sys.path.insert(0, str(Path(__file__).parent))
-from kernel_baseline import load_baseline  # noqa: E402
-
-from fasterllm.kernels import quant_split_k  # noqa: E402
 from fasterllm.kernels.quant_activation import (quantize_per_token, quantize_per_token_reference, rms_norm_quantize,
                                                 silu_and_mul_quantize)
 from fasterllm.kernels.quant_w8a8 import int8_gemm, int8_gemm_reference
@@ -57,22 +48,13 @@ def time_it(fn) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median") / 1e3
 
 
-def bench_matmuls(rows: list[int], old: dict, programs_per_sm: list[int]) -> None:
+def bench_matmuls(rows: list[int]) -> None:
     for layer, (n, k) in SHAPES.items():
-        bench_layer(layer, n, k, rows, old, programs_per_sm)
+        bench_layer(layer, n, k, rows)
         torch.cuda.empty_cache()
 
 
-def run_cases(cases: dict, shape: str, bf16: float) -> None:
-    for name, (run, reference, weight_bytes) in cases.items():
-        try:
-            error = relative(run(), reference())
-            report(name, shape, time_it(run), weight_bytes, bf16, error)
-        except Exception:  # keep measuring the others; say what failed
-            print(f"{name:10s} {shape:24s} FAILED:\n{traceback.format_exc(limit=3)}", flush=True)
-
-
-def bench_layer(layer: str, n: int, k: int, rows: list[int], old: dict, programs_per_sm: list[int]) -> None:
+def bench_layer(layer: str, n: int, k: int, rows: list[int]) -> None:
     """One projection's weight in every format, each row count; the weights are freed on return."""
     weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
     q8, s8 = quantize_int8_per_channel(weight)
@@ -103,20 +85,12 @@ def bench_layer(layer: str, n: int, k: int, rows: list[int], old: dict, programs
             "fp8": (lambda: fp8(x), lambda: x.float() @ (fp8.qweight.float() * fp8.scales.t()).t(), n * k + 4 * n),
         }
         qx, sx = quantize_per_token(x)
-        for per_sm in programs_per_sm:  # today's kernels at each split target (only split-K decode depends on it)
-            quant_split_k.PROGRAMS_PER_SM = per_sm
-            run_cases({f"{name}@{per_sm}" if len(programs_per_sm) > 1 else name: case
-                       for name, case in cases.items() if name != "fp8" and (per_sm == programs_per_sm[0] or m <= 64)},
-                      shape, bf16)
-        run_cases({"fp8": cases["fp8"]}, shape, bf16)
-        if old:
-            old_wo, old_w8 = old["quant_weight_only"].weight_only_matmul, old["quant_w8a8"].int8_gemm
-            run_cases({
-                "old-int8": (lambda: old_wo(x, q8, s8), cases["int8"][1], cases["int8"][2]),
-                "old-int4": (lambda: old_wo(x, q4, s4, None, m4, GROUP_SIZE), cases["int4"][1], cases["int4"][2]),
-                "old-w8a8g": (lambda: old_w8(qx, sx, q8, s8, None, x.dtype), cases["w8a8-gemm"][1],
-                              cases["w8a8-gemm"][2]),
-            }, shape, bf16)
+        for name, (run, reference, weight_bytes) in cases.items():
+            try:
+                error = relative(run(), reference())
+                report(name, shape, time_it(run), weight_bytes, bf16, error)
+            except Exception:  # keep measuring the others; say what failed
+                print(f"{name:10s} {shape:24s} FAILED:\n{traceback.format_exc(limit=3)}", flush=True)
         if m > 16:  # torch's own int8 GEMM (no epilogue) as a peer of w8a8-gemm
             try:
                 q8t = q8.t()
@@ -151,15 +125,11 @@ def bench_quantizers(rows: list[int]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 512])
-    parser.add_argument("--baseline", help="a commit (or a folder of its kernel files) to time next to today's")
-    parser.add_argument("--programs-per-sm", type=int, nargs="+", default=[quant_split_k.PROGRAMS_PER_SM],
-                        help="split-K targets to time today's decode kernels at")
     args = parser.parse_args()
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    old = load_baseline(args.baseline, ["quant_split_k", "quant_weight_only", "quant_w8a8"]) if args.baseline else {}
     bench_quantizers(args.rows)
-    bench_matmuls(args.rows, old, args.programs_per_sm)
+    bench_matmuls(args.rows)
 
 
 if __name__ == "__main__":

@@ -64,9 +64,7 @@ def _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stri
         return tl.reshape(tl.join(low, high), (BLOCK_N, BLOCK_K))  # (n, g, j, nibble) -> k = g*GROUP + 2j + nibble
     else:
         kk = k0 + tl.arange(0, BLOCK_K)
-        codes = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & (kk < K)[None, :], other=0)
-        # the same mantissa trick: 2^23 + 128 + q (q + 128 in 1..255 fits the mantissa), minus 2^23 + 128
-        return ((codes.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0).to(dtype)
+        return tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & (kk < K)[None, :], other=0).to(dtype)
 
 
 @triton.jit
