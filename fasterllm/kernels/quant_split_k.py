@@ -15,13 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-# Programs per SM the split aims for. The 170a87c H100 run used 4: with 4096 columns that cut K into 8 splits of
-# 2 blocks each, so every program was mostly pipeline fill. benchmarks/quant_kernels_gpu.py --programs-per-sm
-# sweeps it.
-PROGRAMS_PER_SM = 2
-# The fp32/int32 partials [splits, M, N] are written and read back once: at most this share of the weight's bytes
-# (at 64 rows and 8 splits they were half of an int8 weight's traffic).
-_WORKSPACE_SHARE = 0.25
+_PROGRAMS_PER_SM = 4  # enough resident programs to keep loads in flight (memory-bound decode)
 
 
 @dataclass(frozen=True)
@@ -40,14 +34,11 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def plan_split_k(m: int, n: int, k: int, block_n: int, block_k: int, device: torch.device,
-                 weight_bytes: int) -> SplitKPlan:
-    """Tiles and the number of K splits for an [m, k] x [k, n] product whose weight occupies weight_bytes."""
+def plan_split_k(m: int, n: int, k: int, block_n: int, block_k: int, device: torch.device) -> SplitKPlan:
     block_m = min(64, max(16, triton.next_power_of_2(m)))  # tl.dot needs >= 16 rows; padding rows are masked
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
     k_blocks = triton.cdiv(k, block_k)
-    by_workspace = int(_WORKSPACE_SHARE * weight_bytes) // (2 * 4 * m * n)
-    wanted = max(1, min(k_blocks, PROGRAMS_PER_SM * _num_sms(device) // tiles, by_workspace))
+    wanted = max(1, min(k_blocks, _PROGRAMS_PER_SM * _num_sms(device) // tiles))
     blocks_per_split = triton.cdiv(k_blocks, wanted)
     return SplitKPlan(block_m, block_n, block_k, blocks_per_split * block_k, triton.cdiv(k_blocks, blocks_per_split))
 
@@ -83,8 +74,7 @@ def _reduce_splits_kernel(partial_ptr, out_ptr, row_scale_ptr, col_scale_ptr, bi
 
 def reduce_splits(partials: torch.Tensor, out: torch.Tensor, row_scale: torch.Tensor | None,
                   col_scale: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
-    """out [M, N] = epilogue(sum over splits of partials [S, M, N]); absent scales and bias are skipped. With one
-    split it is the dequantizing epilogue of torch._int_mm's int32 product (quant_w8a8.py)."""
+    """out [M, N] = epilogue(sum over splits of partials [S, M, N]); absent scales and bias are skipped."""
     splits, m, n = partials.shape
     block_m, block_n = min(16, triton.next_power_of_2(m)), 128
     _reduce_splits_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](

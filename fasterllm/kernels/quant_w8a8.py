@@ -2,10 +2,9 @@
 
 FasterLLaMA's INT8 path: activations quantized per token (kernels/quant_activation.py), weights per output
 channel; the tensor cores sum int8 products exactly in int32 and the dequantization is this kernel's epilogue,
-so the int32 result never goes to memory. Decode (M <= 16) splits K across programs (quant_split_k.py; int32
-partials add exactly). More rows go to cuBLAS's int8 GEMM (torch._int_mm: M > 16, K and N multiples of 8) and
-one epilogue kernel (row scale x column scale + bias -> out dtype): on the H100 at 170a87c our 128x128 Triton
-tiles made W8A8 prefill 2.2x slower than bf16 (TTFT 1279 vs 577 ms). Shapes _int_mm refuses keep those tiles.
+so the int32 result never goes to memory. Any number of rows: decode (M <= 64) splits K across programs
+(quant_split_k.py; int32 partials add exactly), prefill uses 128x128 tiles grouped along M for L2 reuse
+(torch._int_mm is not used: it needs M > 16 and writes int32 out before a separate epilogue).
 """
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ import triton.language as tl
 
 from fasterllm.kernels.quant_split_k import SplitKPlan, epilogue, plan_split_k, reduce_splits
 
-SPLIT_K_MAX_ROWS = 16  # torch._int_mm takes M > 16
-_INT_MM_MULTIPLE = 8  # torch._int_mm: K and N multiples of 8
+SPLIT_K_MAX_ROWS = 64
 _LARGE = SplitKPlan(block_m=128, block_n=128, block_k=128, k_per_split=0, splits=1)  # k_per_split: all of K
 _GROUP_M = 8
 
@@ -75,8 +73,6 @@ def int8_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales
     if m == 0:
         return out
     bias_arg = bias if bias is not None else out
-    if m > SPLIT_K_MAX_ROWS and k % _INT_MM_MULTIPLE == 0 and n % _INT_MM_MULTIPLE == 0:
-        return reduce_splits(torch._int_mm(a, b.t()).unsqueeze(0), out, a_scales, b_scales, bias)
     if m > SPLIT_K_MAX_ROWS:
         plan = _LARGE
         grid = (triton.cdiv(m, plan.block_m) * triton.cdiv(n, plan.block_n), 1, 1)
@@ -85,7 +81,7 @@ def int8_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales
                                 BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, GROUP_M=_GROUP_M, num_warps=8,
                                 num_stages=3)
         return out
-    plan = plan_split_k(m, n, k, 64, 256, a.device, b.numel() + 4 * n)
+    plan = plan_split_k(m, n, k, 64, 256, a.device)
     direct = plan.splits == 1
     target = out if direct else torch.empty(plan.splits, m, n, dtype=torch.int32, device=a.device)
     _int8_gemm_kernel[plan.grid(m, n)](a, a_scales, b, b_scales, bias_arg, target, m, n, k, a.stride(0), b.stride(0),

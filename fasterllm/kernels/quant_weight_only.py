@@ -20,51 +20,22 @@ import triton.language as tl
 from fasterllm.kernels.quant_split_k import epilogue, plan_split_k, reduce_splits
 
 FUSED_MAX_ROWS = 64
-_BLOCK_N = 64
-
-
-def _block_k(int4: bool, m: int) -> int:
-    """k per step: 256 bytes of each weight row per stage (16 KiB at 64 rows); int4 past 16 rows takes 256 k (128
-    bytes), where the x tile grows and shared memory must still hold the widened tile (2 bytes a weight) and
-    two or more stages."""
-    return 512 if int4 and m <= 16 else 256
+_BLOCK_N, _BLOCK_K = 64, 256  # 64 rows x 256 bytes (int8) or 128 bytes (int4) of weight per step
 
 
 @triton.jit
-def _codes_to_float(codes, dtype: tl.constexpr):
-    """uint8 codes in 0..15 -> the same integers in dtype (bf16, fp16 or fp32), exactly. The code ORed into the
-    low mantissa bits of a power of two P is the float P + code; subtracting P leaves the code. Integer ops and one
-    subtraction instead of an int->float conversion (a quarter of the FMA rate: int4 decode needs ~27 weights per
-    SM cycle to keep up with HBM3)."""
-    if dtype == tl.float32:
-        return (codes.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-    elif dtype == tl.float16:
-        return (codes.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
-    else:
-        return (codes.to(tl.int16) | 0x4300).to(tl.bfloat16, bitcast=True) - 128.0
-
-
-@triton.jit
-def _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, GROUP: tl.constexpr,
-                 INT4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, dtype: tl.constexpr):
-    """The weight rows rn, columns k0 .. k0 + BLOCK_K, as a [BLOCK_N, BLOCK_K] tile in dtype: int8 codes as they
-    are (their per-row scale comes after the sum), int4 dequantized. Loaded as stored (k contiguous, 16-byte
-    vectors); int4 groups load one scale and one minimum per (row, group), not per weight as at 170a87c."""
-    if INT4:
-        half = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        packed = tl.load(w_rows + half[None, :], mask=n_mask[:, None] & (half < K // 2)[None, :], other=0)
-        groups = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
-        group_offsets = rn[:, None].to(tl.int64) * stride_gn + groups[None, :]
-        group_mask = n_mask[:, None] & (groups < K // GROUP)[None, :]
-        scale = tl.load(group_scale_ptr + group_offsets, mask=group_mask, other=0.0).to(dtype)[:, :, None]
-        minimum = tl.load(group_min_ptr + group_offsets, mask=group_mask, other=0.0).to(dtype)[:, :, None]
-        codes = tl.reshape(packed, (BLOCK_N, BLOCK_K // GROUP, GROUP // 2))  # byte j of a group: k = 2j, 2j + 1
-        low = _codes_to_float(codes & 0xF, dtype) * scale + minimum
-        high = _codes_to_float(codes >> 4, dtype) * scale + minimum
-        return tl.reshape(tl.join(low, high), (BLOCK_N, BLOCK_K))  # (n, g, j, nibble) -> k = g*GROUP + 2j + nibble
-    else:
-        kk = k0 + tl.arange(0, BLOCK_K)
-        return tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & (kk < K)[None, :], other=0).to(dtype)
+def _int4_tile(w_cols, group_scale_ptr, group_min_ptr, rn, n_mask, half, K, stride_gn, GROUP: tl.constexpr,
+               dtype: tl.constexpr):
+    """Bytes half[:] of columns rn -> the dequantized (even k, odd k) weight tiles [len(half), BLOCK_N] in dtype."""
+    k_mask = half < K // 2
+    mask = k_mask[:, None] & n_mask[None, :]
+    packed = tl.load(w_cols + half[:, None], mask=mask, other=0)
+    group_offsets = rn[None, :].to(tl.int64) * stride_gn + ((2 * half) // GROUP)[:, None]
+    scale = tl.load(group_scale_ptr + group_offsets, mask=mask, other=0.0).to(tl.float32)
+    minimum = tl.load(group_min_ptr + group_offsets, mask=mask, other=0.0).to(tl.float32)
+    even = ((packed & 0xF).to(tl.float32) * scale + minimum).to(dtype)
+    odd = ((packed >> 4).to(tl.float32) * scale + minimum).to(dtype)
+    return even, odd
 
 
 @triton.jit
@@ -77,16 +48,26 @@ def _weight_only_kernel(x_ptr, w_ptr, group_scale_ptr, group_min_ptr, col_scale_
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask, n_mask = rm < M, rn < N
     x_rows = x_ptr + rm[:, None].to(tl.int64) * stride_xm
-    w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn
+    w_cols = w_ptr + rn[None, :].to(tl.int64) * stride_wn
     dtype = x_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k_start = pid_k * K_PER_SPLIT
     for k0 in range(k_start, k_start + K_PER_SPLIT, BLOCK_K):
-        w = _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, GROUP, INT4, BLOCK_N,
-                         BLOCK_K, dtype)
-        kk = k0 + tl.arange(0, BLOCK_K)
-        xb = tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & (kk < K)[None, :], other=0.0)
-        acc = tl.dot(xb, tl.trans(w), acc, input_precision=PRECISION)
+        if INT4:
+            half = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+            even, odd = _int4_tile(w_cols, group_scale_ptr, group_min_ptr, rn, n_mask, half, K, stride_gn, GROUP,
+                                   dtype)
+            x_mask = m_mask[:, None] & (half < K // 2)[None, :]
+            x_even = tl.load(x_rows + 2 * half[None, :], mask=x_mask, other=0.0)
+            x_odd = tl.load(x_rows + 2 * half[None, :] + 1, mask=x_mask, other=0.0)
+            acc = tl.dot(x_even, even, acc, input_precision=PRECISION)
+            acc = tl.dot(x_odd, odd, acc, input_precision=PRECISION)
+        else:
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_mask = kk < K
+            w = tl.load(w_cols + kk[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0).to(dtype)
+            xb = tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            acc = tl.dot(xb, w, acc, input_precision=PRECISION)
     offsets = rm[:, None].to(tl.int64) * N + rn[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
     if DIRECT:  # one split: the epilogue here, no second launch
@@ -100,12 +81,14 @@ def _weight_only_kernel(x_ptr, w_ptr, group_scale_ptr, group_min_ptr, col_scale_
 def _dequantize_int4_kernel(w_ptr, group_scale_ptr, group_min_ptr, out_ptr, N, K, stride_wn, stride_gn,
                             GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    k0 = tl.program_id(1) * BLOCK_K
+    half = tl.program_id(1) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
     n_mask = rn < N
-    w = _weight_tile(w_ptr + rn[:, None].to(tl.int64) * stride_wn, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K,
-                     stride_gn, GROUP, True, BLOCK_N, BLOCK_K, out_ptr.dtype.element_ty)
-    kk = k0 + tl.arange(0, BLOCK_K)
-    tl.store(out_ptr + rn[:, None].to(tl.int64) * K + kk[None, :], w, mask=n_mask[:, None] & (kk < K)[None, :])
+    even, odd = _int4_tile(w_ptr + rn[None, :].to(tl.int64) * stride_wn, group_scale_ptr, group_min_ptr, rn, n_mask,
+                           half, K, stride_gn, GROUP, out_ptr.dtype.element_ty)
+    out = out_ptr + rn[None, :].to(tl.int64) * K + 2 * half[:, None]
+    mask = (half < K // 2)[:, None] & n_mask[None, :]
+    tl.store(out, even, mask=mask)
+    tl.store(out + 1, odd, mask=mask)
 
 
 def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor, group_size: int,
@@ -113,10 +96,9 @@ def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, minimums: torch
     """The int4 layout -> the float weight [N, K] in dtype (one pass, for the large-M path)."""
     n, k = qweight.shape[0], 2 * qweight.shape[1]
     out = torch.empty(n, k, dtype=dtype, device=qweight.device)
-    block_k = _block_k(True, 1)
-    _dequantize_int4_kernel[(triton.cdiv(n, _BLOCK_N), triton.cdiv(k, block_k))](
+    _dequantize_int4_kernel[(triton.cdiv(n, _BLOCK_N), triton.cdiv(k, _BLOCK_K))](
         qweight, scales, minimums, out, n, k, qweight.stride(0), scales.stride(0), GROUP=group_size,
-        BLOCK_N=_BLOCK_N, BLOCK_K=block_k)
+        BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K)
     return out
 
 
@@ -129,40 +111,34 @@ def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     if x.stride(-1) != 1 or qweight.shape[1] * (2 if int4 else 1) != k:
         raise ValueError(f"x {tuple(x.shape)} (contiguous last dim) does not fit the weight "
                          f"{tuple(qweight.shape)}{' (two int4 per byte)' if int4 else ''}")
-    if int4 and (group_size < 2 or group_size & (group_size - 1) or group_size > 256 or k % group_size):
-        raise ValueError(f"group_size={group_size} must be a power of two from 2 to 256 that divides "
-                         f"in_features={k}")
+    if int4 and (group_size % 2 or k % group_size):
+        raise ValueError(f"group_size={group_size} must be even and divide in_features={k}")
     if m > FUSED_MAX_ROWS:  # prefill: compute-bound, cuBLAS on a dequantized copy
         if int4:
             return F.linear(x, dequantize_int4(qweight, scales, minimums, group_size, x.dtype), bias)
         out = F.linear(x, qweight.to(x.dtype)) * scales.to(x.dtype)
         return out if bias is None else out + bias
-    block_k = _block_k(int4, m)
-    weight_bytes = qweight.numel() + scales.numel() * scales.element_size() * (2 if int4 else 1)
-    plan = plan_split_k(m, n, k, _BLOCK_N, block_k, x.device, weight_bytes)
+    plan = plan_split_k(m, n, k, _BLOCK_N, _BLOCK_K, x.device)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
     direct = plan.splits == 1
     target = out if direct else torch.empty(plan.splits, m, n, dtype=torch.float32, device=x.device)
     col_scale = None if int4 else scales
-    raw_weight_bytes = plan.block_n * plan.block_k // (2 if int4 else 1)
     _weight_only_kernel[plan.grid(m, n)](
         x, qweight, scales, minimums if int4 else scales, scales, bias if bias is not None else out, target,
         m, n, k, x.stride(0), qweight.stride(0), scales.stride(0) if int4 else 0, K_PER_SPLIT=plan.k_per_split,
         GROUP=group_size if int4 else 1, INT4=int4, DIRECT=direct, HAS_BIAS=bias is not None,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-        BLOCK_K=plan.block_k, num_warps=4,
-        num_stages=_stages(plan.block_m * plan.block_k * x.element_size() + raw_weight_bytes,
-                           plan.block_n * plan.block_k * x.element_size()))
+        BLOCK_K=plan.block_k, num_warps=4, num_stages=_stages(plan.block_m * plan.block_k * x.element_size()
+                                                                + plan.block_n * plan.block_k))
     return out if direct else reduce_splits(target, out, None, col_scale, bias)
 
 
-def _stages(bytes_per_stage: int, dequantized_tile_bytes: int) -> int:
-    """Pipeline depth whose shared-memory tiles (x and the raw weight per stage, plus the one widened weight tile
-    the dot reads) fit a Hopper SM's 227 KiB with room to spare: an fp32 x at 64 rows needed 304 KiB at 4 stages
-    on the H100."""
-    return max(1, min(4, (192 * 1024 - dequantized_tile_bytes) // bytes_per_stage))
+def _stages(bytes_per_stage: int) -> int:
+    """Pipeline depth whose shared-memory tiles (x and weight per stage) fit a Hopper SM's 227 KiB with room
+    to spare: an fp32 x at 64 rows needed 304 KiB at 4 stages on the H100."""
+    return max(1, min(4, 192 * 1024 // bytes_per_stage))
 
 
 def pack_int4_codes(codes: torch.Tensor) -> torch.Tensor:
