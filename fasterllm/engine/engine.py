@@ -10,6 +10,7 @@ import torch
 from fasterllm.config import CacheConfig, EngineArgs, SchedulerConfig
 from fasterllm.engine.beam_search import BeamSearch
 from fasterllm.engine.kv_cache_manager import KVCacheManager, SwapSpace
+from fasterllm.engine.limits import check_token_ids, resolve_max_model_len
 from fasterllm.engine.output_processor import OutputProcessor
 from fasterllm.engine.request import Request
 from fasterllm.engine.scheduler import Scheduler, SchedulerOutput
@@ -103,12 +104,7 @@ class Engine:
 
     def _max_model_len(self, requested: int | None) -> int:
         limit = self.model_config.max_position_embeddings
-        if requested is None:
-            return limit
-        if requested > limit:
-            raise ValueError(f"max_model_len={requested} exceeds the model's max_position_embeddings={limit}; "
-                             f"use max_model_len <= {limit}")
-        return requested
+        return resolve_max_model_len(requested, limit, limit, f"max_position_embeddings={limit}")
 
     def _check_fits(self, cache: CacheConfig) -> None:
         needed = -(-self.max_model_len // cache.block_size)
@@ -152,10 +148,7 @@ class Engine:
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
             text, token_ids = None, list(prompt)
-            vocab = self.model_config.vocab_size
-            bad = [t for t in token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"prompt token ids {bad[:5]} are not valid: ids must be integers in [0, {vocab})")
+            check_token_ids(token_ids, self.model_config.vocab_size, "prompt token ids")
         if not token_ids:
             raise ValueError("The prompt has no tokens; give at least one")
         if len(token_ids) >= self.max_model_len:
