@@ -80,7 +80,7 @@ def quantize_model(model: nn.Module, method: str, device: torch.device) -> None:
     if method == "gguf":
         repack_gguf_linears(model, GGUF_INT4[device.type])
     if getattr(model, "lm_head", False) is None:
-        model.lm_head = nn.Linear(0, 0, bias=False, device="meta")  # quantized below, from the embedding table
+        model.lm_head = nn.Linear(*model.embed_tokens.weight.shape[::-1], bias=False, device="meta")  # quantized below
         model.lm_head.weight = model.embed_tokens.weight
     if method in KEPT_INT8:
         weight_only = QUANTIZED_LINEARS["int8"][device.type]
