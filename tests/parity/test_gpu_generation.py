@@ -58,18 +58,24 @@ def hf(gguf):
     return AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16).cuda().eval()
 
 
+def hf_greedy(hf, prompt: list[int], eos: list[int], **processors) -> tuple[list[int], list[list[int]]]:
+    """transformers' greedy tokens (through the first eos) and its top-5 ids at each step."""
+    with torch.no_grad():
+        g = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=NEW_TOKENS, do_sample=False,
+                        eos_token_id=eos, pad_token_id=eos[0], output_scores=True, return_dict_in_generate=True,
+                        **processors)
+    ref = g.sequences[0, len(prompt):].tolist()
+    ref = ref[:ref.index(eos[0]) + 1] if eos[0] in ref else ref
+    return ref, [s[0].float().topk(5).indices.tolist() for s in g.scores]
+
+
 def test_greedy_agrees_with_transformers(graphs_llm, prompts, hf):
     eos = graphs_llm.engine.tokenizer.eos_token_ids
     outputs = graphs_llm.generate([{"prompt_token_ids": p} for p in prompts],
                                   SamplingParams(temperature=0, max_tokens=NEW_TOKENS, logprobs=5), use_tqdm=False)
     identical = 0
     for prompt, output in zip(prompts, outputs):
-        with torch.no_grad():
-            g = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=NEW_TOKENS, do_sample=False,
-                            eos_token_id=eos, pad_token_id=eos[0], output_scores=True, return_dict_in_generate=True)
-        ref = g.sequences[0, len(prompt):].tolist()
-        ref = ref[:ref.index(eos[0]) + 1] if eos[0] in ref else ref
-        ref_top = [s[0].float().topk(5).indices.tolist() for s in g.scores]
+        ref, ref_top = hf_greedy(hf, prompt, eos)
         ours = output.outputs[0]
         assert near_tie_agreement(ours.token_ids, [list(lp) for lp in ours.logprobs], ref, ref_top), \
             (ours.token_ids, ref)
@@ -114,13 +120,7 @@ def test_logit_controls_on_the_gpu_agree_with_transformers(graphs_llm, prompts, 
     banned = graphs_llm.engine._bad_word_ids(["Paris"])
     outputs = graphs_llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     for prompt, output in zip(prompts, outputs):
-        with torch.no_grad():
-            g = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=NEW_TOKENS, do_sample=False,
-                            eos_token_id=eos, pad_token_id=eos[0], repetition_penalty=1.3, min_new_tokens=8,
-                            bad_words_ids=banned, output_scores=True, return_dict_in_generate=True)
-        ref = g.sequences[0, len(prompt):].tolist()
-        ref = ref[:ref.index(eos[0]) + 1] if eos[0] in ref else ref
-        ref_top = [s[0].float().topk(5).indices.tolist() for s in g.scores]
+        ref, ref_top = hf_greedy(hf, prompt, eos, repetition_penalty=1.3, min_new_tokens=8, bad_words_ids=banned)
         ours = output.outputs[0]
         assert near_tie_agreement(ours.token_ids, [list(lp) for lp in ours.logprobs], ref, ref_top), \
             (ours.token_ids, ref)
