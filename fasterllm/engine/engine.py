@@ -356,9 +356,9 @@ class Engine:
         """Give each beam its row's top candidates; returns the searches whose every beam has reported."""
         if not beam_rows:
             return []
-        index = torch.tensor([row for row, _ in beam_rows], device=sampled.logprobs.device)
-        ids = sampled.logprob_token_ids[index, 1:].tolist()  # column 0 is the sampled token
-        values = sampled.logprobs[index, 1:].tolist()
+        rows = [row for row, _ in beam_rows]  # from the host copies the runner queued; column 0 is the sampled token
+        ids = sampled.host("logprob_token_ids")[rows, 1:].tolist()
+        values = sampled.host("logprobs")[rows, 1:].tolist()
         ready: dict[int, BeamSearch] = {}
         for (_, beam), row_ids, row_values in zip(beam_rows, ids, values):
             if beam.beam.report(beam, row_ids, row_values):
