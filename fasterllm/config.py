@@ -79,11 +79,9 @@ class EngineArgs:
     task: str = "generate"  # or "embed": an encoder (BERT family) that returns one vector per input
 
     def validate(self) -> None:
-        from fasterllm.layers.quantization import QUANTIZED_LINEARS  # torch layers: imported when needed
+        from fasterllm.layers.quantization import check_method_name  # torch layers: imported when needed
 
-        if self.quantization is not None and self.quantization not in QUANTIZED_LINEARS:
-            raise ValueError(f"quantization={self.quantization!r} is not supported; supported: "
-                             f"{', '.join(repr(m) for m in QUANTIZED_LINEARS)} or None (no quantization)")
+        check_method_name(self.quantization)
         if self.quantization == "gguf" and self.load_format == "dummy":
             raise ValueError("quantization='gguf' runs a GGUF file's own blocks, which load_format='dummy' does not "
                              "read; use quantization='int4' for random weights")

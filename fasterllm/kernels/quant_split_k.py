@@ -9,6 +9,8 @@ nothing data-dependent, so the launches are capturable.
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +32,7 @@ class SplitKPlan:
         return triton.cdiv(n, self.block_n), self.splits, triton.cdiv(m, self.block_m)
 
 
+@functools.cache  # asked once per device, not on every matmul
 def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 

@@ -56,13 +56,18 @@ GGUF_INT4 = {"cpu": Int4WeightOnlyLinear, "cuda": lambda *blocks: _gpu().Int4GPU
 KEPT_INT8 = {"w8a8": ("down_proj", "lm_head"), "int4": ("lm_head",), "fp8": ("lm_head",)}
 
 
+def check_method_name(method: str | None) -> None:
+    """A ValueError naming the supported methods if method is none of them (None: no quantization)."""
+    if method is not None and method not in QUANTIZED_LINEARS:
+        raise ValueError(f"quantization={method!r} is not supported; supported: "
+                         f"{', '.join(repr(m) for m in QUANTIZED_LINEARS)} or None (no quantization)")
+
+
 def check_supported(method: str | None, device: torch.device) -> None:
     """Raise a ValueError naming the method, where it runs and the fix, if it cannot run on device."""
+    check_method_name(method)
     if method is None:
         return
-    if method not in QUANTIZED_LINEARS:
-        raise ValueError(f"quantization={method!r} is not supported; supported: "
-                         f"{', '.join(repr(m) for m in QUANTIZED_LINEARS)} or None")
     if device.type not in QUANTIZED_LINEARS[method]:
         where = [m for m, devices in QUANTIZED_LINEARS.items() if device.type in devices]
         need = "an NVIDIA Hopper GPU (e4m3 through torch._scaled_mm)" if method == "fp8" else "another device"

@@ -104,6 +104,3 @@ class FP8Linear(_GPULinear):
         qx, x_scales = quantize_per_token(x, torch.float8_e4m3fn)  # [M, K] e4m3, [M, 1] fp32
         return torch._scaled_mm(qx, self.qweight.t(), scale_a=x_scales, scale_b=self.scales,
                                 bias=None if self.bias is None else self.bias.to(x.dtype), out_dtype=x.dtype)
-
-
-GPU_LINEARS = {"int8": Int8GPULinear, "int4": Int4GPULinear.from_float, "w8a8": W8A8GPULinear, "fp8": FP8Linear}
