@@ -82,7 +82,7 @@ class Engine:
         profile_seconds = time.perf_counter() - profile_start
         graph_seconds = 0.0
         if self.device.type == "cuda" and not args.enforce_eager:
-            graph_seconds = self.runner.capture_graphs(self.scheduler_config.max_num_seqs)
+            graph_seconds = self.runner.capture_graphs()
         self.kv_cache = KVCacheManager(cache.num_blocks, cache.block_size, args.enable_prefix_caching)
         swap_space = None
         if args.preemption_mode == "swap":

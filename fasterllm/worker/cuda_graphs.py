@@ -23,10 +23,10 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model: torch.nn.Module, buffers: InputBuffers, kv_caches: torch.Tensor,
-                 max_num_seqs: int):
+    def __init__(self, model: torch.nn.Module, buffers: InputBuffers, kv_caches: torch.Tensor):
         self.model, self.buffers, self.kv_caches = model, buffers, kv_caches
-        self.sizes = graph_batch_sizes(min(max_num_seqs, buffers.max_tokens, buffers.max_seqs))
+        # the buffers were sized from max_num_seqs and max_num_batched_tokens
+        self.sizes = graph_batch_sizes(min(buffers.max_tokens, buffers.max_seqs))
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.pool = None

@@ -11,11 +11,10 @@ from itertools import accumulate
 import torch
 
 from fasterllm.layers.attention import AttentionMetadata, PrefillGroup
-from fasterllm.layers.linear import can_pack
 from fasterllm.layers.pooling import PoolingConfig, pool
 from fasterllm.loader.checkpoint import Checkpoint
-from fasterllm.models.registry import model_class
-from fasterllm.worker.encoder_inputs import split_staged, stage_packed_inputs
+from fasterllm.worker.encoder_inputs import packed_inputs_on
+from fasterllm.worker.model_runner import build_decoder
 
 
 class DecoderEmbeddingRunner:
@@ -24,12 +23,7 @@ class DecoderEmbeddingRunner:
         start = time.perf_counter()
         self.device = device
         self.pooling = pooling
-        config = checkpoint.config
-        self.model = model_class(config.architecture)(config, max_model_len, device, dtype)
-        self.model.load_weights(checkpoint.weights())
-        if can_pack(device, dtype):
-            self.model.pack_for_cpu()
-        self.model.eval()
+        self.model = build_decoder(checkpoint, max_model_len, device, dtype).eval()
         self.load_seconds = time.perf_counter() - start
 
     @torch.inference_mode()
@@ -38,8 +32,7 @@ class DecoderEmbeddingRunner:
         model's device."""
         lengths = [len(ids) for ids in token_ids]
         total = sum(lengths)
-        staged = stage_packed_inputs(token_ids, total, len(lengths), pin=self.device.type == "cuda")
-        ids, positions, cu_seqlens = split_staged(staged.to(self.device, non_blocking=True), total)
+        ids, positions, cu_seqlens = packed_inputs_on(token_ids, self.device)
         groups = [PrefillGroup(end - length, end, None, None) for length, end in zip(lengths, accumulate(lengths))]
         # slot -1 everywhere: no token is stored (the model gets no cache)
         meta = AttentionMetadata(positions, torch.full((total,), -1, device=self.device), total, groups, None)

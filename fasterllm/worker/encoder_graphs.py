@@ -21,7 +21,8 @@ from fasterllm.layers.varlen_attention import VarlenBatch
 from fasterllm.models.bert import BertModel
 from fasterllm.worker.encoder_inputs import split_staged, stage_packed_inputs
 
-# token buckets: powers of two and the halfway points between them, so a batch pads by at most a half
+# token buckets: powers of two and the halfway points between them, so a batch pads by at most a half; past
+# the largest a batch runs eagerly (the GPU's work then outlasts launching it from Python)
 TOKEN_BUCKETS = (128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 MIN_SEQ_BUCKET = 8
 
@@ -35,22 +36,21 @@ class _CapturedForward:
 
 
 class EncoderGraphs:
-    def __init__(self, model: BertModel, device: torch.device, max_seqlen: int, max_tokens: int):
+    def __init__(self, model: BertModel, device: torch.device, max_seqlen: int):
         self.model = model
         self.device = device
         self.max_seqlen = max_seqlen
-        self.token_buckets = [b for b in TOKEN_BUCKETS if b <= max_tokens]
         self.captured: dict[tuple[int, int], _CapturedForward] = {}
         self.pool = torch.cuda.graph_pool_handle()
 
     def fits(self, num_tokens: int) -> bool:
-        return bool(self.token_buckets) and num_tokens <= self.token_buckets[-1]
+        return num_tokens <= TOKEN_BUCKETS[-1]
 
     def forward(self, token_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay the bucket's graph on these sequences -> (hidden states of the real tokens, cu_seqlens); both
         are views of the graph's buffers, valid until the next replay (read them on the same stream first)."""
         num_tokens = sum(map(len, token_ids))
-        key = (self.token_buckets[bisect.bisect_left(self.token_buckets, num_tokens)],
+        key = (TOKEN_BUCKETS[bisect.bisect_left(TOKEN_BUCKETS, num_tokens)],
                max(MIN_SEQ_BUCKET, 1 << (len(token_ids) - 1).bit_length()))
         captured = self.captured.get(key) or self._capture(*key)
         captured.inputs.copy_(stage_packed_inputs(token_ids, key[0], key[1], pin=True), non_blocking=True)

@@ -32,6 +32,14 @@ def stage_packed_inputs(token_ids: list[list[int]], token_capacity: int, seq_cap
     return host
 
 
+def packed_inputs_on(token_ids: list[list[int]], device: torch.device
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token ids, positions, cu_seqlens) of exactly these sequences on device, sent in one non-blocking copy."""
+    total = sum(map(len, token_ids))
+    staged = stage_packed_inputs(token_ids, total, len(token_ids), pin=device.type == "cuda")
+    return split_staged(staged.to(device, non_blocking=True), total)
+
+
 def split_staged(staged: torch.Tensor, token_capacity: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Views (token ids, positions, cu_seqlens) of a staged tensor, on whichever device it is."""
     return staged[:token_capacity], staged[token_capacity:2 * token_capacity], staged[2 * token_capacity:]

@@ -11,10 +11,7 @@ from fasterllm.layers.varlen_attention import VarlenBatch
 from fasterllm.loader.encoder_checkpoint import EncoderCheckpoint
 from fasterllm.models.bert import BertModel
 from fasterllm.worker.encoder_graphs import EncoderGraphs
-from fasterllm.worker.encoder_inputs import split_staged, stage_packed_inputs
-
-# the largest batch that gets a CUDA graph: past it the GPU's work outlasts launching it from Python
-GRAPH_MAX_TOKENS = 8192
+from fasterllm.worker.encoder_inputs import packed_inputs_on
 
 
 class EncoderRunner:
@@ -31,7 +28,7 @@ class EncoderRunner:
             model.pack_for_cpu()
         self.model = model.eval()
         use_graphs = device.type == "cuda" and not enforce_eager
-        self.graphs = EncoderGraphs(self.model, device, max_model_len, GRAPH_MAX_TOKENS) if use_graphs else None
+        self.graphs = EncoderGraphs(self.model, device, max_model_len) if use_graphs else None
         self.load_seconds = time.perf_counter() - start
 
     @torch.inference_mode()
@@ -45,8 +42,6 @@ class EncoderRunner:
         return pool(hidden, cu_seqlens, self.pooling)
 
     def _eager_forward(self, token_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        lengths = [len(ids) for ids in token_ids]
-        staged = stage_packed_inputs(token_ids, sum(lengths), len(lengths), pin=self.device.type == "cuda")
-        ids, positions, cu_seqlens = split_staged(staged.to(self.device, non_blocking=True), sum(lengths))
-        batch = VarlenBatch.from_lengths(lengths, self.device, cu_seqlens)
+        ids, positions, cu_seqlens = packed_inputs_on(token_ids, self.device)
+        batch = VarlenBatch.from_lengths([len(t) for t in token_ids], self.device, cu_seqlens)
         return self.model(ids, positions, batch), cu_seqlens

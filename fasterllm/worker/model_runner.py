@@ -34,25 +34,34 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, tuple[int, list[list[int]], list[list[float]], list[int]]] = field(default_factory=dict)
 
 
+def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.device, dtype: torch.dtype,
+                  load_format: str = "auto", quantization: str | None = None) -> torch.nn.Module:
+    """The checkpoint's decoder on device with its weights loaded (or random: load_format='dummy'), quantized
+    when asked, and packed for oneDNN on the CPU."""
+    config = checkpoint.config
+    model = model_class(config.architecture)(config, max_model_len, device, dtype)
+    if load_format == "dummy":
+        fill_dummy_weights(model)
+    elif quantization == "gguf":  # the projections take the file's Q4 blocks as stored
+        weights = checkpoint.require_q4_block_weights()
+        prepare_gguf_linears(model)
+        model.load_weights(weights())
+    else:
+        model.load_weights(checkpoint.weights())
+    if quantization is not None:
+        quantize_model(model, quantization, device)  # the output head too (a tied head: a quantized copy)
+    if can_pack(device, dtype):
+        model.pack_for_cpu()
+    return model
+
+
 class ModelRunner:
     def __init__(self, checkpoint: Checkpoint, max_model_len: int, device: torch.device, dtype: torch.dtype,
                  load_format: str = "auto", quantization: str | None = None):
         self.model_config: ModelConfig = checkpoint.config
         self.device, self.dtype = device, dtype
         start = time.perf_counter()
-        self.model = model_class(self.model_config.architecture)(self.model_config, max_model_len, device, dtype)
-        if load_format == "dummy":
-            fill_dummy_weights(self.model)
-        elif quantization == "gguf":  # the projections take the file's Q4 blocks as stored
-            weights = checkpoint.require_q4_block_weights()
-            prepare_gguf_linears(self.model)
-            self.model.load_weights(weights())
-        else:
-            self.model.load_weights(checkpoint.weights())
-        if quantization is not None:
-            quantize_model(self.model, quantization, device)  # the output head too (a tied head: a quantized copy)
-        if can_pack(device, dtype):
-            self.model.pack_for_cpu()
+        self.model = build_decoder(checkpoint, max_model_len, device, dtype, load_format, quantization)
         self.load_seconds = time.perf_counter() - start
         self.max_model_len = max_model_len
         self.kv_caches: torch.Tensor | None = None
@@ -68,9 +77,9 @@ class ModelRunner:
             self.buffers = InputBuffers(sched.max_num_batched_tokens, sched.max_num_seqs, -(-longest // block_size),
                                         block_size, self.model_config.sliding_window, self.device)
 
-    def capture_graphs(self, max_num_seqs: int) -> float:
+    def capture_graphs(self) -> float:
         """Capture the decode CUDA graphs (after the KV cache exists); returns the seconds it took."""
-        self.graphs = DecodeGraphs(self.model, self.buffers, self.kv_caches, max_num_seqs)
+        self.graphs = DecodeGraphs(self.model, self.buffers, self.kv_caches)
         return self.graphs.capture()
 
     def bytes_per_block(self, block_size: int) -> int:
