@@ -26,7 +26,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from fasterllm import LLM
-from fasterllm.bench.embed import hf_embedder, mixed_sentences, report_interleaved_runs, word_vocabulary
+from fasterllm.bench.embed import hf_embedder, mixed_sentences, report_interleaved_runs, sync, word_vocabulary
 from fasterllm.bench.random_encoder import ENCODER_SHAPES, make_random_encoder
 
 KERNEL_KINDS = [  # (kind, substrings of kernel names), first match wins
@@ -35,11 +35,6 @@ KERNEL_KINDS = [  # (kind, substrings of kernel names), first match wins
     ("layer norm", ("layer_norm", "layernorm")),
     ("copy", ("memcpy", "memset", "copy")),
 ]
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def print_phases(llm: LLM, sentences: list[str]) -> None:

@@ -111,10 +111,10 @@ def report_interleaved_runs(runners: dict[str, Callable[[list[str]], object]], s
         run(sentences)
     for _ in range(repeats):
         for name, run in runners.items():
-            _sync(device)
+            sync(device)
             start = time.perf_counter()
             outputs[name] = run(sentences)
-            _sync(device)
+            sync(device)
             seconds[name].append(time.perf_counter() - start)
     ours_name = next(iter(runners))
     vectors = {name: _as_matrix(output) for name, output in outputs.items()}  # outside the timed runs
@@ -136,6 +136,6 @@ def _as_matrix(output: object) -> torch.Tensor:
     return torch.from_numpy(np.array([o.outputs.embedding for o in output], dtype=np.float32))
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
