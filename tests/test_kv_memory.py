@@ -12,9 +12,8 @@ PARAMS = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
 def prompts(llm):
     tokenizer = llm.get_tokenizer()
-    return [tokenizer.encode(tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM},
-                                                            {"role": "user", "content": q}]),
-                             add_special_tokens=False) for q in QUESTIONS]
+    return [tokenizer.encode_chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}])
+            for q in QUESTIONS]
 
 
 def generate_twice(max_model_len=256, **engine_args):

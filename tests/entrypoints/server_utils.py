@@ -44,6 +44,9 @@ class ServerThread:
 
         return OpenAI(base_url=self.url + "/v1", api_key=kwargs.pop("api_key", "none"), max_retries=0, **kwargs)
 
+    def kv_blocks_in_use(self) -> float:
+        return self.metrics()["fasterllm_kv_cache_blocks_in_use"]
+
     def metrics(self) -> dict[str, float]:
         """The /metrics samples as {'name{labels}': value}."""
         samples = {}

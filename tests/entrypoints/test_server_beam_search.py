@@ -14,9 +14,7 @@ QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
 
 
 def chat_prompt(reference_llm, messages) -> dict:
-    tokenizer = reference_llm.get_tokenizer()
-    return {"prompt_token_ids": tokenizer.encode(tokenizer.apply_chat_template(messages, True),
-                                                 add_special_tokens=False)}
+    return {"prompt_token_ids": reference_llm.get_tokenizer().encode_chat(messages)}
 
 
 def test_completion_choices_are_the_offline_hypotheses_best_first(client, reference_llm):
@@ -86,23 +84,19 @@ def test_fields_that_make_no_sense_with_beams_are_named(server, path, fields, pa
     assert error["param"] == param and message in error["message"]
 
 
-def blocks_in_use(server) -> float:
-    return server.metrics()["fasterllm_kv_cache_blocks_in_use"]
-
-
 LONG_SEARCH = {"model": MODEL, "prompt": PROMPT, "n": 4, "max_tokens": 300, "ignore_eos": True, "use_beam_search": True}
 
 
 def test_a_client_that_gives_up_on_a_search_frees_every_beam(server):
-    wait_for(lambda: blocks_in_use(server) == 0, what="an idle server")
+    wait_for(lambda: server.kv_blocks_in_use() == 0, what="an idle server")
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.url}/v1/completions", json=LONG_SEARCH, timeout=httpx.Timeout(5, read=1.5))
-    wait_for(lambda: blocks_in_use(server) == 0, timeout_s=5, what="the abandoned search's blocks to be freed")
+    wait_for(lambda: server.kv_blocks_in_use() == 0, timeout_s=5, what="the abandoned search's blocks to be freed")
     assert not server.llm.engine.requests
 
 
 def test_a_forward_pass_failing_mid_search_fails_it_alone(server, client):
-    wait_for(lambda: blocks_in_use(server) == 0, what="an idle server")
+    wait_for(lambda: server.kv_blocks_in_use() == 0, what="an idle server")
     runner = server.llm.engine.runner
     real_execute, calls = runner.execute, []
 
@@ -120,7 +114,7 @@ def test_a_forward_pass_failing_mid_search_fails_it_alone(server, client):
                                       extra_body={"use_beam_search": True, "ignore_eos": True})
     finally:
         runner.execute = real_execute
-    wait_for(lambda: blocks_in_use(server) == 0, timeout_s=5, what="the failed search's blocks to be freed")
+    wait_for(lambda: server.kv_blocks_in_use() == 0, timeout_s=5, what="the failed search's blocks to be freed")
     assert not server.llm.engine.requests
     reply = client.completions.create(model=MODEL, prompt=PROMPT, n=2, max_tokens=4,
                                       extra_body={"use_beam_search": True})

@@ -15,10 +15,6 @@ MODEL = "SmolLM2-135M-Instruct"
 LONG_RUN = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "temperature": 0}
 
 
-def kv_blocks_in_use(server) -> float:
-    return server.metrics()["fasterllm_kv_cache_blocks_in_use"]
-
-
 def idle(server) -> bool:
     samples = server.metrics()
     return samples["fasterllm_kv_cache_blocks_in_use"] == 0 and samples["fasterllm_num_requests_running"] == 0
@@ -30,7 +26,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_request(server):
     with httpx.stream("POST", f"{server.url}/v1/completions", json={**LONG_RUN, "stream": True}) as response:
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))
-        assert kv_blocks_in_use(server) > 0
+        assert server.kv_blocks_in_use() > 0
     # the connection is closed: the request must be aborted long before its 400 tokens are done
     wait_for(lambda: idle(server), timeout_s=5, what="the disconnected stream's blocks to be freed")
     assert server.metrics()['fasterllm_requests_total{outcome="aborted"}'] == aborted + 1
@@ -85,8 +81,7 @@ def test_metrics_count_outcomes_tokens_and_latencies(server, client):
     assert grew('fasterllm_requests_total{outcome="rejected"}') == 1
     assert grew('fasterllm_requests_total{outcome="error"}') == 0
     assert grew("fasterllm_generation_tokens_total") == 5 + 3
-    chat_prompt = len(server.llm.tokenizer.encode(server.llm.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Hi"}]), add_special_tokens=False))
+    chat_prompt = len(server.llm.tokenizer.encode_chat([{"role": "user", "content": "Hi"}]))
     assert grew("fasterllm_prompt_tokens_total") == reply.usage.prompt_tokens + chat_prompt
     assert grew("fasterllm_time_to_first_token_seconds_count") == 2
     assert grew("fasterllm_time_per_output_token_seconds_count") == 2

@@ -27,7 +27,7 @@ def test_bf16_greedy_agrees_with_transformers_up_to_near_ties(llm_bf16, hf_bf16)
     ours = llm_bf16.chat(conversations, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, logprobs=5),
                          use_tqdm=False)
     for conversation, output in zip(conversations, ours):
-        prompt = tokenizer.encode(tokenizer.apply_chat_template(conversation), add_special_tokens=False)
+        prompt = tokenizer.encode_chat(conversation)
         with torch.no_grad():
             ref = hf_bf16.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False,
                                    output_scores=True, return_dict_in_generate=True, pad_token_id=0)

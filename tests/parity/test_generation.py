@@ -107,8 +107,7 @@ def test_smollm2_chat_knows_paris(smollm2_llm):
 def test_smollm2_eos_stop_matches_transformers(smollm2_llm, hf_smollm2, hf_smollm2_tokenizer):
     """Without ignore_eos both stop at the same EOS; with it we carry on past it along the same path."""
     messages = [{"role": "user", "content": "Say hi."}]
-    ids = smollm2_llm.get_tokenizer().encode(
-        smollm2_llm.get_tokenizer().apply_chat_template(messages), add_special_tokens=False)
+    ids = smollm2_llm.get_tokenizer().encode_chat(messages)
     ref = hf_greedy(hf_smollm2, ids, NEW_TOKENS)
     assert len(ref) < NEW_TOKENS and ref[-1] == hf_smollm2_tokenizer.eos_token_id, \
         "transformers no longer stops early on this prompt; pick another"

@@ -39,8 +39,7 @@ def graphs_llm(gguf):
 @pytest.fixture(scope="module")
 def prompts(graphs_llm):
     tok = graphs_llm.get_tokenizer()
-    chats = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}], True), add_special_tokens=False)
-             for q in QUESTIONS]
+    chats = [tok.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
     return chats + [tok.encode(t) for t in TEXTS]
 
 
