@@ -43,8 +43,8 @@ class TokenizerWrapper:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Token ids (special tokens included) of each text, from one call: the Rust tokenizer spreads the
-        texts over the cores."""
-        return [encoding.ids for encoding in self.tokenizer.encode_batch(texts)]
+        texts over the cores, and skips the character offsets we never read (~20% of its time)."""
+        return [encoding.ids for encoding in self.tokenizer.encode_batch_fast(texts)]
 
     @property
     def num_special_tokens(self) -> int:
