@@ -32,7 +32,9 @@ class DecodeGroup:
 
     token_index: torch.Tensor | None  # rows of the flat batch; None when every row is a decode
     blocks: torch.Tensor  # [B * max_blocks] block ids, row by row (short rows padded with real blocks, masked)
-    mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size] True where the key is real
+    mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] True where the key is real; None: one sequence
+    keys: slice  # the key positions each row reads (one sequence: its window, so no mask is needed)
+    first_block: int | None = None  # one sequence whose blocks are consecutive ids: read in place, no gather
 
 
 @dataclass
@@ -85,20 +87,34 @@ class AttentionMetadata:
                 blocks = tables[i, :-(-seq_len // block_size)]
                 prefills.append(PrefillGroup(start, start + query_len, blocks.to(device), mask))
             start += query_len
-        decode = None
-        if decode_rows:
-            rows = torch.tensor(decode_rows)
-            lens = torch.tensor(seq_lens)[rows]
-            num_blocks = -(-int(lens.max()) // block_size)
-            all_decode = len(decode_rows) == len(query_lens)
-            token_index = None if all_decode else (torch.tensor(query_lens).cumsum(0)[rows] - 1).to(device)
-            key_positions = torch.arange(num_blocks * block_size)[None, :]
-            mask = key_positions < lens[:, None]
-            if sliding_window is not None:
-                mask &= key_positions >= lens[:, None] - sliding_window
-            mask = mask[:, None, None, :]
-            decode = DecodeGroup(token_index, tables[rows, :num_blocks].reshape(-1).to(device), mask.to(device))
+        decode = _decode_group(decode_rows, query_lens, seq_lens, block_tables, tables, block_size, device,
+                               sliding_window) if decode_rows else None
         return AttentionMetadata(positions.to(device), slot_mapping.to(device), start, prefills, decode)
+
+
+def _decode_group(rows: list[int], query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
+                  tables: torch.Tensor, block_size: int, device: torch.device,
+                  sliding_window: int | None) -> DecodeGroup:
+    """The decode rows' blocks and key range. One sequence (single-stream decoding) needs no mask: its keys
+    are cut to its own window, and its blocks, when consecutive (as a fresh pool hands them out), are read
+    in place instead of gathered."""
+    token_index = None
+    if len(rows) < len(query_lens):
+        token_index = (torch.tensor(query_lens).cumsum(0)[rows] - 1).to(device)
+    lens = torch.tensor(seq_lens)[rows]
+    num_blocks = -(-int(lens.max()) // block_size)
+    blocks = tables[rows, :num_blocks].reshape(-1).to(device)
+    if len(rows) == 1:
+        seq_len = seq_lens[rows[0]]
+        table = block_tables[rows[0]][:num_blocks]
+        consecutive = table == list(range(table[0], table[0] + num_blocks))
+        first_key = 0 if sliding_window is None else max(0, seq_len - sliding_window)
+        return DecodeGroup(token_index, blocks, None, slice(first_key, seq_len), table[0] if consecutive else None)
+    key_positions = torch.arange(num_blocks * block_size)[None, :]
+    mask = key_positions < lens[:, None]
+    if sliding_window is not None:
+        mask &= key_positions >= lens[:, None] - sliding_window
+    return DecodeGroup(token_index, blocks, mask[:, None, None, :].to(device), slice(0, num_blocks * block_size))
 
 
 def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv_cache: torch.Tensor,
@@ -116,13 +132,14 @@ def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv
     return out.view(qkv.shape[0], num_heads * qkv.shape[2])
 
 
-def store_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: AttentionMetadata) -> None:
-    """Write the new tokens' K/V into their slots; rows past num_actual_tokens are padding."""
+def store_kv(kv_cache: torch.Tensor, key_value: torch.Tensor, meta: AttentionMetadata) -> None:
+    """Write the new tokens' K/V into their slots in one copy; key_value [T, 2 * Hkv, D] holds each token's
+    key heads then its value heads (as the fused QKV projection lays them out); rows past
+    num_actual_tokens are padding."""
     n = meta.num_actual_tokens
-    num_kv_heads, head_dim = key.shape[1], key.shape[2]
+    num_kv_heads, head_dim = key_value.shape[1] // 2, key_value.shape[2]
     flat = kv_cache.view(2, -1, num_kv_heads, head_dim)
-    flat[0].index_copy_(0, meta.slot_mapping, key[:n])
-    flat[1].index_copy_(0, meta.slot_mapping, value[:n])
+    flat.index_copy_(1, meta.slot_mapping, key_value[:n].view(n, 2, num_kv_heads, head_dim).transpose(0, 1))
 
 
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
@@ -160,9 +177,12 @@ def _decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, d: DecodeGrou
     """One new token per sequence: [B, Hq, D] -> [B, Hq, D], all sequences in one padded batch."""
     batch, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[-2]
-    width = d.mask.shape[-1]
     # each KV head's query heads become rows of one query block: no K/V repeat needed
     q = query.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    k, v = (kv_cache[i].index_select(0, d.blocks).view(batch, width, num_kv_heads, head_dim).transpose(1, 2)
-            for i in (0, 1))
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=d.mask, scale=scale).reshape(batch, num_heads, head_dim)
+    if d.first_block is not None:  # a view of the blocks, K and V together
+        kv = kv_cache[:, d.first_block:d.first_block + d.blocks.numel()]
+    else:  # K and V gathered in one copy
+        kv = kv_cache.index_select(1, d.blocks)
+    kv = kv.view(2, batch, -1, num_kv_heads, head_dim)[:, :, d.keys].transpose(2, 3)
+    return F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=d.mask, scale=scale).reshape(
+        batch, num_heads, head_dim)

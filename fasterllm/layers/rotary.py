@@ -52,7 +52,9 @@ class RotaryEmbedding:
         return cos, sin
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, D] -> rotated copy (rotate-half form, as Hugging Face's LLaMA)."""
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+    """x: [T, heads, D] -> rotated (rotate-half form, as Hugging Face's LLaMA): a new tensor, or written
+    into out (which may be x itself: the CPU decode rotates Q and K inside the QKV output)."""
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.addcmul(x * cos, torch.cat([x2, x1], dim=-1), sin)
+    return torch.addcmul(x * cos, torch.cat([x2, x1], dim=-1), sin, out=out)

@@ -43,12 +43,12 @@ class DecoderLayer(nn.Module):
         if meta.kernel is not None:
             attention = attend_with_kernels(qkv, self.num_heads, self.num_kv_heads, kv_cache, meta, rope, self.scale)
         else:
-            # Q and K rotated together in one call
-            qk = apply_rotary(qkv[:, :self.num_heads + self.num_kv_heads], *rope)
-            query, key = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-            value = qkv[:, self.num_heads + self.num_kv_heads:]
+            # Q and K rotated together in one call, in place: K then V stay side by side for one store
+            qk = qkv[:, :self.num_heads + self.num_kv_heads]
+            apply_rotary(qk, *rope, out=qk)
+            query, key, value = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
             if kv_cache is not None:  # None: a pass without a cache (embeddings), whole prompts, nothing kept
-                store_kv(kv_cache, key, value, meta)
+                store_kv(kv_cache, qkv[:, self.num_heads:], meta)
             attention = paged_attention(query, key, value, kv_cache, meta, self.scale)
         hidden, residual = self.post_attention_layernorm(self.o_proj(attention), residual)
         return self.down_proj(silu_and_mul(self.gate_up_proj(hidden))), residual
