@@ -20,8 +20,7 @@ from triton.testing import do_bench
 
 from fasterllm.kernels.quant_activation import (quantize_per_token, quantize_per_token_reference, rms_norm_quantize,
                                                 silu_and_mul_quantize)
-from fasterllm.kernels import quant_gemv
-from fasterllm.kernels.quant_gemv import GEMV_MAX_ROWS, gemv_weight_only
+from fasterllm.kernels import gemv
 from fasterllm.kernels.quant_w8a8 import int8_gemm, int8_gemm_reference
 from fasterllm.kernels.quant_weight_only import pack_int4_codes, weight_only_matmul, weight_only_matmul_reference
 from fasterllm.layers.activation import silu_and_mul
@@ -86,8 +85,8 @@ def bench_layer(layer: str, n: int, k: int, rows: list[int]) -> None:
                           lambda: int8_gemm_reference(qx, sx, q8, s8, None, x.dtype), n * k + 4 * n),
             "fp8": (lambda: fp8(x), lambda: x.float() @ (fp8.qweight.float() * fp8.scales.t()).t(), n * k + 4 * n),
         }
-        if m <= GEMV_MAX_ROWS:  # the matrix-vector kernel on the bf16 weight itself, against cuBLAS (the bf16 row)
-            cases["gemv-bf16"] = (lambda: gemv_weight_only(x, weight, None, None, None, 0),
+        if m == 1:  # the matrix-vector kernel on the bf16 weight itself, against cuBLAS (the bf16 row)
+            cases["gemv-bf16"] = (lambda: gemv.gemv(x, weight),
                                   lambda: (x.float() @ weight.float().t()).to(x.dtype), 2 * n * k)
         qx, sx = quantize_per_token(x)
         for name, (run, reference, weight_bytes) in cases.items():
@@ -135,7 +134,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     bench_quantizers(args.rows)
     bench_matmuls(args.rows)
-    for key, (block_n, block_b, warps) in quant_gemv.chosen_tiles().items():  # what the first calls timed best
+    for key, (block_n, block_b, warps) in gemv.chosen_tiles().items():  # what the first calls timed best
         print(f"matrix-vector tile for {key}: BLOCK_N {block_n}, BLOCK_B {block_b}, {warps} warps", flush=True)
 
 

@@ -7,9 +7,8 @@ half a byte (int4) each and widened in registers. Layouts (made by the quantizer
         of `group_size` consecutive k, an fp16 scale and minimum [N, K/group]: W = q * scale + minimum
         (asymmetric, the CPU layers' and GGUF Q4_1's convention; fp16 holds GGUF's own scales exactly)
 The quantizers are the CPU layers' (layers/quantization/int8.py, int4.py); pack_int4_codes makes the bytes.
-Up to GEMV_MAX_ROWS rows go through quant_gemv.py's matrix-vector kernel, up to FUSED_MAX_ROWS through the
-kernel here (split K, quant_split_k.py); more rows (prefill) dequantize the
-weight once and call cuBLAS, which is compute-bound there anyway.
+One row goes through gemv.py's matrix-vector kernel, up to FUSED_MAX_ROWS through the kernel here (split K,
+quant_split_k.py); more rows (prefill) dequantize the weight once and call cuBLAS, compute-bound there anyway.
 """
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.quant_gemv import GEMV_MAX_ROWS, gemv_weight_only
+from fasterllm.kernels.gemv import gemv
 from fasterllm.kernels.quant_split_k import epilogue, plan_split_k, reduce_splits
 
 FUSED_MAX_ROWS = 64
@@ -120,8 +119,8 @@ def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
             return F.linear(x, dequantize_int4(qweight, scales, minimums, group_size, x.dtype), bias)
         out = F.linear(x, qweight.to(x.dtype)) * scales.to(x.dtype)
         return out if bias is None else out + bias
-    if m <= GEMV_MAX_ROWS:  # decode of a few rows: a matrix-vector product streaming the weight bytes
-        return gemv_weight_only(x, qweight, scales, bias, minimums, group_size)
+    if m == 1:  # batch-1 decode: a matrix-vector product streaming the weight bytes
+        return gemv(x, qweight, scales, bias, minimums, group_size)
     plan = plan_split_k(m, n, k, _BLOCK_N, _BLOCK_K, x.device)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:

@@ -67,11 +67,18 @@ class LlamaForCausalLM(nn.Module):
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.rope_freq_factors)
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, inv_freq, device, dtype)
 
-    def pack_for_cpu(self) -> None:
-        """Reorder every projection's weight (the tied output head too) for oneDNN, after loading."""
-        if self.lm_head is None:  # tied: the embedding table keeps its rows for lookups, the head gets a copy
+    def head_as_linear(self) -> nn.Linear:
+        """The output head as an nn.Linear module, so CPU packing, quantization and the GPU's matrix-vector
+        layers replace it like the projections: a tied head gets one over the embedding table's weight (the
+        table keeps its rows for lookups; the replacement makes the head's own copy or view)."""
+        if self.lm_head is None:
             self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False, device="meta")
             self.lm_head.weight = self.embed_tokens.weight
+        return self.lm_head
+
+    def pack_for_cpu(self) -> None:
+        """Reorder every projection's weight (the tied output head too) for oneDNN, after loading."""
+        self.head_as_linear()
         pack_linears(self)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,

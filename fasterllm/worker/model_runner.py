@@ -37,7 +37,7 @@ class ModelRunnerOutput:
 def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.device, dtype: torch.dtype,
                   load_format: str = "auto", quantization: str | None = None) -> torch.nn.Module:
     """The checkpoint's decoder on device with its weights loaded (or random: load_format='dummy'), quantized
-    when asked, and packed for oneDNN on the CPU."""
+    when asked, packed for oneDNN on the CPU, its float linears on a GPU taking one row through gemv.py."""
     config = checkpoint.config
     model = model_class(config.architecture)(config, max_model_len, device, dtype)
     if load_format == "dummy":
@@ -50,6 +50,11 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
         model.load_weights(checkpoint.weights())
     if quantization is not None:
         quantize_model(model, quantization, device)  # the output head too (a tied head: a quantized copy)
+    elif device.type == "cuda":  # batch-1 decode through the matrix-vector kernel, the head too
+        from fasterllm.layers.gpu_linear import use_gemv_linears  # Triton: only with CUDA
+
+        model.head_as_linear()
+        use_gemv_linears(model)
     if can_pack(device, dtype):
         model.pack_for_cpu()
     return model

@@ -79,14 +79,13 @@ def check_supported(method: str | None, device: torch.device) -> None:
 
 def quantize_model(model: nn.Module, method: str, device: torch.device) -> None:
     """Replace every nn.Linear under model (in place) with its quantized form for device; a tied output
-    head (lm_head None, the embedding table used) gets a quantized copy of its own."""
+    head gets a quantized copy of its own."""
     check_supported(method, device)
     make = QUANTIZED_LINEARS[method][device.type]
     if method == "gguf":
         repack_gguf_linears(model, GGUF_INT4[device.type])
-    if getattr(model, "lm_head", False) is None:
-        model.lm_head = nn.Linear(*model.embed_tokens.weight.shape[::-1], bias=False, device="meta")  # quantized below
-        model.lm_head.weight = model.embed_tokens.weight
+    if hasattr(model, "head_as_linear"):
+        model.head_as_linear()  # a tied head: quantized below into a copy of its own
     if method in KEPT_INT8:
         weight_only = QUANTIZED_LINEARS["int8"][device.type]
         for parent in list(model.modules()):

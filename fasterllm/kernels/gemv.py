@@ -1,0 +1,125 @@
+"""Matrix-vector products for batch-1 decode (Triton): y = x @ W^T, W float, int8 or int4 (dequantized inside).
+
+One row reads every weight once and does 2 flops per weight: the tensor cores have nothing to do and the speed
+is the speed of streaming the weight bytes. So no tl.dot here (it pads the rows to 16):
+each program owns BLOCK_N output columns and walks their rows of W (contiguous along K) in chunks of BLOCK_B
+weights (int4: bytes), widening them in registers, multiplying by the matching slice of x and summing along K. Every
+output column is finished by one program: no split-K workspace, no second launch. The weight layouts are
+quant_weight_only.py's (int8 [N, K] with a scale per row; int4 [N, K/2], k = 2j low nibble and 2j+1 high, an
+fp16 scale and minimum per group of GROUP k): int4 groups are summed first and scaled once per group
+(sum_k (q s + m) x = s sum_k q x + m sum_k x), so the scales are read per group, not per weight.
+
+The best tile depends on the shape and the GPU, so the first call of each shape on a GPU times a few candidate
+tiles (CUDA events, outside any graph capture) and keeps the fastest; the engine's warm-up before capturing
+its decode graphs makes that first call.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# (BLOCK_N, BLOCK_B weights per row per step (int4: bytes), num_warps): small BLOCK_N keeps thousands of programs
+# streaming for 4096-wide outputs; larger chunks keep more bytes in flight per program
+_CANDIDATES = [(1, 2048, 4), (2, 1024, 4), (2, 2048, 4), (4, 512, 4), (4, 1024, 4), (4, 1024, 8), (8, 512, 4),
+               (8, 1024, 8), (16, 256, 4), (16, 512, 8)]
+_DEFAULT = (4, 512, 4)  # the CPU interpreter and shapes timed nowhere
+_chosen: dict[tuple, tuple[int, int, int]] = {}
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, N, K, stride_wn, stride_gn,
+                 INT4: tl.constexpr, GROUP: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < N
+    w_rows = w_ptr + rn.to(tl.int64) * stride_wn
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if INT4:
+        GROUPS: tl.constexpr = 2 * BLOCK_B // GROUP  # whole groups per chunk: BLOCK_B bytes = 2 * BLOCK_B k
+        HALF: tl.constexpr = GROUP // 2  # bytes per group
+        g = tl.arange(0, GROUPS)
+        for b0 in range(0, K // 2, BLOCK_B):
+            byte = b0 + g[:, None] * HALF + tl.arange(0, HALF)[None, :]  # [GROUPS, HALF] along the row
+            k_mask = byte < K // 2
+            w_mask = n_mask[:, None, None] if EVEN_K else n_mask[:, None, None] & k_mask[None, :, :]
+            packed = tl.load(w_rows[:, None, None] + byte[None, :, :], mask=w_mask, other=0,
+                             eviction_policy="evict_first")
+            x_even = tl.load(x_ptr + 2 * byte, mask=k_mask, other=0.0).to(tl.float32)  # k = 2 * byte
+            x_odd = tl.load(x_ptr + 2 * byte + 1, mask=k_mask, other=0.0).to(tl.float32)
+            codes_x = tl.sum((packed & 0xF).to(tl.float32) * x_even[None, :, :]
+                             + (packed >> 4).to(tl.float32) * x_odd[None, :, :], axis=2)  # [BLOCK_N, GROUPS]
+            group = b0 * 2 // GROUP + g
+            g_mask = n_mask[:, None] & (group < K // GROUP)[None, :]
+            g_offsets = rn[:, None].to(tl.int64) * stride_gn + group[None, :]
+            scale = tl.load(scale_ptr + g_offsets, mask=g_mask, other=0.0).to(tl.float32)
+            minimum = tl.load(min_ptr + g_offsets, mask=g_mask, other=0.0).to(tl.float32)
+            acc += tl.sum(scale * codes_x + minimum * tl.sum(x_even + x_odd, axis=1)[None, :], axis=1)
+    else:
+        for k0 in range(0, K, BLOCK_B):
+            k = k0 + tl.arange(0, BLOCK_B)
+            w_mask = n_mask[:, None] if EVEN_K else n_mask[:, None] & (k < K)[None, :]
+            w = tl.load(w_rows[:, None] + k[None, :], mask=w_mask, other=0, eviction_policy="evict_first")
+            x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+            acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)  # int8 codes, or float weights as they are
+        if HAS_SCALE:  # int8: one scale per row of W
+            acc = acc * tl.load(scale_ptr + rn, mask=n_mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rn, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+         minimums: torch.Tensor | None = None, group_size: int = 0) -> torch.Tensor:
+    """One row x [1, K] (contiguous) times W^T -> [1, N] in x's dtype. W is a float weight [N, K] used as it is
+    (scales None), int8 codes [N, K] with a scale per row, or int4 bytes [N, K/2] with per-group scales and
+    minimums (quant_weight_only.py's layouts; its weight_only_matmul checks the shapes)."""
+    k = x.shape[-1]
+    n = weight.shape[0]
+    if x.numel() != k or weight.shape[1] * (2 if minimums is not None else 1) != k:
+        raise ValueError(f"gemv takes one row of K values and a [N, K] weight, got x {tuple(x.shape)} and weight "
+                         f"{tuple(weight.shape)}")
+    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    int4 = minimums is not None
+
+    def launch(config: tuple[int, int, int]) -> None:
+        block_n, block_b, warps = config
+        if int4:
+            block_b = max(block_b, group_size // 2)  # whole groups per chunk
+        _gemv_kernel[(triton.cdiv(n, block_n),)](
+            x, weight, scales if scales is not None else out, minimums if int4 else out,
+            bias if bias is not None else out, out, n, k, weight.stride(0), scales.stride(0) if int4 else 0,
+            INT4=int4, GROUP=group_size if int4 else 1, HAS_SCALE=scales is not None, HAS_BIAS=bias is not None,
+            EVEN_K=(k // 2 if int4 else k) % block_b == 0, BLOCK_N=block_n, BLOCK_B=block_b, num_warps=warps)
+
+    launch(_config_for((n, k, weight.dtype, group_size, x.dtype, x.device), launch))
+    return out
+
+
+def _config_for(key: tuple, launch) -> tuple[int, int, int]:
+    """The fastest candidate tile for this shape, timed on its first call on a GPU (not while a graph captures)."""
+    if key in _chosen:
+        return _chosen[key]
+    device = key[-1]
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return _DEFAULT
+    # decode reads W from HBM, not from L2: a buffer twice the L2 is written between runs
+    flush = torch.empty(2 * torch.cuda.get_device_properties(device).L2_cache_size, dtype=torch.uint8, device=device)
+    timings = {}
+    for config in _CANDIDATES:
+        launch(config)  # compile
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(5)]
+        for start, end in events:
+            flush.zero_()
+            start.record()
+            launch(config)
+            end.record()
+        torch.cuda.synchronize(device)
+        timings[config] = sorted(start.elapsed_time(end) for start, end in events)[len(events) // 2]
+    _chosen[key] = min(timings, key=timings.get)
+    return _chosen[key]
+
+
+def chosen_tiles() -> dict[tuple, tuple[int, int, int]]:
+    """(N, K, weight dtype, group, x dtype, device) -> the (BLOCK_N, BLOCK_B, num_warps) timed fastest so far."""
+    return dict(_chosen)

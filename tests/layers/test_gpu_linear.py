@@ -1,0 +1,33 @@
+"""GPULinear: one row through the matrix-vector kernel, more rows through F.linear, the same answer either way
+(in Triton's interpreter on a CPU; natively on a GPU)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+pytest.importorskip("triton")
+from fasterllm.layers.gpu_linear import GPULinear, use_gemv_linears  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_one_row_and_many_rows_match_f_linear(with_bias):
+    torch.manual_seed(0)
+    weight = torch.randn(48, 200, device=DEVICE)
+    bias = torch.randn(48, device=DEVICE) if with_bias else None
+    layer = GPULinear(weight, bias)
+    for x in (torch.randn(1, 1, 200, device=DEVICE), torch.randn(200, device=DEVICE), torch.randn(3, 200, device=DEVICE)):
+        got = layer(x)
+        assert got.shape == x.shape[:-1] + (48,)
+        torch.testing.assert_close(got, F.linear(x, weight, bias), atol=1e-4, rtol=1e-4)
+
+
+def test_use_gemv_linears_replaces_every_linear_over_the_same_weight():
+    model = nn.Sequential(nn.Linear(8, 4), nn.Sequential(nn.Linear(4, 2, bias=False)))
+    weights = [model[0].weight, model[1][0].weight]
+    use_gemv_linears(model)
+    assert isinstance(model[0], GPULinear) and isinstance(model[1][0], GPULinear)
+    assert model[0].weight is weights[0] and model[1][0].weight is weights[1] and model[1][0].bias is None
