@@ -56,5 +56,5 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: tor
                  ) -> torch.Tensor:
     """x: [T, heads, D] -> rotated (rotate-half form, as Hugging Face's LLaMA): a new tensor, or written
     into out (which may be x itself: the CPU decode rotates Q and K inside the QKV output)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.addcmul(x * cos, torch.cat([x2, x1], dim=-1), sin, out=out)
+    swapped_halves = x.roll(x.shape[-1] // 2, dims=-1)  # [x2, x1]: one op where chunk + cat take two
+    return torch.addcmul(x * cos, swapped_halves, sin, out=out)

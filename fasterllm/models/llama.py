@@ -46,7 +46,7 @@ class DecoderLayer(nn.Module):
             # Q and K rotated together in one call, in place: K then V stay side by side for one store
             qk = qkv[:, :self.num_heads + self.num_kv_heads]
             apply_rotary(qk, *rope, out=qk)
-            query, key, value = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
+            query, key, value = qkv.split_with_sizes([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
             if kv_cache is not None:  # None: a pass without a cache (embeddings), whole prompts, nothing kept
                 store_kv(kv_cache, qkv[:, self.num_heads:], meta)
             attention = paged_attention(query, key, value, kv_cache, meta, self.scale)
