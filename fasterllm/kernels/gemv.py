@@ -1,10 +1,10 @@
 """Matrix-vector products for batch-1 decode (Triton): y = x @ W^T, W float, int8 or int4 (dequantized inside).
 
 One row reads every weight once and does 2 flops per weight: the tensor cores have nothing to do and the speed
-is the speed of streaming the weight bytes. So no tl.dot here (it pads the rows to 16):
-each program owns BLOCK_N output columns and walks their rows of W (contiguous along K) in chunks of BLOCK_B
-weights (int4: bytes), widening them in registers, multiplying by the matching slice of x and summing along K. Every
-output column is finished by one program: no split-K workspace, no second launch. The weight layouts are
+is the speed of streaming the weight bytes. So no tl.dot here (it pads the rows to 16): each program owns
+BLOCK_N output columns and walks their rows of W (contiguous along K) in chunks of BLOCK_B weights (int4:
+bytes), widening them in registers, multiplying by the matching slice of x and summing along K. Every output
+column is finished by one program: no split-K workspace, no second launch. The weight layouts are
 quant_weight_only.py's (int8 [N, K] with a scale per row; int4 [N, K/2], k = 2j low nibble and 2j+1 high, an
 fp16 scale and minimum per group of GROUP k): int4 groups are summed first and scaled once per group
 (sum_k (q s + m) x = s sum_k q x + m sum_k x), so the scales are read per group, not per weight.
@@ -84,7 +84,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = No
          minimums: torch.Tensor | None = None, group_size: int = 0) -> torch.Tensor:
     """One row x [1, K] (contiguous) times W^T -> [1, N] in x's dtype. W is a float weight [N, K] used as it is
     (scales None), int8 codes [N, K] with a scale per row, or int4 bytes [N, K/2] with per-group scales and
-    minimums (quant_weight_only.py's layouts; its weight_only_matmul checks the shapes)."""
+    minimums (quant_weight_only.py's layouts)."""
     k = x.shape[-1]
     n = weight.shape[0]
     if x.numel() != k or weight.shape[1] * (2 if minimums is not None else 1) != k:

@@ -19,7 +19,8 @@ def test_one_row_and_many_rows_match_f_linear(with_bias):
     weight = torch.randn(48, 200, device=DEVICE)
     bias = torch.randn(48, device=DEVICE) if with_bias else None
     layer = GPULinear(weight, bias)
-    for x in (torch.randn(1, 1, 200, device=DEVICE), torch.randn(200, device=DEVICE), torch.randn(3, 200, device=DEVICE)):
+    rows = (torch.randn(1, 1, 200, device=DEVICE), torch.randn(200, device=DEVICE), torch.randn(3, 200, device=DEVICE))
+    for x in rows:
         got = layer(x)
         assert got.shape == x.shape[:-1] + (48,)
         torch.testing.assert_close(got, F.linear(x, weight, bias), atol=1e-4, rtol=1e-4)
