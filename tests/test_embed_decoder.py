@@ -3,6 +3,7 @@ truncation and the errors a user meets."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,29 @@ def test_checkpoints_that_cannot_serve_are_refused_before_loading(tmp_path):
     with pytest.raises(ValueError, match="architecture 'FalconForCausalLM' is not supported; supported: "
                                          "LlamaForCausalLM"):
         LLM(str(tmp_path), task="embed", device="cpu")
+
+
+def test_quantization_and_dummy_weights_reach_the_decoder(smollm2_embedder):
+    texts = TEXTS[:2] + TEXTS[3:4]
+    float_vectors = _vectors(smollm2_embedder.embed(texts, use_tqdm=False))
+    int8 = LLM(str(default_model_path()), task="embed", dtype="float32", device="cpu", quantization="int8")
+    int8_vectors = _vectors(int8.embed(texts, use_tqdm=False))
+    # close to the float vectors, yet not them: the int8 weights ran
+    assert (F.cosine_similarity(int8_vectors, float_vectors, dim=1) >= 0.99).all()
+    assert (int8_vectors - float_vectors).abs().max() > 1e-3
+    dummy = LLM(str(default_model_path()), task="embed", dtype="float32", device="cpu", load_format="dummy")
+    assert (F.cosine_similarity(_vectors(dummy.embed(texts, use_tqdm=False)), float_vectors, dim=1) < 0.5).all()
+
+
+@pytest.mark.parametrize("option, message", [
+    ({"quantization": "int8"}, "quantization='int8' is not supported for all-MiniLM-L6-v2: BERT-family encoders run "
+                               "unquantized; leave quantization out"),
+    ({"load_format": "dummy"}, "load_format='dummy' is not supported for all-MiniLM-L6-v2: BERT-family encoders "
+                               "always load their checkpoint's weights; leave load_format out"),
+])
+def test_encoders_refuse_weight_options_they_would_ignore(option, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        LLM(task="embed", device="cpu", **option)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -15,16 +15,13 @@ import torch
 
 from fasterllm.config import EngineArgs
 from fasterllm.engine.limits import check_token_ids, resolve_max_model_len
-from fasterllm.layers.pooling import PoolingConfig
 from fasterllm.loader.checkpoint import open_checkpoint
-from fasterllm.loader.encoder_checkpoint import open_encoder_checkpoint, read_pooling
-from fasterllm.loader.hf_checkpoint import read_json
-from fasterllm.loader.model_source import ModelSource, resolve_model
+from fasterllm.loader.encoder_checkpoint import decoder_pooling, is_decoder, open_encoder_checkpoint
+from fasterllm.loader.model_source import resolve_model
 from fasterllm.worker.decoder_embedding_runner import DecoderEmbeddingRunner
 from fasterllm.worker.encoder_runner import EncoderRunner
 
 logger = logging.getLogger("fasterllm")
-DECODER_POOLING = PoolingConfig("last", normalize=True)  # vLLM's default for a decoder used as an embedder
 
 
 class EmbeddingEngine:
@@ -33,7 +30,10 @@ class EmbeddingEngine:
         args.validate()
         self.args = args
         # the model's architecture picks the path: a decoder (LLaMA family) or a BERT-family encoder
-        decoder = _is_decoder(resolve_model(args.model, task="embed"))
+        source = resolve_model(args.model, task="embed")
+        decoder = is_decoder(source)
+        if not decoder:
+            _refuse_encoder_weight_options(args, source.name)
         checkpoint = (open_checkpoint if decoder else open_encoder_checkpoint)(args.model, args.tokenizer)
         self.device = args.resolve_device()
         self.dtype = args.resolve_dtype(self.device)
@@ -44,7 +44,7 @@ class EmbeddingEngine:
         self.embedding_dim = checkpoint.config.hidden_size
         self.max_num_batched_tokens = args.max_num_batched_tokens or (32768 if self.device.type == "cuda" else 8192)
         if decoder:
-            self.pooling = _decoder_pooling(checkpoint.source)
+            self.pooling = decoder_pooling(checkpoint.source)
             # a prompt attends to all of itself here (no cache, no chunks): a sliding window bounds its length too
             limit = min(checkpoint.config.max_position_embeddings, checkpoint.config.sliding_window or 1 << 62)
             default_len = min(limit, self.max_num_batched_tokens)
@@ -56,7 +56,8 @@ class EmbeddingEngine:
             raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} is below max_model_len="
                              f"{self.max_model_len}: a longest input would not fit a batch; raise it or lower "
                              "max_model_len")
-        self.runner = (DecoderEmbeddingRunner(checkpoint, self.pooling, self.device, self.dtype, self.max_model_len)
+        self.runner = (DecoderEmbeddingRunner(checkpoint, self.pooling, self.device, self.dtype, self.max_model_len,
+                                              args.load_format, args.quantization)
                        if decoder else
                        EncoderRunner(checkpoint, self.device, self.dtype, self.max_model_len, args.enforce_eager))
         logger.info("embedding engine ready in %.1fs: %s (%s pooling%s), %s on %s, max_model_len %d",
@@ -149,17 +150,14 @@ class EmbeddingEngine:
         return batches
 
 
-def _is_decoder(source: ModelSource) -> bool:
-    """A GGUF file (we read only decoders from GGUF) or a directory whose config names a *ForCausalLM."""
-    if source.format == "gguf":
-        return True
-    architectures = read_json(source.path / "config.json").get("architectures") or []
-    return any(name.endswith("ForCausalLM") for name in architectures)
 
-
-def _decoder_pooling(source: ModelSource) -> PoolingConfig:
-    """What the checkpoint's sentence-transformers modules ask for; without them, vLLM's default for decoder
-    embedders: the last token's final-norm state, L2-normalised."""
-    if source.format == "hf" and (source.path / "modules.json").is_file():
-        return read_pooling(source.path)
-    return DECODER_POOLING
+def _refuse_encoder_weight_options(args: EngineArgs, model_name: str) -> None:
+    """The encoder path loads float weights as stored: a quantization or dummy weights asked of it would be ignored."""
+    if args.quantization is not None:
+        raise ValueError(f"quantization={args.quantization!r} is not supported for {model_name}: BERT-family encoders "
+                         "run unquantized; leave quantization out (quantized embeddings need a LLaMA-family decoder: "
+                         "a .gguf file or a *ForCausalLM directory)")
+    if args.load_format != "auto":
+        raise ValueError(f"load_format={args.load_format!r} is not supported for {model_name}: BERT-family encoders "
+                         "always load their checkpoint's weights; leave load_format out, or for random weights use "
+                         "`fasterllm bench-embed --random-encoder`")

@@ -1,5 +1,6 @@
-"""Encoder checkpoints for embeddings: config.json + safetensors + tokenizer, and the sentence-transformers
-modules (modules.json, 1_Pooling/config.json, Normalize, sentence_bert_config.json) that say how to pool."""
+"""Checkpoints for embeddings: which kind of model a checkpoint holds (a decoder or a BERT-family encoder), an
+encoder's config.json + safetensors + tokenizer, and the sentence-transformers modules (modules.json,
+1_Pooling/config.json, Normalize, sentence_bert_config.json) that say how to pool."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ _ST_POOLING_KEYS = {  # sentence-transformers' Pooling config flag -> our mode, 
 }
 # without sentence-transformers modules: the first token, normalised (vLLM's default for BERT embeddings)
 DEFAULT_POOLING = PoolingConfig("cls", normalize=True)
+DECODER_POOLING = PoolingConfig("last", normalize=True)  # vLLM's default for a decoder used as an embedder
 
 
 @dataclass
@@ -30,6 +32,22 @@ class EncoderCheckpoint:
     pooling: PoolingConfig
     max_seq_length: int  # the longest input the model was trained for (sentence-transformers' max_seq_length)
     weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]
+
+
+def is_decoder(source: ModelSource) -> bool:
+    """A GGUF file (we read only decoders from GGUF) or a directory whose config names a *ForCausalLM."""
+    if source.format == "gguf":
+        return True
+    architectures = read_json(source.path / "config.json").get("architectures") or []
+    return any(name.endswith("ForCausalLM") for name in architectures)
+
+
+def decoder_pooling(source: ModelSource) -> PoolingConfig:
+    """What the checkpoint's sentence-transformers modules ask for; without them, vLLM's default for decoder
+    embedders: the last token's final-norm state, L2-normalised."""
+    if source.format == "hf" and (source.path / "modules.json").is_file():
+        return read_pooling(source.path)
+    return DECODER_POOLING
 
 
 def open_encoder_checkpoint(model: str | None, tokenizer: str | None = None) -> EncoderCheckpoint:

@@ -19,11 +19,11 @@ from fasterllm.worker.model_runner import build_decoder
 
 class DecoderEmbeddingRunner:
     def __init__(self, checkpoint: Checkpoint, pooling: PoolingConfig, device: torch.device, dtype: torch.dtype,
-                 max_model_len: int):
+                 max_model_len: int, load_format: str = "auto", quantization: str | None = None):
         start = time.perf_counter()
         self.device = device
         self.pooling = pooling
-        self.model = build_decoder(checkpoint, max_model_len, device, dtype).eval()
+        self.model = build_decoder(checkpoint, max_model_len, device, dtype, load_format, quantization).eval()
         self.load_seconds = time.perf_counter() - start
 
     @torch.inference_mode()
