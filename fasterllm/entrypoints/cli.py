@@ -10,6 +10,8 @@ import sys
 from fasterllm.config import EngineArgs
 from fasterllm.sampling_params import SamplingParams
 
+QUANTIZATION_METHODS = ["int8", "int4", "w8a8", "fp8", "gguf"]  # layers/quantization/: what --quantization takes
+
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     defaults = EngineArgs()
@@ -37,7 +39,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enforce-eager", action="store_true", help="GPU: no CUDA graphs (decode steps, encoder batches)")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="launch the next decode step before reading this one's tokens (default: on with CUDA)")
-    g.add_argument("--quantization", choices=["int8", "int4", "w8a8", "fp8", "gguf"], default=None,
+    g.add_argument("--quantization", choices=QUANTIZATION_METHODS, default=None,
                    help="quantized at load: int8 / int4 weight-only, w8a8 (INT8 weights and activations), fp8 (Hopper "
                         "GPUs); gguf: a GGUF's Q4_0/Q4_1 blocks as stored (README: Quantization)")
     g.add_argument("--load-format", choices=["auto", "dummy"], default=defaults.load_format,
@@ -128,7 +130,7 @@ def cmd_serve(ns: argparse.Namespace) -> None:
     from fasterllm.entrypoints.openai.server import run_server
 
     run_server(engine_args_from(ns, model=ns.model_path or ns.model), ns.host, ns.port, ns.api_key,
-               ns.served_model_name, ns.shutdown_timeout, ns.embedding_model)
+               ns.served_model_name, ns.shutdown_timeout, ns.embedding_model, ns.embedding_quantization)
 
 
 def cmd_bench_serve(ns: argparse.Namespace) -> None:
@@ -191,6 +193,9 @@ def add_serve_parsers(sub, bench: argparse.ArgumentParser) -> None:
                        help="also serve /v1/embeddings with this model: an encoder directory, or a LLaMA-family "
                             "decoder (.gguf or directory; last-token pooling) ('default': the embedded "
                             "all-MiniLM-L6-v2); off unless given")
+    serve.add_argument("--embedding-quantization", choices=QUANTIZATION_METHODS, default=None,
+                       help="quantize the --embedding-model at load (a LLaMA-family decoder only; encoders run "
+                            "unquantized); --quantization is the generate model's")
     add_engine_args(serve)
     serve.set_defaults(func=cmd_serve)
 

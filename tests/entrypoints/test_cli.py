@@ -39,6 +39,10 @@ def test_bench_runs_ours_and_transformers_and_prints_the_ratio():
     (["generate", "--temperature", "-1", "hi"], "error: temperature=-1.0 is out of range"),
     (["generate", "--max-model-len", "100000", "hi"], "error: max_model_len=100000 exceeds"),
     (["bench", "--input-len", "0", *SMALL], "error: num_prompts=32, input_len=0, output_len=128, repeats=3 must all be >= 1"),
+    (["embed", "--quantization", "int8", "hi"], "error: quantization='int8' is not supported for all-MiniLM-L6-v2"),
+    (["serve", "--load-format", "dummy", *SMALL, "--embedding-model", "default", "--embedding-quantization", "int4"],
+     "error: quantization='int4' is not supported for all-MiniLM-L6-v2"),
+    (["serve", "--embedding-quantization", "int8"], "error: embedding_quantization='int8' has no model to quantize"),
 ])
 def test_bad_arguments_print_one_clear_line_not_a_traceback(args, message):
     result = run(args)

@@ -190,17 +190,21 @@ def _shown(value: object) -> str:
 
 def run_server(engine_args: EngineArgs, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                served_model_name: str | None = None, shutdown_timeout_s: float = 30.0,
-               embedding_model: str | None = None) -> None:
+               embedding_model: str | None = None, embedding_quantization: str | None = None) -> None:
     """Load the model(s), then serve until SIGINT/SIGTERM; in-flight requests get shutdown_timeout_s to finish.
 
     embedding_model: also serve /v1/embeddings with this model ("default": the embedded all-MiniLM-L6-v2),
-    on the generate model's device and dtype."""
+    on the generate model's device and dtype, quantized with embedding_quantization (engine_args' quantization is
+    the generate model's: an encoder would refuse it)."""
+    if embedding_quantization is not None and embedding_model is None:
+        raise ValueError(f"embedding_quantization={embedding_quantization!r} has no model to quantize; give "
+                         "--embedding-model too, or leave --embedding-quantization out")
     llm = AsyncLLM.from_engine_args(engine_args)
     embedding_engine = None
     if embedding_model is not None:
         embedding_engine = EmbeddingEngine(EngineArgs(model=None if embedding_model == "default" else embedding_model,
                                                       task="embed", device=engine_args.device,
-                                                      dtype=engine_args.dtype))
+                                                      dtype=engine_args.dtype, quantization=embedding_quantization))
     app = build_app(llm, served_model_name, api_key, embedding_engine)
     logger.warning("serving %s on http://%s:%d/v1", served_model_name or llm.model_name, host, port)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",
