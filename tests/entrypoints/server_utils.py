@@ -61,6 +61,17 @@ class ServerThread:
         self.thread.join(30)
 
 
+def dummy_generator():
+    """An AsyncLLM for a server whose generation is not under test: the default model's shape with random weights,
+    which load in a moment."""
+    from fasterllm.config import EngineArgs
+    from fasterllm.engine.async_engine import AsyncLLM
+    from fasterllm.loader.model_source import default_model_path
+
+    return AsyncLLM.from_engine_args(EngineArgs(model=str(default_model_path()), load_format="dummy", dtype="float32",
+                                                device="cpu", cpu_kv_cache_gib=0.05, max_model_len=128))
+
+
 def wait_for(condition, timeout_s: float = 30.0, what: str = "the condition"):
     deadline = time.time() + timeout_s
     while time.time() < deadline:

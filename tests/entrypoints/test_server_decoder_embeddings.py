@@ -5,20 +5,12 @@ from __future__ import annotations
 import openai
 import pytest
 import torch
-from server_utils import ServerThread
-
-from fasterllm.config import EngineArgs
-from fasterllm.engine.async_engine import AsyncLLM
-from fasterllm.loader.model_source import default_model_path
+from server_utils import ServerThread, dummy_generator
 
 
 @pytest.fixture(scope="module")
 def served(smollm2_embedder):
-    # the generate model is not under test here: random weights of its shape load in a moment
-    generator = AsyncLLM.from_engine_args(EngineArgs(model=str(default_model_path()), load_format="dummy",
-                                                     dtype="float32", device="cpu", cpu_kv_cache_gib=0.05,
-                                                     max_model_len=128))
-    handle = ServerThread(generator, served_model_name="smol", embedding_engine=smollm2_embedder.engine)
+    handle = ServerThread(dummy_generator(), served_model_name="smol", embedding_engine=smollm2_embedder.engine)
     yield handle
     handle.stop()
 

@@ -106,6 +106,16 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
 
 
+class EmbeddingRequest(_Body):
+    input: Union[str, list[str], list[int], list[list[int]]]
+    model: Optional[str] = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Optional[int] = None  # only the model's own size is served: serving_embedding refuses any other
+    user: Optional[str] = None
+    # vLLM's extension: -1 keeps the last max_model_len tokens, k the last k; unset, a longer input is an error
+    truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import time
 import uuid
@@ -24,7 +25,8 @@ from fasterllm.config import EngineArgs
 from fasterllm.engine.async_engine import AsyncLLM
 from fasterllm.engine.embedding_engine import EmbeddingEngine
 from fasterllm.entrypoints.openai.metrics import ServerMetrics
-from fasterllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, error_body
+from fasterllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, EmbeddingRequest,
+                                                   OpenAIError, error_body)
 from fasterllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from fasterllm.entrypoints.openai.serving_common import as_openai_error
 from fasterllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -118,18 +120,14 @@ def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str 
         return await respond(raw, request_id, chat.create(request, request_id))
 
     @app.post("/v1/embeddings")
-    async def create_embeddings(raw: Request) -> Response:
+    async def create_embeddings(request: EmbeddingRequest) -> Response:
         if embeddings is None:
             return error_response(OpenAIError(
                 404, "This server has no embeddings model: start it with `fasterllm serve --embedding-model default` "
                      "(all-MiniLM-L6-v2) or `--embedding-model PATH` (an encoder directory, or a LLaMA-family "
                      "decoder: .gguf or directory)", "model"))
         try:
-            body = await raw.json()
-        except ValueError as exc:
-            return error_response(OpenAIError(400, f"The request body is not valid JSON: {exc}; send a JSON object"))
-        try:
-            result = await embeddings.create(body)
+            result = await embeddings.create(request)
         except Exception as exc:
             return error_response(as_openai_error(exc, f"embd-{uuid.uuid4().hex}"))
         metrics.requests.labels("success").inc()
@@ -171,6 +169,8 @@ def _validation_error(exc: RequestValidationError) -> OpenAIError:
             detail = (error.get("ctx") or {}).get("error", "")
             return OpenAIError(400, f"The request body is not valid JSON: {detail}; send a JSON object")
         loc = [str(part) for part in error.get("loc", ())[1:]]
+        if not loc and isinstance(error.get("input"), bytes):  # FastAPI parses JSON only when the header says so
+            return _unparsed_body_error(error["input"])
         by_field.setdefault(loc[0] if loc else "body", []).append({**error, "loc": loc})
     messages = []
     for field, errors in by_field.items():
@@ -181,6 +181,15 @@ def _validation_error(exc: RequestValidationError) -> OpenAIError:
             messages.extend(f"{'.'.join(e['loc']) or field}: {e.get('msg')} (got {_shown(e.get('input'))})"
                             for e in errors)
     return OpenAIError(400, "Invalid request: " + "; ".join(messages), next(iter(by_field)))
+
+
+def _unparsed_body_error(body: bytes) -> OpenAIError:
+    try:
+        json.loads(body)
+    except ValueError as exc:
+        return OpenAIError(400, f"The request body is not valid JSON: {exc}; send a JSON object")
+    return OpenAIError(400, "The request body is JSON but came without the header 'Content-Type: application/json'; "
+                            "send that header with it")
 
 
 def _shown(value: object) -> str:

@@ -1,4 +1,5 @@
-"""POST /v1/embeddings: an OpenAI embeddings request body in, the OpenAI response body out.
+"""POST /v1/embeddings: an OpenAI embeddings request (validated by FastAPI against protocol.EmbeddingRequest) in,
+the OpenAI response body out.
 
 `fasterllm serve --embedding-model` loads an EmbeddingEngine (LLM(task="embed")'s engine) next to
 the generate engine, and OpenAIServingEmbedding mounts create_embedding on it. create_embedding is
@@ -9,25 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from typing import Any, Literal, Optional, Union
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Any
 
 from fasterllm.engine.embedding_engine import EmbeddingEngine
-from fasterllm.entrypoints.openai.protocol import OpenAIError
+from fasterllm.entrypoints.openai.protocol import EmbeddingRequest, OpenAIError
 from fasterllm.entrypoints.openai.serving_common import invalid_request
-
-
-class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    input: Union[str, list[str], list[int], list[list[int]]]
-    model: Optional[str] = None
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Optional[int] = None
-    user: Optional[str] = None
-    # vLLM's extension: -1 keeps the last max_model_len tokens, k the last k; unset, a longer input is an error
-    truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)
 
 
 class OpenAIServingEmbedding:
@@ -38,24 +25,17 @@ class OpenAIServingEmbedding:
         self.model_name = engine.model_name
         self._lock = asyncio.Lock()  # the engine is not thread-safe
 
-    async def create(self, body: Any) -> dict[str, Any]:
-        model = body.get("model") if isinstance(body, dict) else None
-        if model is not None and model != self.model_name:
-            raise OpenAIError(404, f"The model {model!r} does not make embeddings on this server; its embeddings "
-                                   f"model is {self.model_name!r} (see GET /v1/models)", "model")
+    async def create(self, request: EmbeddingRequest) -> dict[str, Any]:
+        if request.model is not None and request.model != self.model_name:
+            raise OpenAIError(404, f"The model {request.model!r} does not make embeddings on this server; its "
+                                   f"embeddings model is {self.model_name!r} (see GET /v1/models)", "model")
         async with self._lock:
-            return await asyncio.to_thread(create_embedding, self.engine, body, self.model_name)
+            return await asyncio.to_thread(create_embedding, self.engine, request, self.model_name)
 
 
-def create_embedding(engine: EmbeddingEngine, body: dict[str, Any], served_model_name: str | None = None
+def create_embedding(engine: EmbeddingEngine, request: EmbeddingRequest, served_model_name: str | None = None
                      ) -> dict[str, Any]:
-    """Raises OpenAIError (status 400 and the offending field) for a bad request; nothing runs then."""
-    try:
-        request = EmbeddingRequest.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = str(first["loc"][0]) if first["loc"] else None
-        raise OpenAIError(400, f"Invalid embeddings request: {param}: {first['msg']}", param) from exc
+    """Raises OpenAIError (status 400 and the offending field) for a request the engine refuses; nothing runs then."""
     if request.dimensions is not None and request.dimensions != engine.embedding_dim:
         raise OpenAIError(400, f"dimensions={request.dimensions} is not available: {engine.model_name} makes "
                           f"{engine.embedding_dim}-dimensional vectors only; leave dimensions out", "dimensions")
