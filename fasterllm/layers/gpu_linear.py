@@ -12,19 +12,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from fasterllm.kernels.gemv import gemv
-from fasterllm.layers.linear import replace_linears
+from fasterllm.layers.linear import FlatLinear, replace_linears
 
 
-class GPULinear(nn.Module):
+class GPULinear(FlatLinear):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.weight, self.bias = weight, bias
         self.out_features = weight.shape[0]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() != x.shape[-1]:  # more than one row
-            return F.linear(x, self.weight, self.bias)
-        return gemv(x.reshape(1, -1).contiguous(), self.weight, bias=self.bias).view(*x.shape[:-1], -1)
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return gemv(x, self.weight, bias=self.bias) if x.shape[0] == 1 else F.linear(x, self.weight, self.bias)
 
 
 def use_gemv_linears(module: nn.Module) -> None:

@@ -19,6 +19,20 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
+class FlatLinear(nn.Module):
+    """A linear layer whose matmul maps [M, K] -> [M, N] (bias included): any leading dims of the input are
+    flattened into M and restored on the output here, once for every layer kind."""
+
+    out_features: int
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        return self.matmul(x.reshape(-1, shape[-1]).contiguous()).view(*shape[:-1], self.out_features)
+
+
 class PackedCPULinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()

@@ -12,11 +12,11 @@ Every forward launches only shape-dependent work (no host sync): the layers run 
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from fasterllm.kernels.quant_activation import quantize_per_token
 from fasterllm.kernels.quant_w8a8 import int8_gemm
 from fasterllm.kernels.quant_weight_only import pack_int4_codes, weight_only_matmul
+from fasterllm.layers.linear import FlatLinear
 from fasterllm.layers.quantization.int4 import GROUP_SIZE, quantize_int4_grouped
 from fasterllm.layers.quantization.int8 import quantize_int8_per_channel
 
@@ -24,17 +24,7 @@ FP8_MAX = 448.0
 _SCALED_MM_MULTIPLE = 16  # torch._scaled_mm: K and N must be multiples of 16 (M is free)
 
 
-class _GPULinear(nn.Module):
-    """Flattens leading dims and restores them; each subclass's matmul maps [M, K] -> [M, N]."""
-
-    out_features: int
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        return self.matmul(x.reshape(-1, shape[-1]).contiguous()).view(*shape[:-1], self.out_features)
-
-
-class Int8GPULinear(_GPULinear):
+class Int8GPULinear(FlatLinear):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.out_features = weight.shape[0]
@@ -45,7 +35,7 @@ class Int8GPULinear(_GPULinear):
         return weight_only_matmul(x, self.qweight, self.scales, self.bias)
 
 
-class Int4GPULinear(_GPULinear):
+class Int4GPULinear(FlatLinear):
     """Built from codes uint8 [N, K] (0..15), per-group scales and minimums [N, K/32] (codes * scale + minimum),
     the CPU Int4WeightOnlyLinear's arguments: quantized from a float weight by from_float, or GGUF's Q4 blocks."""
 
@@ -85,7 +75,7 @@ def check_fp8_device(device: torch.device) -> None:
                          "'w8a8' or 'int8'")
 
 
-class FP8Linear(_GPULinear):
+class FP8Linear(FlatLinear):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         check_fp8_device(weight.device)

@@ -9,7 +9,8 @@ divides every SmolLM2 width (576 is not a multiple of 128).
 from __future__ import annotations
 
 import torch
-from torch import nn
+
+from fasterllm.layers.linear import FlatLinear
 
 GROUP_SIZE = 32
 
@@ -28,7 +29,7 @@ def quantize_int4_grouped(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return codes.reshape(rows, cols).to(torch.uint8), scales, low
 
 
-class Int4WeightOnlyLinear(nn.Module):
+class Int4WeightOnlyLinear(FlatLinear):
     """Built from codes, per-group scales and minimums (codes * scale + minimum): quantized from a
     float weight by from_float, or repacked from GGUF blocks."""
 
@@ -46,10 +47,6 @@ class Int4WeightOnlyLinear(nn.Module):
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Int4WeightOnlyLinear:
         return cls(*quantize_int4_grouped(weight), bias, weight.dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1]).contiguous()
-        out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP_SIZE, self.scales_and_zeros)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.view(*shape[:-1], self.out_features)
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_and_zeros)
+        return out if self.bias is None else out + self.bias

@@ -8,7 +8,8 @@ absmax / 127.
 from __future__ import annotations
 
 import torch
-from torch import nn
+
+from fasterllm.layers.linear import FlatLinear
 
 
 def quantize_int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -18,7 +19,7 @@ def quantize_int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch
     return torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8), scales
 
 
-class Int8WeightOnlyLinear(nn.Module):
+class Int8WeightOnlyLinear(FlatLinear):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.out_features = weight.shape[0]
@@ -27,9 +28,6 @@ class Int8WeightOnlyLinear(nn.Module):
         self.scales = scales.to(weight.dtype)
         self.bias = bias
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        out = torch._weight_int8pack_mm(x.reshape(-1, shape[-1]).contiguous(), self.qweight, self.scales)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.view(*shape[:-1], self.out_features)
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch._weight_int8pack_mm(x, self.qweight, self.scales)
+        return out if self.bias is None else out + self.bias

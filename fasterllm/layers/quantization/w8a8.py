@@ -7,8 +7,8 @@ On the CPU the int8 x int8 -> int32 product is torch._int_mm (it runs on the CPU
 from __future__ import annotations
 
 import torch
-from torch import nn
 
+from fasterllm.layers.linear import FlatLinear
 from fasterllm.layers.quantization.int8 import quantize_int8_per_channel
 
 
@@ -18,7 +18,7 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(x.float() / scales).clamp(-127, 127).to(torch.int8), scales
 
 
-class W8A8Linear(nn.Module):
+class W8A8Linear(FlatLinear):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.out_features = weight.shape[0]
@@ -27,10 +27,7 @@ class W8A8Linear(nn.Module):
         self.weight_scales = scales[None, :]
         self.bias = bias
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        qx, x_scales = quantize_per_token(x.reshape(-1, shape[-1]))
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        qx, x_scales = quantize_per_token(x)
         out = (torch._int_mm(qx, self.qweight_t) * x_scales * self.weight_scales).to(x.dtype)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.view(*shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
