@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fasterllm.layers.linear import can_pack
+from fasterllm.layers.linear import can_pack, onednn_linear, pack_weight
 
 # Hugging Face hidden_act -> (F.gelu approximate=, oneDNN gelu algorithm)
 GELU_FORMS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
@@ -31,18 +31,13 @@ class FusedLinear(nn.Module):
     def pack_for_cpu(self) -> None:
         """Reorder the weight for oneDNN once; the plain copy is then dropped."""
         if self.packed_weight is None and can_pack(self.weight.device, self.weight.dtype):
-            self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 1)
+            self.packed_weight = pack_weight(self.weight)
             self.weight = None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """act(x W^T + b), plus residual when one is given."""
         if self.packed_weight is not None:
-            x = x.contiguous()
-            if self.gelu_approximate is not None:
-                out = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "gelu", [],
-                                                         self.gelu_approximate)
-            else:
-                out = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+            out = onednn_linear(x, self.packed_weight, self.bias, self.gelu_approximate)
         else:
             out = F.linear(x, self.weight, self.bias)
             if self.gelu_approximate is not None:

@@ -33,15 +33,28 @@ class FlatLinear(nn.Module):
         return self.matmul(x.reshape(-1, shape[-1]).contiguous()).view(*shape[:-1], self.out_features)
 
 
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The weight [N, K] in oneDNN's blocked layout, once, for onednn_linear."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+
+
+def onednn_linear(x: torch.Tensor, packed_weight: torch.Tensor, bias: torch.Tensor | None,
+                  gelu_approximate: str | None = None) -> torch.Tensor:
+    """x W^T + b over a packed weight, with GELU as oneDNN's post-op when gelu_approximate ('none' or 'tanh')."""
+    if gelu_approximate is None:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed_weight, bias, "none", [], "")
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed_weight, bias, "gelu", [], gelu_approximate)
+
+
 class PackedCPULinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.out_features = weight.shape[0]
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+        self.packed_weight = pack_weight(weight)
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed_weight, self.bias, "none", [], "")
+        return onednn_linear(x, self.packed_weight, self.bias)
 
 
 def replace_linears(module: nn.Module, make: Callable[[nn.Module], nn.Module], kind: type = nn.Linear) -> None:
