@@ -72,6 +72,7 @@ def bench_layer(layer: str, n: int, k: int, rows: list[int]) -> None:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         bf16 = time_it(lambda: F.linear(x, weight))
         report("bf16", shape, bf16, 2 * n * k, bf16, 0.0)
+        qx, sx = quantize_per_token(x)
         cases = {
             "int8": (lambda: weight_only_matmul(x, q8, s8), lambda: weight_only_matmul_reference(x, q8, s8),
                      n * k + 4 * n),
@@ -83,12 +84,13 @@ def bench_layer(layer: str, n: int, k: int, rows: list[int]) -> None:
                      n * k + 4 * n),
             "w8a8-gemm": (lambda: int8_gemm(qx, sx, q8, s8, None, x.dtype),
                           lambda: int8_gemm_reference(qx, sx, q8, s8, None, x.dtype), n * k + 4 * n),
-            "fp8": (lambda: fp8(x), lambda: x.float() @ (fp8.qweight.float() * fp8.scales.t()).t(), n * k + 4 * n),
         }
+        if fp8 is not None:  # Hopper only: the line above said why it is missing
+            cases["fp8"] = (lambda: fp8(x), lambda: x.float() @ (fp8.qweight.float() * fp8.scales.t()).t(),
+                            n * k + 4 * n)
         if m == 1:  # the matrix-vector kernel on the bf16 weight itself, against cuBLAS (the bf16 row)
             cases["gemv-bf16"] = (lambda: gemv.gemv(x, weight),
                                   lambda: (x.float() @ weight.float().t()).to(x.dtype), 2 * n * k)
-        qx, sx = quantize_per_token(x)
         for name, (run, reference, weight_bytes) in cases.items():
             try:
                 error = relative(run(), reference())

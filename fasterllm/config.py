@@ -12,6 +12,9 @@ _DTYPES = {
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
 }
 
+# what quantization= takes (gguf: a GGUF's Q4 blocks as they are); layers/quantization/ implements each
+QUANTIZATION_METHODS = ("int8", "int4", "w8a8", "fp8", "gguf")
+
 
 @dataclass
 class ModelConfig:
@@ -69,8 +72,7 @@ class EngineArgs:
     async_scheduling: bool | None = None
     # "dummy": random weights of the checkpoint's shape (config.json alone is enough): for benchmarks
     load_format: str = "auto"
-    # "int8" | "int4" | "w8a8" | "fp8" | "gguf" (a GGUF's Q4 blocks as they are): layers/quantization/
-    quantization: str | None = None
+    quantization: str | None = None  # one of QUANTIZATION_METHODS (layers/quantization/), None: float weights
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"  # or "swap": copy a preempted request's KV to a CPU pool
     swap_space_gib: float = 4.0  # size of that CPU pool

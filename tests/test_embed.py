@@ -113,6 +113,7 @@ def test_texts_tokenized_together_equal_texts_tokenized_one_by_one(llm):
     texts = ["short", "a b c " * 40, " ", "Ünïcödé, punctuation! And digits 12345.", "word " * 300]
     prompts = texts + [[101, 2000, 102]]
     tokenizer = llm.get_tokenizer()
+    texts_and_ids = prompts[:-2] + prompts[-1:]
     for keep in (None, -1, 50):
         limit = engine.max_model_len if keep == -1 else keep
 
@@ -120,7 +121,7 @@ def test_texts_tokenized_together_equal_texts_tokenized_one_by_one(llm):
             if isinstance(prompt, list):
                 return prompt[-limit:] if limit else prompt
             return tokenizer.encode(prompt) if limit is None else tokenizer.encode_last(prompt, limit)
-        one_by_one = [expected(p) for p in prompts[:-2] + prompts[-1:]]
-        together = engine.tokenize(prompts[:-2] + prompts[-1:], truncate_prompt_tokens=keep)
+        one_by_one = [expected(p) for p in texts_and_ids]
+        together = engine.tokenize(texts_and_ids, truncate_prompt_tokens=keep)
         assert together == one_by_one
     assert len(engine.tokenize(prompts, truncate_prompt_tokens=-1)[4]) == engine.max_model_len

@@ -7,10 +7,8 @@ import itertools
 import logging
 import sys
 
-from fasterllm.config import EngineArgs
+from fasterllm.config import QUANTIZATION_METHODS, EngineArgs
 from fasterllm.sampling_params import SamplingParams
-
-QUANTIZATION_METHODS = ["int8", "int4", "w8a8", "fp8", "gguf"]  # layers/quantization/: what --quantization takes
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:

@@ -167,7 +167,7 @@ def _validation_error(exc: RequestValidationError) -> OpenAIError:
     for error in exc.errors():
         if error.get("type") == "json_invalid":
             detail = (error.get("ctx") or {}).get("error", "")
-            return OpenAIError(400, f"The request body is not valid JSON: {detail}; send a JSON object")
+            return _not_json(detail)
         loc = [str(part) for part in error.get("loc", ())[1:]]
         if not loc and isinstance(error.get("input"), bytes):  # FastAPI parses JSON only when the header says so
             return _unparsed_body_error(error["input"])
@@ -183,11 +183,15 @@ def _validation_error(exc: RequestValidationError) -> OpenAIError:
     return OpenAIError(400, "Invalid request: " + "; ".join(messages), next(iter(by_field)))
 
 
+def _not_json(detail: object) -> OpenAIError:
+    return OpenAIError(400, f"The request body is not valid JSON: {detail}; send a JSON object")
+
+
 def _unparsed_body_error(body: bytes) -> OpenAIError:
     try:
         json.loads(body)
     except ValueError as exc:
-        return OpenAIError(400, f"The request body is not valid JSON: {exc}; send a JSON object")
+        return _not_json(exc)
     return OpenAIError(400, "The request body is JSON but came without the header 'Content-Type: application/json'; "
                             "send that header with it")
 

@@ -30,11 +30,10 @@ class OpenAIServingEmbedding:
             raise OpenAIError(404, f"The model {request.model!r} does not make embeddings on this server; its "
                                    f"embeddings model is {self.model_name!r} (see GET /v1/models)", "model")
         async with self._lock:
-            return await asyncio.to_thread(create_embedding, self.engine, request, self.model_name)
+            return await asyncio.to_thread(create_embedding, self.engine, request)
 
 
-def create_embedding(engine: EmbeddingEngine, request: EmbeddingRequest, served_model_name: str | None = None
-                     ) -> dict[str, Any]:
+def create_embedding(engine: EmbeddingEngine, request: EmbeddingRequest) -> dict[str, Any]:
     """Raises OpenAIError (status 400 and the offending field) for a request the engine refuses; nothing runs then."""
     if request.dimensions is not None and request.dimensions != engine.embedding_dim:
         raise OpenAIError(400, f"dimensions={request.dimensions} is not available: {engine.model_name} makes "
@@ -50,7 +49,7 @@ def create_embedding(engine: EmbeddingEngine, request: EmbeddingRequest, served_
     else:
         encoded = vectors.tolist()
     num_tokens = sum(len(ids) for ids in token_ids)
-    return {"object": "list", "model": served_model_name or engine.model_name,
+    return {"object": "list", "model": engine.model_name,
             "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(encoded)],
             "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
 

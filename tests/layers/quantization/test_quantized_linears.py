@@ -5,7 +5,8 @@ import torch
 from torch import nn
 
 from fasterllm import LLM
-from fasterllm.layers.quantization import check_supported
+from fasterllm.config import QUANTIZATION_METHODS
+from fasterllm.layers.quantization import QUANTIZED_LINEARS, check_supported
 from fasterllm.layers.quantization.int4 import GROUP_SIZE, Int4WeightOnlyLinear, quantize_int4_grouped
 from fasterllm.layers.quantization.int8 import Int8WeightOnlyLinear, quantize_int8_per_channel
 from fasterllm.layers.quantization.w8a8 import W8A8Linear, quantize_per_token
@@ -46,8 +47,7 @@ def test_int4_is_off_by_at_most_half_a_step_per_weight_of_its_group(dtype):
     x_per_group = x.float().abs().reshape(ROWS, IN // GROUP_SIZE, GROUP_SIZE).sum(dim=2)
     bound = x_per_group @ (scales / 2).t() + dtype_rounding(want, dtype)
     if dtype == torch.bfloat16:  # the kernel holds scale and offset in the activation dtype
-        x_abs = x.float().abs().reshape(ROWS, IN // GROUP_SIZE, GROUP_SIZE).sum(dim=2)
-        bound += x_abs @ ((minimums.abs() + 16 * scales) * 2 ** -8).t()
+        bound += x_per_group @ ((minimums.abs() + 16 * scales) * 2 ** -8).t()
     assert_within(got, want, bound)
 
 
@@ -67,6 +67,10 @@ def test_w8a8_is_off_by_the_weight_and_the_activation_steps(dtype):
 def test_int4_rejects_a_width_its_groups_do_not_divide():
     with pytest.raises(ValueError, match="divisible by the group size 32, got 40"):
         Int4WeightOnlyLinear.from_float(torch.randn(8, 40), None)
+
+
+def test_every_method_the_cli_and_config_name_has_layers():
+    assert set(QUANTIZED_LINEARS) == set(QUANTIZATION_METHODS)
 
 
 def test_methods_are_refused_where_they_have_no_kernels():
