@@ -93,6 +93,8 @@ def test_checkpoints_that_cannot_serve_are_refused_before_loading(tmp_path):
     with pytest.raises(ValueError, match="architecture 'FalconForCausalLM' is not supported; supported: "
                                          "LlamaForCausalLM"):
         LLM(str(tmp_path), task="embed", device="cpu")
+    with pytest.raises(ValueError, match="quantization=.fp8. has no CPU kernels"):
+        LLM(str(default_model_path()), task="embed", device="cpu", quantization="fp8")
 
 
 def test_quantization_and_dummy_weights_reach_the_decoder(smollm2_embedder):

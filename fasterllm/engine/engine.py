@@ -14,7 +14,6 @@ from fasterllm.engine.limits import check_token_ids, resolve_max_model_len
 from fasterllm.engine.output_processor import OutputProcessor
 from fasterllm.engine.request import Request
 from fasterllm.engine.scheduler import Scheduler, SchedulerOutput
-from fasterllm.layers.quantization import check_supported
 from fasterllm.loader.checkpoint import open_checkpoint
 from fasterllm.outputs import RequestOutput
 from fasterllm.sampling_params import BeamSearchParams, SamplingParams
@@ -58,14 +57,15 @@ class Engine:
         self.args = args
         self.device = args.resolve_device()
         self.dtype = args.resolve_dtype(self.device)
-        check_supported(args.quantization, self.device)  # refused before loading any weight
         torch.manual_seed(args.seed)
         checkpoint = open_checkpoint(args.model, args.tokenizer)
         self.source = checkpoint.source
         self.model_name = checkpoint.source.name
         self.model_config = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
-        self.max_model_len = self._max_model_len(args.max_model_len)
+        positions = self.model_config.max_position_embeddings
+        self.max_model_len = resolve_max_model_len(args.max_model_len, positions, positions,
+                                                   f"max_position_embeddings={positions}")
         max_batched = args.max_num_batched_tokens or (8192 if self.device.type == "cuda" else 2048)
         self.scheduler_config = SchedulerConfig(args.max_num_seqs, max_batched, self.max_model_len,
                                                 args.preemption_mode, args.watermark,
@@ -101,10 +101,6 @@ class Engine:
                     self.runner.load_seconds, profile_seconds, graph_seconds, self.model_name,
                     str(self.dtype).removeprefix("torch."), self.device, cache.num_blocks, cache.block_size,
                     self.max_model_len)
-
-    def _max_model_len(self, requested: int | None) -> int:
-        limit = self.model_config.max_position_embeddings
-        return resolve_max_model_len(requested, limit, limit, f"max_position_embeddings={limit}")
 
     def _check_fits(self, cache: CacheConfig) -> None:
         needed = -(-self.max_model_len // cache.block_size)

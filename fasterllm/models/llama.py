@@ -77,8 +77,7 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head
 
     def pack_for_cpu(self) -> None:
-        """Reorder every projection's weight (the tied output head too) for oneDNN, after loading."""
-        self.head_as_linear()
+        """Reorder every projection's weight (and the head's, once head_as_linear made it a Linear) for oneDNN."""
         pack_linears(self)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,

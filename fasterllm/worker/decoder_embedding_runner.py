@@ -23,7 +23,8 @@ class DecoderEmbeddingRunner:
         start = time.perf_counter()
         self.device = device
         self.pooling = pooling
-        self.model = build_decoder(checkpoint, max_model_len, device, dtype, load_format, quantization).eval()
+        self.model = build_decoder(checkpoint, max_model_len, device, dtype, load_format, quantization,
+                                   with_head=False).eval()
         self.load_seconds = time.perf_counter() - start
 
     @torch.inference_mode()

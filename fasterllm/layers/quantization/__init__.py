@@ -78,14 +78,11 @@ def check_supported(method: str | None, device: torch.device) -> None:
 
 
 def quantize_model(model: nn.Module, method: str, device: torch.device) -> None:
-    """Replace every nn.Linear under model (in place) with its quantized form for device; a tied output
-    head gets a quantized copy of its own."""
-    check_supported(method, device)
+    """Replace every nn.Linear under model (in place) with its quantized form for device (build_decoder has
+    checked that the method runs there and made a tied head a Linear of its own)."""
     make = QUANTIZED_LINEARS[method][device.type]
     if method == "gguf":
         repack_gguf_linears(model, GGUF_INT4[device.type])
-    if hasattr(model, "head_as_linear"):
-        model.head_as_linear()  # a tied head: quantized below into a copy of its own
     if method in KEPT_INT8:
         weight_only = QUANTIZED_LINEARS["int8"][device.type]
         for parent in list(model.modules()):
