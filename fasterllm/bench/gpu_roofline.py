@@ -44,8 +44,8 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 8192) -> f
 
 def weight_bytes_per_step(model: torch.nn.Module) -> int:
     """Bytes of weights one decode step reads: every tensor the modules hold (a quantized layer's codes and
-    scales too, which are not Parameters), less the input embedding table when a separate output head
-    exists (a step reads one row of it)."""
+    scales too, which are not Parameters), less the input embedding table unless the output head reads it (a
+    separate head: a step reads one row of the table)."""
     sizes: dict[int, int] = {}
     for module in model.modules():
         held = [*module._parameters.values(), *module._buffers.values(),
@@ -54,8 +54,10 @@ def weight_bytes_per_step(model: torch.nn.Module) -> int:
             if tensor is not None:  # keyed by storage: a tied table counts once (oneDNN-packed CPU tensors have none)
                 key = tensor.data_ptr() if not tensor.is_mkldnn else id(tensor)
                 sizes[key] = tensor.numel() * tensor.element_size()
-    if getattr(model, "lm_head", None) is not None:
-        sizes.pop(model.embed_tokens.weight.data_ptr(), None)
+    head = getattr(model, "lm_head", None)
+    table = model.embed_tokens.weight
+    if head is not None and getattr(head, "weight", None) is not table:
+        sizes.pop(table.data_ptr(), None)
     return sum(sizes.values())
 
 

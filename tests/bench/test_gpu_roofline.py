@@ -1,0 +1,26 @@
+"""The roofline's weight bytes per decode step: the embedding table counts only when the output head reads it."""
+from __future__ import annotations
+
+from torch import nn
+
+from fasterllm.bench.gpu_roofline import weight_bytes_per_step
+
+TABLE, PROJ = 1000 * 64 * 4, 64 * 64 * 4  # fp32 bytes
+
+
+def model(tied: bool) -> nn.Module:
+    m = nn.Module()
+    m.embed_tokens = nn.Embedding(1000, 64)
+    m.proj = nn.Linear(64, 64, bias=False)
+    m.lm_head = nn.Linear(64, 1000, bias=False)
+    if tied:  # what build_decoder makes of a tied head: a Linear over the table's own weight
+        m.lm_head.weight = m.embed_tokens.weight
+    return m
+
+
+def test_a_tied_head_reads_the_table_every_step():
+    assert weight_bytes_per_step(model(tied=True)) == TABLE + PROJ
+
+
+def test_a_separate_head_replaces_the_table():
+    assert weight_bytes_per_step(model(tied=False)) == PROJ + TABLE  # the head's own [1000, 64], not the table
