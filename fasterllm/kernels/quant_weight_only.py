@@ -121,10 +121,10 @@ def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
         return out if bias is None else out + bias
     if m == 1:  # batch-1 decode: a matrix-vector product streaming the weight bytes
         return gemv(x, qweight, scales, bias, minimums, group_size)
-    plan = plan_split_k(m, n, k, _BLOCK_N, _BLOCK_K, x.device)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if m == 0:
+    if m == 0:  # before planning: no tiles to split
         return out
+    plan = plan_split_k(m, n, k, _BLOCK_N, _BLOCK_K, x.device)
     direct = plan.splits == 1
     target = out if direct else torch.empty(plan.splits, m, n, dtype=torch.float32, device=x.device)
     col_scale = None if int4 else scales

@@ -87,6 +87,13 @@ def test_packing_keeps_every_code():
     assert torch.equal(dequantize_reference(packed, ones, torch.zeros(3, 2), 32), codes.float())
 
 
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_zero_rows_give_an_empty_result(method):
+    _, (qweight, scales, minimums) = quantized(method, 64, 128)
+    out = weight_only_matmul(torch.zeros(0, 128, device=DEVICE), qweight, scales, None, minimums, GROUP_SIZE)
+    assert out.shape == (0, 64)
+
+
 def test_mismatched_shapes_are_refused():
     _, (qweight, scales, _) = quantized("int8", 64, 128)
     with pytest.raises(ValueError, match="does not fit"):
