@@ -12,10 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.quant_split_k import SplitKPlan, epilogue, plan_split_k, reduce_splits
+from fasterllm.kernels.quant_split_k import epilogue, plan_split_k, reduce_splits
 
 SPLIT_K_MAX_ROWS = 64
-_LARGE = SplitKPlan(block_m=128, block_n=128, block_k=128, k_per_split=0, splits=1)  # k_per_split: all of K
+_LARGE_BLOCK = 128  # M, N and K tile above SPLIT_K_MAX_ROWS rows: one program per output tile, all of K
 _GROUP_M = 8
 
 
@@ -74,11 +74,10 @@ def int8_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales
         return out
     bias_arg = bias if bias is not None else out
     if m > SPLIT_K_MAX_ROWS:
-        plan = _LARGE
-        grid = (triton.cdiv(m, plan.block_m) * triton.cdiv(n, plan.block_n), 1, 1)
+        grid = (triton.cdiv(m, _LARGE_BLOCK) * triton.cdiv(n, _LARGE_BLOCK), 1, 1)
         _int8_gemm_kernel[grid](a, a_scales, b, b_scales, bias_arg, out, m, n, k, a.stride(0), b.stride(0),
-                                K_PER_SPLIT=0, DIRECT=True, HAS_BIAS=bias is not None, BLOCK_M=plan.block_m,
-                                BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, GROUP_M=_GROUP_M, num_warps=8,
+                                K_PER_SPLIT=0, DIRECT=True, HAS_BIAS=bias is not None, BLOCK_M=_LARGE_BLOCK,
+                                BLOCK_N=_LARGE_BLOCK, BLOCK_K=_LARGE_BLOCK, GROUP_M=_GROUP_M, num_warps=8,
                                 num_stages=3)
         return out
     plan = plan_split_k(m, n, k, 64, 256, a.device)

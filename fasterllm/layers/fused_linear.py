@@ -43,3 +43,13 @@ class FusedLinear(nn.Module):
             if self.gelu_approximate is not None:
                 out = F.gelu(out, approximate=self.gelu_approximate)
         return out if residual is None else out.add_(residual)
+
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+        """norm(x W^T + b + residual). On a GPU the GEMM runs without bias and one Triton kernel adds the bias and
+        the residual and normalises (one read of each [T, H] input, one write) instead of three launches."""
+        if x.is_cuda:
+            from fasterllm.kernels.layer_norm import add_bias_residual_layer_norm
+
+            return add_bias_residual_layer_norm(F.linear(x, self.weight), self.bias, residual, norm.weight,
+                                                norm.bias, norm.eps)
+        return norm(self(x, residual=residual))

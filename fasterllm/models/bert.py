@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fasterllm.layers.fused_linear import GELU_FORMS, FusedLinear
@@ -89,19 +88,8 @@ class BertLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: VarlenBatch) -> torch.Tensor:
         attended = varlen_attention(self.qkv(x), batch, self.num_heads)
-        x = _project_add_norm(self.attn_out, self.attn_norm, attended, x)
-        return _project_add_norm(self.ffn_down, self.ffn_norm, self.ffn_up(x), x)
-
-
-def _project_add_norm(linear: FusedLinear, norm: nn.LayerNorm, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """norm(x W^T + b + residual). On a GPU the GEMM runs without bias and one Triton kernel adds the bias and
-    the residual and normalises (one read of each [T, H] input, one write) instead of three launches."""
-    if x.is_cuda:
-        from fasterllm.kernels.layer_norm import add_bias_residual_layer_norm
-
-        return add_bias_residual_layer_norm(F.linear(x, linear.weight), linear.bias, residual, norm.weight, norm.bias,
-                                            norm.eps)
-    return norm(linear(x, residual=residual))
+        x = self.attn_out.add_norm(attended, x, self.attn_norm)
+        return self.ffn_down.add_norm(self.ffn_up(x), x, self.ffn_norm)
 
 
 # Hugging Face names (prefix removed) -> ours; q/k/v land in thirds of qkv

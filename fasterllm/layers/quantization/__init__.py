@@ -42,9 +42,8 @@ QUANTIZED_LINEARS: dict[str, dict[str, LinearFactory]] = {
     "int4": {"cpu": Int4WeightOnlyLinear.from_float, "cuda": lambda w, b: _gpu().Int4GPULinear.from_float(w, b)},
     "w8a8": {"cpu": W8A8Linear, "cuda": lambda w, b: _gpu().W8A8GPULinear(w, b)},
     "fp8": {"cuda": lambda w, b: _gpu().FP8Linear(w, b)},
-    # the linears a GGUF does not store as Q4 blocks (the output head)
-    "gguf": {"cpu": Int8WeightOnlyLinear, "cuda": lambda w, b: _gpu().Int8GPULinear(w, b)},
 }
+QUANTIZED_LINEARS["gguf"] = QUANTIZED_LINEARS["int8"]  # the linears a GGUF does not store as Q4 blocks (the head)
 # the int4 layer a GGUF's Q4 blocks are repacked into, per device (codes, scales, minimums, bias, dtype)
 GGUF_INT4 = {"cpu": Int4WeightOnlyLinear, "cuda": lambda *blocks: _gpu().Int4GPULinear(*blocks)}
 
