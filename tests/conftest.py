@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
+
+from fasterllm.loader.model_source import DEFAULT_MODEL_FILE as SMOLLM2_FILE
+from fasterllm.loader.model_source import default_model_path
 
 # Without a GPU, Triton kernels run in Triton's interpreter. triton reads this when it is first imported,
 # and transformers or torch may import it before any kernel test does, so it is set before any test module.
@@ -17,6 +21,32 @@ def smollm2_embedder():
     """LLM(task="embed") on the SmolLM2 GGUF (a decoder: last-token pooling), fp32 on the CPU, loaded once for
     the offline and the server tests."""
     from fasterllm import LLM
-    from fasterllm.loader.model_source import default_model_path
 
     return LLM(str(default_model_path()), task="embed", dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def gguf() -> Path:
+    """The SmolLM2 GGUF: FASTERLLM_TEST_GGUF names it where the default model's package is not installed (a GPU
+    machine), else the installed one."""
+    return Path(os.environ["FASTERLLM_TEST_GGUF"]) if "FASTERLLM_TEST_GGUF" in os.environ else default_model_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    return default_model_path().parent  # raises, naming the fix, when the default model is missing
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_path):
+    """transformers on the same GGUF, fp32, loaded once for the parity and the embedding tests."""
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_path, gguf_file=SMOLLM2_FILE,
+                                                              dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2_tokenizer(smollm2_path):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(smollm2_path, gguf_file=SMOLLM2_FILE)

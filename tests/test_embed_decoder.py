@@ -18,14 +18,6 @@ TEXTS = ["Hi", "The capital of France is Paris.", CHAPTER[:1500], "A man is eati
          CHAPTER[2000:2300]]
 
 
-@pytest.fixture(scope="module")
-def hf_reference():
-    transformers = pytest.importorskip("transformers")
-    path = default_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    return model.eval()
-
-
 def _vectors(outputs) -> torch.Tensor:
     return torch.tensor([o.outputs.embedding for o in outputs])
 
@@ -36,7 +28,7 @@ def _hf_last_token(model, token_ids: list[int]) -> torch.Tensor:
     return F.normalize(hidden[0, -1], dim=-1)
 
 
-def test_vectors_match_transformers_last_token_for_a_mixed_length_batch(smollm2_embedder, hf_reference):
+def test_vectors_match_transformers_last_token_for_a_mixed_length_batch(smollm2_embedder, hf_smollm2):
     outputs = smollm2_embedder.embed(TEXTS, use_tqdm=False)
     lengths = [len(o.prompt_token_ids) for o in outputs]
     assert min(lengths) == 1 and max(lengths) > 300  # a one-token input beside a few-hundred-token one
@@ -45,7 +37,7 @@ def test_vectors_match_transformers_last_token_for_a_mixed_length_batch(smollm2_
     assert vectors.shape == (len(TEXTS), 576) and outputs[0].outputs.hidden_size == 576
     torch.testing.assert_close(vectors.norm(dim=1), torch.ones(len(TEXTS)))
     for output, vector in zip(outputs, vectors):
-        reference = _hf_last_token(hf_reference, output.prompt_token_ids)
+        reference = _hf_last_token(hf_smollm2, output.prompt_token_ids)
         assert F.cosine_similarity(vector, reference, dim=0) >= 0.9999, output.prompt
 
 

@@ -4,24 +4,17 @@ quantized kernel is capturable and deterministic: split-K partial sums are added
 Skipped without CUDA; fp8 without a Hopper GPU. FASTERLLM_TEST_GGUF names the file when the package is absent."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from fasterllm import LLM, SamplingParams
-from fasterllm.loader.model_source import default_model_path
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 METHODS = ["int8", "int4", "w8a8"] + (["fp8"] if torch.cuda.is_available()
                                       and torch.cuda.get_device_capability()[0] >= 9 else [])
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):\n    "]
-
-
-@pytest.fixture(scope="module")
-def gguf() -> Path:
-    return Path(os.environ["FASTERLLM_TEST_GGUF"]) if "FASTERLLM_TEST_GGUF" in os.environ else default_model_path()
 
 
 def make_llm(gguf: Path, method: str, eager: bool) -> LLM:

@@ -8,14 +8,10 @@ Skipped without CUDA. FASTERLLM_TEST_GGUF names the file when the package is not
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 import torch
 
 from fasterllm import LLM, SamplingParams
-from fasterllm.loader.model_source import default_model_path
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 pytest.importorskip("transformers")
@@ -24,11 +20,6 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "
              "Who wrote Hamlet?", "What is 12 times 12?", "Say hello in Spanish."]
 TEXTS = ["Once upon a time", "The theory of relativity states that", "def fibonacci(n):\n    "]
 NEW_TOKENS = 40
-
-
-@pytest.fixture(scope="module")
-def gguf() -> Path:
-    return Path(os.environ["FASTERLLM_TEST_GGUF"]) if "FASTERLLM_TEST_GGUF" in os.environ else default_model_path()
 
 
 @pytest.fixture(scope="module")
