@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -12,3 +13,11 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return silu_and_mul_kernel(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+class SiluAndMul(nn.Module):
+    """silu_and_mul as a module of the decoder layer, so a quantized model can swap in a version that writes
+    the down projection's quantized input (layers/quantization/fused_activation.py)."""
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return silu_and_mul(gate_up)

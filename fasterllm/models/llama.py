@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fasterllm.config import ModelConfig
-from fasterllm.layers.activation import silu_and_mul
+from fasterllm.layers.activation import SiluAndMul
 from fasterllm.layers.attention import AttentionMetadata, attend_with_kernels, paged_attention, store_kv
 from fasterllm.layers.linear import pack_linears
 from fasterllm.layers.norm import RMSNorm
@@ -30,6 +30,7 @@ class DecoderLayer(nn.Module):
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.act = SiluAndMul()
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
         self.scale = self.head_dim ** -0.5
 
@@ -37,8 +38,8 @@ class DecoderLayer(nn.Module):
                 rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor | None,
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """rope: the whole cos/sin table (kernels, GPU) or this step's (cos, sin) rows (torch path)."""
-        hidden, residual = self.input_layernorm(hidden, residual)
         num_tokens = hidden.shape[0]
+        hidden, residual = self.input_layernorm(hidden, residual)  # W8A8 / FP8: quantized rows, not a tensor
         qkv = self.qkv_proj(hidden).view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         if meta.kernel is not None:
             attention = attend_with_kernels(qkv, self.num_heads, self.num_kv_heads, kv_cache, meta, rope, self.scale)
@@ -51,7 +52,7 @@ class DecoderLayer(nn.Module):
                 store_kv(kv_cache, qkv[:, self.num_heads:], meta)
             attention = paged_attention(query, key, value, kv_cache, meta, self.scale)
         hidden, residual = self.post_attention_layernorm(self.o_proj(attention), residual)
-        return self.down_proj(silu_and_mul(self.gate_up_proj(hidden))), residual
+        return self.down_proj(self.act(self.gate_up_proj(hidden))), residual
 
 
 class LlamaForCausalLM(nn.Module):

@@ -90,3 +90,6 @@ def quantize_model(model: nn.Module, method: str, device: torch.device) -> None:
                 if isinstance(child, nn.Linear):
                     setattr(parent, name, weight_only(child.weight.detach(), child.bias))
     replace_linears(model, lambda linear: make(linear.weight.detach(), linear.bias))
+    if device.type == "cuda":  # W8A8 / FP8 projections read codes their RMSNorm or SiLU*mul wrote
+        from fasterllm.layers.quantization.fused_activation import fuse_activation_quantization
+        fuse_activation_quantization(model)

@@ -3,10 +3,12 @@
   int8  Int8GPULinear   int8 weights per output channel, read and widened inside a Triton split-K matmul
   int4  Int4GPULinear   4-bit codes (groups of 32, scale + minimum, the CPU layer's and GGUF Q4_1's convention),
                         two per byte, dequantized inside the same kernel
-  w8a8  W8A8GPULinear   int8 weights per channel x int8 activations per token (quantized here, one Triton
-                        launch), int32 sums on the tensor cores, dequantization in the GEMM's epilogue
+  w8a8  W8A8GPULinear   int8 weights per channel x int8 activations per token, int32 sums on the tensor cores,
+                        dequantization in the GEMM's epilogue
   fp8   FP8Linear       e4m3 weights per channel x e4m3 activations per token through torch._scaled_mm's
                         row-wise scaling (Hopper, compute capability 9.0+)
+The last two take their input quantized by the RMSNorm or SiLU*mul before them when the model has those fused
+(fused_activation.py), and quantize it themselves (one Triton launch) otherwise.
 Every forward launches only shape-dependent work (no host sync): the layers run inside the decode CUDA graphs.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ from fasterllm.kernels.quant_activation import quantize_per_token
 from fasterllm.kernels.quant_w8a8 import int8_gemm
 from fasterllm.kernels.quant_weight_only import pack_int4_codes, weight_only_matmul
 from fasterllm.layers.linear import FlatLinear
+from fasterllm.layers.quantization.fused_activation import QuantizedRows
 from fasterllm.layers.quantization.int4 import GROUP_SIZE, quantize_int4_grouped
 from fasterllm.layers.quantization.int8 import quantize_int8_per_channel
 
@@ -55,12 +58,37 @@ class Int4GPULinear(FlatLinear):
         return weight_only_matmul(x, self.qweight, self.scales, self.bias, self.minimums, GROUP_SIZE)
 
 
-class W8A8GPULinear(Int8GPULinear):
-    """The int8 weights of Int8GPULinear, multiplied by int8 activations instead of widened."""
+class ActivationQuantizedLinear(FlatLinear):
+    """A projection whose GEMM reads per-token quantized activations of activation_dtype: given as QuantizedRows
+    by a fused producer, or float rows quantized here."""
+
+    activation_dtype: torch.dtype
+
+    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
+        if isinstance(x, QuantizedRows):
+            return self.quantized_matmul(x.codes, x.scales, x.dtype)
+        return super().forward(x)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        qx, x_scales = quantize_per_token(x, torch.int8)
-        return int8_gemm(qx, x_scales, self.qweight, self.scales, self.bias, x.dtype)
+        return self.quantized_matmul(*quantize_per_token(x, self.activation_dtype), x.dtype)
+
+    def quantized_matmul(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class W8A8GPULinear(ActivationQuantizedLinear):
+    """Int8GPULinear's int8 weights, multiplied by int8 activations instead of widened."""
+
+    activation_dtype = torch.int8
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features = weight.shape[0]
+        self.qweight, self.scales = quantize_int8_per_channel(weight)
+        self.bias = bias
+
+    def quantized_matmul(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return int8_gemm(codes, scales, self.qweight, self.scales, self.bias, dtype)
 
 
 def check_fp8_device(device: torch.device) -> None:
@@ -75,7 +103,9 @@ def check_fp8_device(device: torch.device) -> None:
                          "'w8a8' or 'int8'")
 
 
-class FP8Linear(FlatLinear):
+class FP8Linear(ActivationQuantizedLinear):
+    activation_dtype = torch.float8_e4m3fn
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         check_fp8_device(weight.device)
@@ -90,7 +120,6 @@ class FP8Linear(FlatLinear):
         self.scales = scales.view(1, n).contiguous()  # [1, N] fp32, the row-wise form
         self.bias = bias
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        qx, x_scales = quantize_per_token(x, torch.float8_e4m3fn)  # [M, K] e4m3, [M, 1] fp32
-        return torch._scaled_mm(qx, self.qweight.t(), scale_a=x_scales, scale_b=self.scales,
-                                bias=None if self.bias is None else self.bias.to(x.dtype), out_dtype=x.dtype)
+    def quantized_matmul(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return torch._scaled_mm(codes, self.qweight.t(), scale_a=scales, scale_b=self.scales,  # [M, 1] fp32 scales
+                                bias=None if self.bias is None else self.bias.to(dtype), out_dtype=dtype)
