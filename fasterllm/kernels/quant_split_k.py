@@ -77,7 +77,8 @@ def _reduce_splits_kernel(partial_ptr, out_ptr, row_scale_ptr, col_scale_ptr, bi
 
 def reduce_splits(partials: torch.Tensor, out: torch.Tensor, row_scale: torch.Tensor | None,
                   col_scale: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
-    """out [M, N] = epilogue(sum over splits of partials [S, M, N]); absent scales and bias are skipped."""
+    """out [M, N] = epilogue(sum over splits of partials [S, M, N]); absent scales and bias are skipped. One split
+    is a plain epilogue: quant_w8a8.py scales torch._int_mm's int32 output with it."""
     splits, m, n = partials.shape
     block_m, block_n = min(16, triton.next_power_of_2(m)), 128
     _reduce_splits_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](

@@ -1,10 +1,13 @@
-"""W8A8 GEMM (Triton): int8 activations x int8 weights -> int32 sums -> * row scale * column scale (+ bias).
+"""W8A8 GEMM: int8 activations x int8 weights -> int32 sums -> * row scale * column scale (+ bias).
 
 FasterLLaMA's INT8 path: activations quantized per token (kernels/quant_activation.py), weights per output
-channel; the tensor cores sum int8 products exactly in int32 and the dequantization is this kernel's epilogue,
-so the int32 result never goes to memory. Any number of rows: decode (M <= 64) splits K across programs
-(quant_split_k.py; int32 partials add exactly), prefill uses 128x128 tiles grouped along M for L2 reuse
-(torch._int_mm is not used: it needs M > 16 and writes int32 out before a separate epilogue).
+channel; the tensor cores sum int8 products exactly in int32, and the dequantization is an epilogue. Two ways,
+by rows, chosen from H100 measurements (benchmarks/RESULTS.md):
+  decode (M <= CUBLAS_MAX_ROWS): cuBLAS's int8 GEMM (torch._int_mm, which needs more than 16 rows: fewer are
+      padded with zero rows) streams the weights at 1.3-1.7x bf16 where a Triton split-K tile ran at 0.2-0.9x on
+      the narrow projections; its int32 [M, N] is scaled by quant_split_k's epilogue kernel (one small launch)
+  prefill: a Triton GEMM, 128x128 tiles grouped along M for L2 reuse, the scales and bias in its own epilogue
+      so the int32 result never goes to memory (1.1-1.6x bf16 at 512 rows, where torch._int_mm is 1.0-1.25x)
 """
 from __future__ import annotations
 
@@ -12,49 +15,41 @@ import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.quant_split_k import epilogue, plan_split_k, reduce_splits
+from fasterllm.kernels.quant_split_k import epilogue, reduce_splits
 
-SPLIT_K_MAX_ROWS = 64
-_LARGE_BLOCK = 128  # M, N and K tile above SPLIT_K_MAX_ROWS rows: one program per output tile, all of K
+CUBLAS_MAX_ROWS = 64
+_INT_MM_MIN_ROWS = 17  # torch._int_mm on CUDA needs M > 16
+_BLOCK = 128  # M, N and K tile of the Triton GEMM: one program per output tile, all of K
 _GROUP_M = 8
 
 
 @triton.jit
 def _int8_gemm_kernel(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, bias_ptr, out_ptr, M, N, K, stride_am, stride_bn,
-                      K_PER_SPLIT: tl.constexpr, DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    pid_k = tl.program_id(1)
-    if GROUP_M > 1:  # consecutive programs share B columns across GROUP_M row tiles (L2 reuse)
-        pid = tl.program_id(0)
-        tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-        group = pid // (GROUP_M * tiles_n)
-        first_m = group * GROUP_M
-        size_m = tl.minimum(tiles_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % (GROUP_M * tiles_n)) % size_m
-        pid_n = (pid % (GROUP_M * tiles_n)) // size_m
-    else:
-        pid_n, pid_m = tl.program_id(0), tl.program_id(2)
+                      HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      GROUP_M: tl.constexpr):
+    # consecutive programs share B columns across GROUP_M row tiles (L2 reuse)
+    pid = tl.program_id(0)
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * tiles_n)
+    first_m = group * GROUP_M
+    size_m = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * tiles_n)) % size_m
+    pid_n = (pid % (GROUP_M * tiles_n)) // size_m
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask, n_mask = rm < M, rn < N
     a_rows = a_ptr + rm[:, None].to(tl.int64) * stride_am
     b_cols = b_ptr + rn[None, :].to(tl.int64) * stride_bn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-    k_start = pid_k * K_PER_SPLIT
-    k_end = tl.minimum(k_start + K_PER_SPLIT, K) if K_PER_SPLIT > 0 else K
-    for k0 in range(k_start, k_end, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_mask = kk < K
         a = tl.load(a_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0)
         b = tl.load(b_cols + kk[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0)
         acc = tl.dot(a, b, acc, out_dtype=tl.int32)
-    offsets = rm[:, None].to(tl.int64) * N + rn[None, :]
-    mask = m_mask[:, None] & n_mask[None, :]
-    if DIRECT:
-        out = epilogue(acc, rm, rn, M, N, a_scale_ptr, b_scale_ptr, bias_ptr, True, True, HAS_BIAS)
-        tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.store(out_ptr + pid_k * M * N + offsets, acc, mask=mask)
+    out = epilogue(acc, rm, rn, M, N, a_scale_ptr, b_scale_ptr, bias_ptr, True, True, HAS_BIAS)
+    tl.store(out_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & n_mask[None, :])
 
 
 def int8_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
@@ -72,22 +67,15 @@ def int8_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales
     out = torch.empty(m, n, dtype=out_dtype, device=a.device)
     if m == 0:
         return out
-    bias_arg = bias if bias is not None else out
-    if m > SPLIT_K_MAX_ROWS:
-        grid = (triton.cdiv(m, _LARGE_BLOCK) * triton.cdiv(n, _LARGE_BLOCK), 1, 1)
-        _int8_gemm_kernel[grid](a, a_scales, b, b_scales, bias_arg, out, m, n, k, a.stride(0), b.stride(0),
-                                K_PER_SPLIT=0, DIRECT=True, HAS_BIAS=bias is not None, BLOCK_M=_LARGE_BLOCK,
-                                BLOCK_N=_LARGE_BLOCK, BLOCK_K=_LARGE_BLOCK, GROUP_M=_GROUP_M, num_warps=8,
-                                num_stages=3)
-        return out
-    plan = plan_split_k(m, n, k, 64, 256, a.device)
-    direct = plan.splits == 1
-    target = out if direct else torch.empty(plan.splits, m, n, dtype=torch.int32, device=a.device)
-    _int8_gemm_kernel[plan.grid(m, n)](a, a_scales, b, b_scales, bias_arg, target, m, n, k, a.stride(0), b.stride(0),
-                                       K_PER_SPLIT=plan.k_per_split, DIRECT=direct, HAS_BIAS=bias is not None,
-                                       BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, GROUP_M=1,
-                                       num_warps=4, num_stages=4)
-    return out if direct else reduce_splits(target, out, a_scales, b_scales, bias)
+    if m <= CUBLAS_MAX_ROWS and k % 8 == 0 and n % 8 == 0:  # torch._int_mm's shapes: multiples of 8
+        padded = a if m >= _INT_MM_MIN_ROWS else torch.cat([a, a.new_zeros(_INT_MM_MIN_ROWS - m, k)])
+        sums = torch._int_mm(padded, b.t())[:m]  # [M, N] int32, the first rows of a contiguous tensor
+        return reduce_splits(sums.unsqueeze(0), out, a_scales, b_scales, bias)
+    grid = (triton.cdiv(m, _BLOCK) * triton.cdiv(n, _BLOCK),)
+    _int8_gemm_kernel[grid](a, a_scales, b, b_scales, bias if bias is not None else out, out, m, n, k, a.stride(0),
+                            b.stride(0), HAS_BIAS=bias is not None, BLOCK_M=_BLOCK, BLOCK_N=_BLOCK, BLOCK_K=_BLOCK,
+                            GROUP_M=_GROUP_M, num_warps=8, num_stages=3)
+    return out
 
 
 def int8_gemm_reference(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,

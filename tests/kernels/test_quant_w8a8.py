@@ -1,5 +1,6 @@
 """The W8A8 int8 GEMM (int32 sums, dequantizing epilogue) against exact integer sums in torch: in Triton's
-interpreter on a CPU (small shapes), natively on a GPU (the Llama-3-8B shapes, decode and prefill)."""
+interpreter on a CPU (small shapes), natively on a GPU (the Llama-3-8B shapes, decode and prefill). Decode rows
+go through torch._int_mm and the epilogue kernel, prefill rows and shapes _int_mm refuses through the Triton GEMM."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +11,7 @@ from fasterllm.layers.quantization.int8 import quantize_int8_per_channel
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytest.importorskip("triton")
 from fasterllm.kernels.quant_activation import quantize_per_token  # noqa: E402
-from fasterllm.kernels.quant_w8a8 import SPLIT_K_MAX_ROWS, int8_gemm, int8_gemm_reference  # noqa: E402
+from fasterllm.kernels.quant_w8a8 import CUBLAS_MAX_ROWS, int8_gemm, int8_gemm_reference  # noqa: E402
 
 gpu_only = pytest.mark.skipif(DEVICE.type != "cuda", reason="real model shapes need a GPU")
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -34,14 +35,18 @@ def check(m, n, k, dtype, with_bias=True):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 7, 40])  # split-K: one row, a few, two 32-row tiles
-def test_split_k_matches_integer_reference(dtype, m):
+@pytest.mark.parametrize("m", [1, 7, 40])  # decode rows: padded to 17 for torch._int_mm, then as they are
+def test_decode_rows_match_integer_reference(dtype, m):
     check(m, 200, 576, dtype)
+
+
+def test_decode_rows_of_a_shape_int_mm_refuses_use_the_triton_gemm():
+    check(5, 150, 320, torch.float16)  # N not a multiple of 8
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_large_m_tiles_match_integer_reference(dtype):
-    check(SPLIT_K_MAX_ROWS + 70, 150, 320, dtype, with_bias=False)
+    check(CUBLAS_MAX_ROWS + 70, 150, 320, dtype, with_bias=False)
 
 
 def test_bad_operands_are_refused():
