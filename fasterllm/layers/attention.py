@@ -10,6 +10,7 @@ is block_id * block_size + offset. Padding rows come last in a batch and are nev
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +65,13 @@ class AttentionMetadata:
 
         With a sliding window, a query at position p sees keys p - window < k <= p.
         """
+        if max(query_lens) == 1:  # a decode batch: positions and slots in plain Python (fewer tensor ops a step)
+            positions = [seq_len - 1 for seq_len in seq_lens]
+            slots = [table[p // block_size] * block_size + p % block_size for table, p in zip(block_tables, positions)]
+            decode = _decode_group(list(range(len(seq_lens))), query_lens, seq_lens, block_tables, block_size, device,
+                                   sliding_window)
+            return AttentionMetadata(torch.tensor(positions, device=device), torch.tensor(slots, device=device),
+                                     len(seq_lens), [], decode)
         width = max(len(t) for t in block_tables)
         tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.long)
         seq_index = torch.repeat_interleave(torch.arange(len(query_lens)), torch.tensor(query_lens))
@@ -87,23 +95,25 @@ class AttentionMetadata:
                 blocks = tables[i, :-(-seq_len // block_size)]
                 prefills.append(PrefillGroup(start, start + query_len, blocks.to(device), mask))
             start += query_len
-        decode = _decode_group(decode_rows, query_lens, seq_lens, block_tables, tables, block_size, device,
+        decode = _decode_group(decode_rows, query_lens, seq_lens, block_tables, block_size, device,
                                sliding_window) if decode_rows else None
         return AttentionMetadata(positions.to(device), slot_mapping.to(device), start, prefills, decode)
 
 
 def _decode_group(rows: list[int], query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
-                  tables: torch.Tensor, block_size: int, device: torch.device,
-                  sliding_window: int | None) -> DecodeGroup:
+                  block_size: int, device: torch.device, sliding_window: int | None) -> DecodeGroup:
     """The decode rows' blocks and key range. One sequence (single-stream decoding) needs no mask: its keys
     are cut to its own window, and its blocks, when consecutive (as a fresh pool hands them out), are read
     in place instead of gathered."""
     token_index = None
     if len(rows) < len(query_lens):
-        token_index = (torch.tensor(query_lens).cumsum(0)[rows] - 1).to(device)
-    lens = torch.tensor(seq_lens)[rows]
-    num_blocks = -(-int(lens.max()) // block_size)
-    blocks = tables[rows, :num_blocks].reshape(-1).to(device)
+        row_ends = list(itertools.accumulate(query_lens))
+        token_index = torch.tensor([row_ends[row] - 1 for row in rows], device=device)
+    lens = [seq_lens[row] for row in rows]
+    num_blocks = -(-max(lens) // block_size)
+    # short rows padded with block 0, a real block whose keys the mask hides
+    blocks = torch.tensor([(block_tables[row] + [0] * num_blocks)[:num_blocks] for row in rows], device=device)
+    blocks = blocks.view(-1)
     if len(rows) == 1:
         seq_len = seq_lens[rows[0]]
         table = block_tables[rows[0]][:num_blocks]
@@ -111,9 +121,10 @@ def _decode_group(rows: list[int], query_lens: list[int], seq_lens: list[int], b
         first_key = 0 if sliding_window is None else max(0, seq_len - sliding_window)
         return DecodeGroup(token_index, blocks, None, slice(first_key, seq_len), table[0] if consecutive else None)
     key_positions = torch.arange(num_blocks * block_size)[None, :]
-    mask = key_positions < lens[:, None]
+    lens_column = torch.tensor(lens)[:, None]
+    mask = key_positions < lens_column
     if sliding_window is not None:
-        mask &= key_positions >= lens[:, None] - sliding_window
+        mask &= key_positions >= lens_column - sliding_window
     return DecodeGroup(token_index, blocks, mask[:, None, None, :].to(device), slice(0, num_blocks * block_size))
 
 
