@@ -26,5 +26,12 @@ class RMSNorm(nn.Module):
         # bf16 call loses enough precision to change SmolLM2's answers. Written out rather than
         # F.rms_norm, whose CPU composite runs more small ops (one decode step calls this 61 times)
         x32 = x.float()
-        inverse_rms = x32.square().mean(-1, keepdim=True).add_(self.eps).rsqrt_()
-        return (x32 * inverse_rms).to(x.dtype).mul_(self.weight), x
+        if _fused_fp32_rms_norm is not None:  # one kernel for the fp32 part, bit-equal to the line below
+            normed = _fused_fp32_rms_norm(x32, [x.shape[-1]], None, self.eps)[0]
+        else:
+            normed = x32 * x32.square().mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        return normed.to(x.dtype).mul_(self.weight), x
+
+
+# torch's fused RMSNorm op (not in every torch build): on the CPU one call where the written-out form takes five
+_fused_fp32_rms_norm = getattr(torch, "_fused_rms_norm", None)
