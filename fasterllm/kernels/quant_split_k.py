@@ -1,8 +1,9 @@
-"""The launch plan shared by the quantized matmuls (Triton): tile sizes and a split of K, chosen from shapes only.
+"""The weight-only matmuls' launch plan (Triton): tile sizes and a split of K, chosen from shapes only; and the
+epilogue kernel every quantized matmul shares (W8A8 applies it to torch._int_mm's int32 sums).
 
 Decode multiplies a few rows by a large weight: with one program per output tile, 4096 output columns make 64
 programs, half an H100. Splitting K across programs gives every SM several programs streaming weights at
-once; the partial sums land in an fp32/int32 workspace [splits, M, N] and one small kernel adds them in a
+once; the partial sums land in an fp32 workspace [splits, M, N] and one small kernel adds them in a
 fixed order (deterministic, so a CUDA graph replay gives the eager result bit for bit) and applies the
 epilogue (per-row scales, per-column scales, bias, cast). Everything depends on shapes alone: no host sync,
 nothing data-dependent, so the launches are capturable.

@@ -76,16 +76,10 @@ class ActivationQuantizedLinear(FlatLinear):
         raise NotImplementedError
 
 
-class W8A8GPULinear(ActivationQuantizedLinear):
-    """Int8GPULinear's int8 weights, multiplied by int8 activations instead of widened."""
+class W8A8GPULinear(ActivationQuantizedLinear, Int8GPULinear):
+    """Int8GPULinear's int8 weights (its constructor), multiplied by int8 activations instead of widened."""
 
     activation_dtype = torch.int8
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        super().__init__()
-        self.out_features = weight.shape[0]
-        self.qweight, self.scales = quantize_int8_per_channel(weight)
-        self.bias = bias
 
     def quantized_matmul(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return int8_gemm(codes, scales, self.qweight, self.scales, self.bias, dtype)
