@@ -16,6 +16,13 @@ _DTYPES = {
 QUANTIZATION_METHODS = ("int8", "int4", "w8a8", "fp8", "gguf")
 
 
+def check_method_name(method: str | None) -> None:
+    """A ValueError naming the supported methods if method is none of them (None: no quantization)."""
+    if method is not None and method not in QUANTIZATION_METHODS:
+        raise ValueError(f"quantization={method!r} is not supported; supported: "
+                         f"{', '.join(repr(m) for m in QUANTIZATION_METHODS)} or None (no quantization)")
+
+
 @dataclass
 class ModelConfig:
     """The shape of a LLaMA-family decoder, in Hugging Face's terms."""
@@ -81,8 +88,6 @@ class EngineArgs:
     task: str = "generate"  # or "embed": an encoder (BERT family) that returns one vector per input
 
     def validate(self) -> None:
-        from fasterllm.layers.quantization import check_method_name  # torch layers: imported when needed
-
         check_method_name(self.quantization)
         if self.quantization == "gguf" and self.load_format == "dummy":
             raise ValueError("quantization='gguf' runs a GGUF file's own blocks, which load_format='dummy' does not "

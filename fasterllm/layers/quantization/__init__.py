@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from fasterllm.config import check_method_name
 from fasterllm.layers.linear import replace_linears
 from fasterllm.layers.quantization.gguf import repack_gguf_linears
 from fasterllm.layers.quantization.int4 import Int4WeightOnlyLinear
@@ -53,13 +54,6 @@ GGUF_INT4 = {"cpu": Int4WeightOnlyLinear, "cuda": lambda *blocks: _gpu().Int4GPU
 # (4 bits there: +8.5%), and llama.cpp's Q4 files keep it at 6-8 bits too. fp8: with an e4m3 head SmolLM2 on
 # the H100 answered "L'Étoile" for the capital of France (vLLM keeps the head unquantized for fp8).
 KEPT_INT8 = {"w8a8": ("down_proj", "lm_head"), "int4": ("lm_head",), "fp8": ("lm_head",)}
-
-
-def check_method_name(method: str | None) -> None:
-    """A ValueError naming the supported methods if method is none of them (None: no quantization)."""
-    if method is not None and method not in QUANTIZED_LINEARS:
-        raise ValueError(f"quantization={method!r} is not supported; supported: "
-                         f"{', '.join(repr(m) for m in QUANTIZED_LINEARS)} or None (no quantization)")
 
 
 def check_supported(method: str | None, device: torch.device) -> None:
