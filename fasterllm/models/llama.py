@@ -68,14 +68,13 @@ class LlamaForCausalLM(nn.Module):
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.rope_freq_factors)
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, inv_freq, device, dtype)
 
-    def head_as_linear(self) -> nn.Linear:
-        """The output head as an nn.Linear module, so CPU packing, quantization and the GPU's matrix-vector
+    def head_as_linear(self) -> None:
+        """Make the output head an nn.Linear module, so CPU packing, quantization and the GPU's matrix-vector
         layers replace it like the projections: a tied head gets one over the embedding table's weight (the
         table keeps its rows for lookups; the replacement makes the head's own copy or view)."""
         if self.lm_head is None:
             self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False, device="meta")
             self.lm_head.weight = self.embed_tokens.weight
-        return self.lm_head
 
     def pack_for_cpu(self) -> None:
         """Reorder every projection's weight (and the head's, once head_as_linear made it a Linear) for oneDNN."""

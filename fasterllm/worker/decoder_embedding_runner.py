@@ -14,7 +14,7 @@ from fasterllm.layers.attention import AttentionMetadata, PrefillGroup
 from fasterllm.layers.pooling import PoolingConfig, pool
 from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.worker.encoder_inputs import packed_inputs_on
-from fasterllm.worker.model_runner import build_decoder
+from fasterllm.worker.decoder_builder import build_decoder
 
 
 class DecoderEmbeddingRunner:

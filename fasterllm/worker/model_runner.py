@@ -11,13 +11,9 @@ from fasterllm.config import CacheConfig, ModelConfig, SchedulerConfig
 from fasterllm.engine.request import Request
 from fasterllm.engine.scheduler import SchedulerOutput
 from fasterllm.layers.attention import AttentionMetadata
-from fasterllm.layers.linear import can_pack
-from fasterllm.layers.quantization import check_supported, quantize_model
-from fasterllm.layers.quantization.gguf import prepare_gguf_linears
 from fasterllm.loader.checkpoint import Checkpoint
-from fasterllm.loader.dummy_weights import fill_dummy_weights
-from fasterllm.models.registry import model_class
 from fasterllm.worker.cuda_graphs import DecodeGraphs
+from fasterllm.worker.decoder_builder import build_decoder
 from fasterllm.worker.input_buffers import InputBuffers, host_to_device
 from fasterllm.worker.logit_controls import LogitControls
 from fasterllm.worker.sampler import SamplerOutput, SamplingMetadata, sample
@@ -32,39 +28,6 @@ class ModelRunnerOutput:
     # request id -> (first prompt position, [ids per position: actual next token first, then the top-n],
     #                [their logprobs], [rank of the actual token])
     prompt_logprobs: dict[str, tuple[int, list[list[int]], list[list[float]], list[int]]] = field(default_factory=dict)
-
-
-def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.device, dtype: torch.dtype,
-                  load_format: str = "auto", quantization: str | None = None, with_head: bool = True
-                  ) -> torch.nn.Module:
-    """The checkpoint's decoder on device with its weights loaded (or random: load_format='dummy'), quantized
-    when asked, packed for oneDNN on the CPU, its float linears on a GPU taking one row through gemv.py.
-    with_head=False (embeddings read hidden_states() only): the output head is dropped after loading, so no
-    copy of it is quantized, packed or kept."""
-    check_supported(quantization, device)  # refused before any weight loads
-    config = checkpoint.config
-    model = model_class(config.architecture)(config, max_model_len, device, dtype)
-    if load_format == "dummy":
-        fill_dummy_weights(model)
-    elif quantization == "gguf":  # the projections take the file's Q4 blocks as stored
-        weights = checkpoint.require_q4_block_weights()
-        prepare_gguf_linears(model)
-        model.load_weights(weights())
-    else:
-        model.load_weights(checkpoint.weights())
-    if with_head:
-        model.head_as_linear()  # a tied head too: replaced below like the projections
-    else:
-        model.lm_head = torch.nn.Identity()  # never called: forward() would return the hidden states
-    if quantization is not None:
-        quantize_model(model, quantization, device)  # the output head too (a tied head: a quantized copy)
-    elif device.type == "cuda":  # batch-1 decode through the matrix-vector kernel, the head too
-        from fasterllm.layers.gpu_linear import use_gemv_linears  # Triton: only with CUDA
-
-        use_gemv_linears(model)
-    if can_pack(device, dtype):
-        model.pack_for_cpu()
-    return model
 
 
 class ModelRunner:
