@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from fasterllm.loader.model_source import DEFAULT_MODEL_FILE as SMOLLM2_FILE
 from fasterllm.loader.model_source import default_model_path
 
 # Without a GPU, Triton kernels run in Triton's interpreter. triton reads this when it is first imported,
@@ -33,20 +32,19 @@ def gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_path():
-    return default_model_path().parent  # raises, naming the fix, when the default model is missing
+def smollm2_path(gguf):
+    return gguf.parent
 
 
 @pytest.fixture(scope="session")
-def hf_smollm2(smollm2_path):
+def hf_smollm2(gguf):
     """transformers on the same GGUF, fp32, loaded once for the parity and the embedding tests."""
     transformers = pytest.importorskip("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_path, gguf_file=SMOLLM2_FILE,
-                                                              dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     return model.eval()
 
 
 @pytest.fixture(scope="session")
-def hf_smollm2_tokenizer(smollm2_path):
+def hf_smollm2_tokenizer(gguf):
     transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(smollm2_path, gguf_file=SMOLLM2_FILE)
+    return transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
