@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-_PROGRAMS_PER_SM = 4  # enough resident programs to keep loads in flight (memory-bound decode)
+_MAX_SPLITS = 16
 
 
 @dataclass(frozen=True)
@@ -38,12 +38,17 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def plan_split_k(m: int, n: int, k: int, block_n: int, block_k: int, device: torch.device) -> SplitKPlan:
-    block_m = min(64, max(16, triton.next_power_of_2(m)))  # tl.dot needs >= 16 rows; padding rows are masked
+def plan_split_k(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, programs_per_sm: float,
+                 device: torch.device) -> SplitKPlan:
+    """The most splits, a power of two up to 16, that keeps the programs within programs_per_sm per SM and gives
+    every split at least one block of K."""
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
     k_blocks = triton.cdiv(k, block_k)
-    wanted = max(1, min(k_blocks, _PROGRAMS_PER_SM * _num_sms(device) // tiles))
-    blocks_per_split = triton.cdiv(k_blocks, wanted)
+    splits = 1
+    while (splits < _MAX_SPLITS and 2 * splits <= k_blocks
+           and 2 * splits * tiles <= programs_per_sm * _num_sms(device)):
+        splits *= 2
+    blocks_per_split = triton.cdiv(k_blocks, splits)
     return SplitKPlan(block_m, block_n, block_k, blocks_per_split * block_k, triton.cdiv(k_blocks, blocks_per_split))
 
 

@@ -12,6 +12,8 @@ quant_split_k.py); more rows (prefill) dequantize the weight once and call cuBLA
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -21,54 +23,103 @@ from fasterllm.kernels.gemv import gemv
 from fasterllm.kernels.quant_split_k import epilogue, plan_split_k, reduce_splits
 
 FUSED_MAX_ROWS = 64
-_BLOCK_N, _BLOCK_K = 64, 256  # 64 rows x 256 bytes (int8) or 128 bytes (int4) of weight per step
+
+
+@dataclass(frozen=True)
+class _Tiles:
+    """How the kernel below tiles a few rows: SWAP computes W x^T (the weight tile is tl.dot's first operand, the
+    rows its second, padded to 16) instead of x W^T; the split of K aims at programs_per_sm programs per SM."""
+    swap: bool
+    block_n: int
+    block_k: int
+    stages: int
+    programs_per_sm: int
+
+
+# (int4, up to this many rows) -> tiles. Chosen on an H100 by timing 94 int8 and 70 int4 candidates (tile sizes,
+# stages, both operand orders, 1-16 splits) at 16, 32 and 64 rows on the Llama-3-8B projections: each entry is
+# the one whose slowest projection is closest to that projection's best candidate (within 4-24%); RESULTS.md.
+_TILES = {
+    (False, 16): _Tiles(False, 64, 256, 3, 4), (False, 32): _Tiles(False, 64, 128, 3, 4),
+    (False, 64): _Tiles(False, 128, 128, 3, 2),
+    (True, 16): _Tiles(True, 64, 128, 3, 4), (True, 32): _Tiles(True, 64, 128, 3, 4),
+    (True, 64): _Tiles(True, 64, 128, 3, 2),
+}
 
 
 @triton.jit
-def _int4_tile(w_cols, group_scale_ptr, group_min_ptr, rn, n_mask, half, K, stride_gn, GROUP: tl.constexpr,
-               dtype: tl.constexpr):
-    """Bytes half[:] of columns rn -> the dequantized (even k, odd k) weight tiles [len(half), BLOCK_N] in dtype."""
-    k_mask = half < K // 2
-    mask = k_mask[:, None] & n_mask[None, :]
-    packed = tl.load(w_cols + half[:, None], mask=mask, other=0)
-    group_offsets = rn[None, :].to(tl.int64) * stride_gn + ((2 * half) // GROUP)[:, None]
-    scale = tl.load(group_scale_ptr + group_offsets, mask=mask, other=0.0).to(tl.float32)
-    minimum = tl.load(group_min_ptr + group_offsets, mask=mask, other=0.0).to(tl.float32)
-    even = ((packed & 0xF).to(tl.float32) * scale + minimum).to(dtype)
-    odd = ((packed >> 4).to(tl.float32) * scale + minimum).to(dtype)
-    return even, odd
+def _codes_to_float(codes):
+    """uint8 codes in 0..15 -> the same integers in fp32, exactly: OR-ed into the mantissa of 2^23 and 2^23
+    subtracted, integer and add instructions instead of an int-to-float conversion (a fraction of their rate)."""
+    return (codes.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, GROUP: tl.constexpr,
+                 INT4: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 dtype: tl.constexpr):
+    """Weight rows rn, columns k0 .. k0 + BLOCK_K, as a [BLOCK_N, BLOCK_K] tile in dtype, loaded as stored (k
+    contiguous): int8 codes as they are (their row scale comes after the sum), int4 dequantized in fp32 and
+    rounded once, with one scale and minimum loaded per (row, group)."""
+    if INT4:
+        half = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        groups = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+        group_offsets = rn[:, None].to(tl.int64) * stride_gn + groups[None, :]
+        if EVEN:
+            packed = tl.load(w_rows + half[None, :])
+            scale = tl.load(group_scale_ptr + group_offsets)
+            minimum = tl.load(group_min_ptr + group_offsets)
+        else:
+            packed = tl.load(w_rows + half[None, :], mask=n_mask[:, None] & (half < K // 2)[None, :], other=0)
+            group_mask = n_mask[:, None] & (groups < K // GROUP)[None, :]
+            scale = tl.load(group_scale_ptr + group_offsets, mask=group_mask, other=0.0)
+            minimum = tl.load(group_min_ptr + group_offsets, mask=group_mask, other=0.0)
+        scale = scale.to(tl.float32)[:, :, None]
+        minimum = minimum.to(tl.float32)[:, :, None]
+        codes = tl.reshape(packed, (BLOCK_N, BLOCK_K // GROUP, GROUP // 2))  # byte j of a group: k = 2j, 2j + 1
+        low = (_codes_to_float(codes & 0xF) * scale + minimum).to(dtype)
+        high = (_codes_to_float(codes >> 4) * scale + minimum).to(dtype)
+        return tl.reshape(tl.join(low, high), (BLOCK_N, BLOCK_K))  # (n, group, j, nibble) -> k = 2j + nibble
+    else:
+        kk = k0 + tl.arange(0, BLOCK_K)
+        if EVEN:
+            codes = tl.load(w_rows + kk[None, :])
+        else:
+            codes = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & (kk < K)[None, :], other=0)
+        return codes.to(dtype)
 
 
 @triton.jit
 def _weight_only_kernel(x_ptr, w_ptr, group_scale_ptr, group_min_ptr, col_scale_ptr, bias_ptr, out_ptr, M, N, K,
-                        stride_xm, stride_wn, stride_gn, K_PER_SPLIT: tl.constexpr, GROUP: tl.constexpr,
-                        INT4: tl.constexpr, DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        stride_xm, stride_wn, stride_gn, k_per_split, GROUP: tl.constexpr, INT4: tl.constexpr,
+                        EVEN: tl.constexpr, SWAP: tl.constexpr, DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr):
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask, n_mask = rm < M, rn < N
-    x_rows = x_ptr + rm[:, None].to(tl.int64) * stride_xm
-    w_cols = w_ptr + rn[None, :].to(tl.int64) * stride_wn
+    w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn
+    x_rows = x_ptr + rm.to(tl.int64) * stride_xm
     dtype = x_ptr.dtype.element_ty
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    k_start = pid_k * K_PER_SPLIT
-    for k0 in range(k_start, k_start + K_PER_SPLIT, BLOCK_K):
-        if INT4:
-            half = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-            even, odd = _int4_tile(w_cols, group_scale_ptr, group_min_ptr, rn, n_mask, half, K, stride_gn, GROUP,
-                                   dtype)
-            x_mask = m_mask[:, None] & (half < K // 2)[None, :]
-            x_even = tl.load(x_rows + 2 * half[None, :], mask=x_mask, other=0.0)
-            x_odd = tl.load(x_rows + 2 * half[None, :] + 1, mask=x_mask, other=0.0)
-            acc = tl.dot(x_even, even, acc, input_precision=PRECISION)
-            acc = tl.dot(x_odd, odd, acc, input_precision=PRECISION)
+    k_start = pid_k * k_per_split
+    if SWAP:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_start, tl.minimum(K, k_start + k_per_split), BLOCK_K):
+        w = _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, GROUP, INT4, EVEN,
+                         BLOCK_N, BLOCK_K, dtype)
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_mask = kk < K
+        if SWAP:  # x^T [BLOCK_K, BLOCK_M]
+            xt = tl.load(x_rows[None, :] + kk[:, None], mask=m_mask[None, :] & k_mask[:, None], other=0.0)
+            acc = tl.dot(w, xt, acc, input_precision=PRECISION)
         else:
-            kk = k0 + tl.arange(0, BLOCK_K)
-            k_mask = kk < K
-            w = tl.load(w_cols + kk[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0).to(dtype)
-            xb = tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            acc = tl.dot(xb, w, acc, input_precision=PRECISION)
+            xb = tl.load(x_rows[:, None] + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            acc = tl.dot(xb, tl.trans(w), acc, input_precision=PRECISION)
+    if SWAP:
+        acc = tl.trans(acc)
     offsets = rm[:, None].to(tl.int64) * N + rn[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
     if DIRECT:  # one split: the epilogue here, no second launch
@@ -82,14 +133,12 @@ def _weight_only_kernel(x_ptr, w_ptr, group_scale_ptr, group_min_ptr, col_scale_
 def _dequantize_int4_kernel(w_ptr, group_scale_ptr, group_min_ptr, out_ptr, N, K, stride_wn, stride_gn,
                             GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    half = tl.program_id(1) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+    k0 = tl.program_id(1) * BLOCK_K
     n_mask = rn < N
-    even, odd = _int4_tile(w_ptr + rn[None, :].to(tl.int64) * stride_wn, group_scale_ptr, group_min_ptr, rn, n_mask,
-                           half, K, stride_gn, GROUP, out_ptr.dtype.element_ty)
-    out = out_ptr + rn[None, :].to(tl.int64) * K + 2 * half[:, None]
-    mask = (half < K // 2)[:, None] & n_mask[None, :]
-    tl.store(out, even, mask=mask)
-    tl.store(out + 1, odd, mask=mask)
+    w = _weight_tile(w_ptr + rn[:, None].to(tl.int64) * stride_wn, group_scale_ptr, group_min_ptr, rn, n_mask, k0,
+                     K, stride_gn, GROUP, True, False, BLOCK_N, BLOCK_K, out_ptr.dtype.element_ty)
+    kk = k0 + tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + rn[:, None].to(tl.int64) * K + kk[None, :], w, mask=n_mask[:, None] & (kk < K)[None, :])
 
 
 def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor, group_size: int,
@@ -97,9 +146,10 @@ def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, minimums: torch
     """The int4 layout -> the float weight [N, K] in dtype (one pass, for the large-M path)."""
     n, k = qweight.shape[0], 2 * qweight.shape[1]
     out = torch.empty(n, k, dtype=dtype, device=qweight.device)
-    _dequantize_int4_kernel[(triton.cdiv(n, _BLOCK_N), triton.cdiv(k, _BLOCK_K))](
+    block_n, block_k = 64, max(256, group_size)
+    _dequantize_int4_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
         qweight, scales, minimums, out, n, k, qweight.stride(0), scales.stride(0), GROUP=group_size,
-        BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K)
+        BLOCK_N=block_n, BLOCK_K=block_k)
     return out
 
 
@@ -112,8 +162,9 @@ def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     if x.stride(-1) != 1 or qweight.shape[1] * (2 if int4 else 1) != k:
         raise ValueError(f"x {tuple(x.shape)} (contiguous last dim) does not fit the weight "
                          f"{tuple(qweight.shape)}{' (two int4 per byte)' if int4 else ''}")
-    if int4 and (group_size % 2 or k % group_size):
-        raise ValueError(f"group_size={group_size} must be even and divide in_features={k}")
+    if int4 and (group_size < 2 or group_size & (group_size - 1) or group_size > 256 or k % group_size):
+        raise ValueError(f"group_size={group_size} must be a power of two from 2 to 256 that divides "
+                         f"in_features={k} (the kernels reshape a tile into whole groups)")
     if m > FUSED_MAX_ROWS:  # prefill: compute-bound, cuBLAS on a dequantized copy
         if int4:
             return F.linear(x, dequantize_int4(qweight, scales, minimums, group_size, x.dtype), bias)
@@ -124,24 +175,27 @@ def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:  # before planning: no tiles to split
         return out
-    plan = plan_split_k(m, n, k, _BLOCK_N, _BLOCK_K, x.device)
+    block_m = max(16, triton.next_power_of_2(m))  # tl.dot takes 16 rows or more; padding rows are masked
+    tiles = _TILES[int4, block_m]
+    block_k = max(tiles.block_k, group_size)  # whole int4 groups per tile
+    plan = plan_split_k(m, n, k, block_m, tiles.block_n, block_k, tiles.programs_per_sm, x.device)
     direct = plan.splits == 1
     target = out if direct else torch.empty(plan.splits, m, n, dtype=torch.float32, device=x.device)
-    col_scale = None if int4 else scales
     _weight_only_kernel[plan.grid(m, n)](
         x, qweight, scales, minimums if int4 else scales, scales, bias if bias is not None else out, target,
-        m, n, k, x.stride(0), qweight.stride(0), scales.stride(0) if int4 else 0, K_PER_SPLIT=plan.k_per_split,
-        GROUP=group_size if int4 else 1, INT4=int4, DIRECT=direct, HAS_BIAS=bias is not None,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-        BLOCK_K=plan.block_k, num_warps=4, num_stages=_stages(plan.block_m * plan.block_k * x.element_size()
-                                                                + plan.block_n * plan.block_k))
-    return out if direct else reduce_splits(target, out, None, col_scale, bias)
+        m, n, k, x.stride(0), qweight.stride(0), scales.stride(0) if int4 else 0, plan.k_per_split,
+        GROUP=group_size if int4 else 1, INT4=int4, EVEN=n % plan.block_n == 0 and k % block_k == 0,
+        SWAP=tiles.swap, DIRECT=direct, HAS_BIAS=bias is not None,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=block_m, BLOCK_N=plan.block_n,
+        BLOCK_K=block_k, num_warps=4,
+        num_stages=_stages(tiles.stages, block_m * block_k * x.element_size() + plan.block_n * block_k))
+    return out if direct else reduce_splits(target, out, None, None if int4 else scales, bias)
 
 
-def _stages(bytes_per_stage: int) -> int:
+def _stages(wanted: int, bytes_per_stage: int) -> int:
     """Pipeline depth whose shared-memory tiles (x and weight per stage) fit a Hopper SM's 227 KiB with room
-    to spare: an fp32 x at 64 rows needed 304 KiB at 4 stages on the H100."""
-    return max(1, min(4, 192 * 1024 // bytes_per_stage))
+    to spare (an fp32 x takes twice a bf16 one)."""
+    return max(1, min(wanted, 192 * 1024 // bytes_per_stage))
 
 
 def pack_int4_codes(codes: torch.Tensor) -> torch.Tensor:

@@ -120,3 +120,29 @@ def test_replayed_from_a_cuda_graph_equals_eager():
     graph.replay()
     assert torch.equal(captured, weight_only_matmul(x, qweight, scales, None, minimums, GROUP_SIZE))
     assert not torch.equal(captured, eager)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("m", [2, 17, 64])  # each row bucket of the tile table (16, 32, 64 rows)
+def test_whole_tiles_take_the_unmasked_loads(method, m):
+    check(method, m, 128, 512, torch.float32)
+
+
+@pytest.mark.parametrize("group_size", [64, 128, 256])
+def test_int4_groups_larger_than_a_tile(group_size):
+    torch.manual_seed(0)
+    n, k = 64, 512
+    qweight = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=DEVICE)
+    scales = (torch.rand(n, k // group_size, device=DEVICE) * 0.01).half()
+    minimums = (torch.randn(n, k // group_size, device=DEVICE) * 0.05).half()
+    for m in (1, 9, 40):
+        x = torch.randn(m, k, device=DEVICE)
+        torch.testing.assert_close(weight_only_matmul(x, qweight, scales, None, minimums, group_size),
+                                   weight_only_matmul_reference(x, qweight, scales, None, minimums, group_size),
+                                   atol=1e-4, rtol=1e-4)
+
+
+def test_int4_group_size_must_be_a_power_of_two():
+    _, (qweight, scales, minimums) = quantized("int4", 64, 576)
+    with pytest.raises(ValueError, match="group_size=48 must be a power of two"):
+        weight_only_matmul(torch.randn(3, 576, device=DEVICE), qweight, scales, None, minimums, 48)
