@@ -11,6 +11,8 @@ The float value each one quantizes is rounded to x's dtype first, exactly as the
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -37,11 +39,13 @@ def _round_to_e4m3_grid(v):
 
 
 @triton.jit
-def _to_quantized(v, inv_scale, QUANT_MAX: tl.constexpr, q_dtype: tl.constexpr):
+def _to_quantized(v, inv_scale, QUANT_MAX: tl.constexpr, q_dtype: tl.constexpr, CAST_ROUNDS: tl.constexpr):
+    """CAST_ROUNDS: the fp8 cast itself rounds to nearest even (compiled for a GPU: one instruction per pair); the
+    interpreter's cast truncates, so there the value is put on the e4m3 grid first (some 20 fp32 operations)."""
     v = tl.minimum(tl.maximum(v * inv_scale, -QUANT_MAX), QUANT_MAX)
     if q_dtype == tl.int8:
         v = tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(0.5 - v))  # half away from zero on every backend
-    else:
+    elif not CAST_ROUNDS:
         v = _round_to_e4m3_grid(v)
     return v.to(q_dtype)
 
@@ -60,7 +64,8 @@ def _row_values(x_row, cols, mask, WIDTH: tl.constexpr, SILU_MUL: tl.constexpr):
 
 @triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, stride_x, stride_q, WIDTH: tl.constexpr, CHUNK: tl.constexpr,
-                          SILU_MUL: tl.constexpr, QUANT_MAX: tl.constexpr, MIN_ABSMAX: tl.constexpr):
+                          SILU_MUL: tl.constexpr, QUANT_MAX: tl.constexpr, MIN_ABSMAX: tl.constexpr,
+                          CAST_ROUNDS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     absmax = tl.zeros([CHUNK], dtype=tl.float32)
@@ -74,14 +79,15 @@ def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, stride_x, stride_q, WIDTH: tl
         cols = start + tl.arange(0, CHUNK)
         mask = cols < WIDTH
         v = _row_values(x_row, cols, mask, WIDTH, SILU_MUL)
-        tl.store(q_ptr + row * stride_q + cols, _to_quantized(v, inv_scale, QUANT_MAX, q_ptr.dtype.element_ty),
+        tl.store(q_ptr + row * stride_q + cols, _to_quantized(v, inv_scale, QUANT_MAX, q_ptr.dtype.element_ty, CAST_ROUNDS),
                  mask=mask)
 
 
 @triton.jit
 def _rms_norm_quantize_kernel(x_ptr, residual_ptr, weight_ptr, q_ptr, scale_ptr, new_residual_ptr, eps, stride_x,
                               stride_r, stride_q, stride_nr, HIDDEN: tl.constexpr, BLOCK: tl.constexpr,
-                              ADD_RESIDUAL: tl.constexpr, QUANT_MAX: tl.constexpr, MIN_ABSMAX: tl.constexpr):
+                              ADD_RESIDUAL: tl.constexpr, QUANT_MAX: tl.constexpr, MIN_ABSMAX: tl.constexpr,
+                              CAST_ROUNDS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < HIDDEN
@@ -98,8 +104,13 @@ def _rms_norm_quantize_kernel(x_ptr, residual_ptr, weight_ptr, q_ptr, scale_ptr,
     y = (normed * weight).to(dtype).to(tl.float32)  # the float norm's output, never written to memory
     row_max = tl.maximum(tl.max(tl.abs(y), axis=0), MIN_ABSMAX)
     tl.store(scale_ptr + row, row_max / QUANT_MAX)
-    tl.store(q_ptr + row * stride_q + cols, _to_quantized(y, QUANT_MAX / row_max, QUANT_MAX, q_ptr.dtype.element_ty),
-             mask=mask)
+    tl.store(q_ptr + row * stride_q + cols,
+             _to_quantized(y, QUANT_MAX / row_max, QUANT_MAX, q_ptr.dtype.element_ty, CAST_ROUNDS), mask=mask)
+
+
+def _cast_rounds(x: torch.Tensor) -> bool:
+    """Whether Triton's fp8 cast rounds to nearest here: compiled for a GPU, not in the CPU interpreter."""
+    return x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
 
 
 def _check_target(x: torch.Tensor, q_dtype: torch.dtype) -> None:
@@ -119,7 +130,8 @@ def _quantize_rows(x: torch.Tensor, width: int, silu_mul: bool, q_dtype: torch.d
     if num_tokens:
         _quantize_rows_kernel[(num_tokens,)](x, q, scales, x.stride(0), q.stride(0), WIDTH=width,
                                              CHUNK=min(_CHUNK, triton.next_power_of_2(width)), SILU_MUL=silu_mul,
-                                             QUANT_MAX=QMAX[q_dtype], MIN_ABSMAX=_MIN_ABSMAX, num_warps=4)
+                                             QUANT_MAX=QMAX[q_dtype], MIN_ABSMAX=_MIN_ABSMAX,
+                                             CAST_ROUNDS=_cast_rounds(x), num_warps=4 if width <= 4096 else 8)
     return q, scales
 
 
@@ -156,7 +168,8 @@ def rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight: to
             x, x if residual is None else residual, weight, q, scales, new_residual, eps, x.stride(0),
             x.stride(0) if residual is None else residual.stride(0), q.stride(0), new_residual.stride(0),
             HIDDEN=hidden, BLOCK=block, ADD_RESIDUAL=residual is not None, QUANT_MAX=QMAX[q_dtype],
-            MIN_ABSMAX=_MIN_ABSMAX, num_warps=4 if block <= 1024 else 8 if block <= 4096 else 16)
+            MIN_ABSMAX=_MIN_ABSMAX, CAST_ROUNDS=_cast_rounds(x),
+            num_warps=4 if block <= 1024 else 8 if block <= 4096 else 16)
     return q, scales, new_residual
 
 
