@@ -130,26 +130,37 @@ def _weight_only_kernel(x_ptr, w_ptr, group_scale_ptr, group_min_ptr, col_scale_
 
 
 @triton.jit
-def _dequantize_int4_kernel(w_ptr, group_scale_ptr, group_min_ptr, out_ptr, N, K, stride_wn, stride_gn,
-                            GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _dequantize_kernel(w_ptr, group_scale_ptr, group_min_ptr, out_ptr, N, K, stride_wn, stride_gn,
+                       GROUP: tl.constexpr, INT4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     n_mask = rn < N
-    w = _weight_tile(w_ptr + rn[:, None].to(tl.int64) * stride_wn, group_scale_ptr, group_min_ptr, rn, n_mask, k0,
-                     K, stride_gn, GROUP, True, False, BLOCK_N, BLOCK_K, out_ptr.dtype.element_ty)
+    w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn
+    if INT4:
+        w = _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, GROUP, True, False,
+                         BLOCK_N, BLOCK_K, out_ptr.dtype.element_ty)
+    else:  # the row scale folded in: one rounding to the output dtype
+        codes = _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, GROUP, False,
+                             False, BLOCK_N, BLOCK_K, tl.float32)
+        scale = tl.load(group_scale_ptr + rn, mask=n_mask, other=0.0)
+        w = (codes * scale[:, None]).to(out_ptr.dtype.element_ty)
     kk = k0 + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + rn[:, None].to(tl.int64) * K + kk[None, :], w, mask=n_mask[:, None] & (kk < K)[None, :])
 
 
-def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor, group_size: int,
-                    dtype: torch.dtype) -> torch.Tensor:
-    """The int4 layout -> the float weight [N, K] in dtype (one pass, for the large-M path)."""
-    n, k = qweight.shape[0], 2 * qweight.shape[1]
+def dequantize(qweight: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor | None, group_size: int,
+               dtype: torch.dtype) -> torch.Tensor:
+    """The int8 (minimums None) or int4 layout -> the float weight [N, K] in dtype, in one pass (the large-M
+    path: reads 1 or 0.5 bytes a weight and writes the float once, where int8 codes cast by torch and scaled after
+    the product took two passes and a third over the output)."""
+    int4 = minimums is not None
+    n, k = qweight.shape[0], qweight.shape[1] * (2 if int4 else 1)
     out = torch.empty(n, k, dtype=dtype, device=qweight.device)
     block_n, block_k = 64, max(256, group_size)
-    _dequantize_int4_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
-        qweight, scales, minimums, out, n, k, qweight.stride(0), scales.stride(0), GROUP=group_size,
-        BLOCK_N=block_n, BLOCK_K=block_k)
+    _dequantize_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
+        qweight, scales, minimums if int4 else scales, out, n, k, qweight.stride(0),
+        scales.stride(0) if int4 else 0, GROUP=group_size if int4 else 1, INT4=int4, BLOCK_N=block_n,
+        BLOCK_K=block_k)
     return out
 
 
@@ -166,10 +177,7 @@ def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
         raise ValueError(f"group_size={group_size} must be a power of two from 2 to 256 that divides "
                          f"in_features={k} (the kernels reshape a tile into whole groups)")
     if m > FUSED_MAX_ROWS:  # prefill: compute-bound, cuBLAS on a dequantized copy
-        if int4:
-            return F.linear(x, dequantize_int4(qweight, scales, minimums, group_size, x.dtype), bias)
-        out = F.linear(x, qweight.to(x.dtype)) * scales.to(x.dtype)
-        return out if bias is None else out + bias
+        return F.linear(x, dequantize(qweight, scales, minimums, group_size, x.dtype), bias)
     if m == 1:  # batch-1 decode: a matrix-vector product streaming the weight bytes
         return gemv(x, qweight, scales, bias, minimums, group_size)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)

@@ -43,11 +43,12 @@ def check(got, reference_input, q_dtype):
     assert (error <= scales * (0.5 if q_dtype == torch.int8 else QMAX[q_dtype] / 16) + 1e-6).all()
 
 
+@pytest.mark.parametrize("width", [2500, 16500])  # one partial chunk of the row loop; two, the second partial
 @pytest.mark.parametrize("q_dtype", Q_DTYPES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_per_token(dtype, q_dtype):
+def test_per_token(dtype, q_dtype, width):
     torch.manual_seed(0)
-    x = (3 * torch.randn(6, 2500, device=DEVICE)).to(dtype)  # two chunks of the row loop, the second partial
+    x = (3 * torch.randn(6, width, device=DEVICE)).to(dtype)
     x[2] = 0  # an all-zero row: zeros and a tiny scale, never NaN
     check(quantize_per_token(x, q_dtype), x, q_dtype)
     assert (quantize_per_token(x, q_dtype)[0][2].float() == 0).all()

@@ -11,7 +11,7 @@ from fasterllm.layers.quantization.int8 import quantize_int8_per_channel
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytest.importorskip("triton")
 from fasterllm.kernels.quant_weight_only import (  # noqa: E402
-    FUSED_MAX_ROWS, dequantize_int4, dequantize_reference, pack_int4_codes, weight_only_matmul,
+    FUSED_MAX_ROWS, dequantize, dequantize_reference, pack_int4_codes, weight_only_matmul,
     weight_only_matmul_reference)
 
 gpu_only = pytest.mark.skipif(DEVICE.type != "cuda", reason="real model shapes need a GPU")
@@ -73,9 +73,10 @@ def test_matrix_vector_kernel_on_float_weights():
         gemv(torch.randn(2, 1000, device=DEVICE), weight)
 
 
-def test_dequantize_int4_kernel_is_exact():
-    _, (qweight, scales, minimums) = quantized("int4", 70, 320)
-    got = dequantize_int4(qweight, scales, minimums, GROUP_SIZE, torch.float32)
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_dequantize_kernel_is_exact(method):
+    _, (qweight, scales, minimums) = quantized(method, 70, 320)
+    got = dequantize(qweight, scales, minimums, GROUP_SIZE, torch.float32)
     assert torch.equal(got, dequantize_reference(qweight, scales, minimums, GROUP_SIZE))
 
 
