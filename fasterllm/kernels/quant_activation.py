@@ -81,8 +81,8 @@ def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, stride_x, stride_q, WIDTH: tl
         cols = start + tl.arange(0, CHUNK)
         mask = cols < WIDTH
         v = _row_values(x_row, cols, mask, WIDTH, SILU_MUL)
-        tl.store(q_ptr + row * stride_q + cols, _to_quantized(v, inv_scale, QUANT_MAX, q_ptr.dtype.element_ty, CAST_ROUNDS),
-                 mask=mask)
+        tl.store(q_ptr + row * stride_q + cols,
+                 _to_quantized(v, inv_scale, QUANT_MAX, q_ptr.dtype.element_ty, CAST_ROUNDS), mask=mask)
 
 
 @triton.jit
@@ -137,9 +137,9 @@ def _quantize_rows(x: torch.Tensor, width: int, silu_mul: bool, q_dtype: torch.d
     if num_tokens:
         chunk = min(_CHUNK, triton.next_power_of_2(width))
         _quantize_rows_kernel[(num_tokens,)](x, q, scales, x.stride(0), q.stride(0), WIDTH=width,
-                                             CHUNK=chunk, SILU_MUL=silu_mul,
-                                             QUANT_MAX=QMAX[q_dtype], MIN_ABSMAX=_MIN_ABSMAX,
-                                             CAST_ROUNDS=_cast_rounds(x), num_warps=_warps(chunk))
+                                             CHUNK=chunk, SILU_MUL=silu_mul, QUANT_MAX=QMAX[q_dtype],
+                                             MIN_ABSMAX=_MIN_ABSMAX, CAST_ROUNDS=_cast_rounds(x),
+                                             num_warps=_warps(chunk))
     return q, scales
 
 
@@ -176,8 +176,7 @@ def rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight: to
             x, x if residual is None else residual, weight, q, scales, new_residual, eps, x.stride(0),
             x.stride(0) if residual is None else residual.stride(0), q.stride(0), new_residual.stride(0),
             HIDDEN=hidden, BLOCK=block, ADD_RESIDUAL=residual is not None, QUANT_MAX=QMAX[q_dtype],
-            MIN_ABSMAX=_MIN_ABSMAX, CAST_ROUNDS=_cast_rounds(x),
-            num_warps=_warps(block))
+            MIN_ABSMAX=_MIN_ABSMAX, CAST_ROUNDS=_cast_rounds(x), num_warps=_warps(block))
     return q, scales, new_residual
 
 
