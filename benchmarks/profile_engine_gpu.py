@@ -55,7 +55,8 @@ def main() -> None:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         wall, steps = run("profiled")
     gpu = sum(event.self_device_time_total for event in prof.key_averages()) / 1e6
-    print(f"profiled: wall {wall:.3f} s, GPU kernels {gpu:.3f} s ({gpu / steps * 1e3:.2f} ms a step)")
+    print(f"profiled: wall {wall:.3f} s, GPU time (kernels, copies, memsets) {gpu:.3f} s "
+          f"({gpu / steps * 1e3:.2f} ms a step)")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=70))
 
 

@@ -1,4 +1,4 @@
-"""The weight-only matmuls' launch plan (Triton): tile sizes and a split of K, chosen from shapes only; and the
+"""The weight-only matmuls' launch plan (Triton): a split of K for the tiles the caller picks, from shapes only; and the
 epilogue kernel every quantized matmul shares (W8A8 applies it to torch._int_mm's int32 sums).
 
 Decode multiplies a few rows by a large weight: with one program per output tile, 4096 output columns make 64
@@ -38,7 +38,7 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def plan_split_k(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, programs_per_sm: float,
+def plan_split_k(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, programs_per_sm: int,
                  device: torch.device) -> SplitKPlan:
     """The most splits, a power of two up to 16, that keeps the programs within programs_per_sm per SM and gives
     every split at least one block of K."""

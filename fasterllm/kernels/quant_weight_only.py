@@ -20,9 +20,9 @@ import triton
 import triton.language as tl
 
 from fasterllm.kernels.gemv import gemv
-from fasterllm.kernels.quant_split_k import epilogue, plan_split_k, reduce_splits
+from fasterllm.kernels.quant_split_k import SplitKPlan, epilogue, plan_split_k, reduce_splits
 
-FUSED_MAX_ROWS = 64
+FUSED_MAX_ROWS = 64  # the tile table below covers 2 to 64 rows
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,8 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, minimums: torch.Tens
     the product took two passes and a third over the output)."""
     int4 = minimums is not None
     n, k = qweight.shape[0], qweight.shape[1] * (2 if int4 else 1)
+    if int4:
+        _check_group(group_size, k)
     out = torch.empty(n, k, dtype=dtype, device=qweight.device)
     block_n, block_k = 64, max(256, group_size)
     _dequantize_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
@@ -173,9 +175,8 @@ def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     if x.stride(-1) != 1 or qweight.shape[1] * (2 if int4 else 1) != k:
         raise ValueError(f"x {tuple(x.shape)} (contiguous last dim) does not fit the weight "
                          f"{tuple(qweight.shape)}{' (two int4 per byte)' if int4 else ''}")
-    if int4 and (group_size < 2 or group_size & (group_size - 1) or group_size > 256 or k % group_size):
-        raise ValueError(f"group_size={group_size} must be a power of two from 2 to 256 that divides "
-                         f"in_features={k} (the kernels reshape a tile into whole groups)")
+    if int4:
+        _check_group(group_size, k)
     if m > FUSED_MAX_ROWS:  # prefill: compute-bound, cuBLAS on a dequantized copy
         return F.linear(x, dequantize(qweight, scales, minimums, group_size, x.dtype), bias)
     if m == 1:  # batch-1 decode: a matrix-vector product streaming the weight bytes
@@ -185,25 +186,33 @@ def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
         return out
     block_m = max(16, triton.next_power_of_2(m))  # tl.dot takes 16 rows or more; padding rows are masked
     tiles = _TILES[int4, block_m]
-    block_k = max(tiles.block_k, group_size)  # whole int4 groups per tile
-    plan = plan_split_k(m, n, k, block_m, tiles.block_n, block_k, tiles.programs_per_sm, x.device)
+    # whole int4 groups per tile
+    plan = plan_split_k(m, n, k, block_m, tiles.block_n, max(tiles.block_k, group_size), tiles.programs_per_sm,
+                        x.device)
     direct = plan.splits == 1
     target = out if direct else torch.empty(plan.splits, m, n, dtype=torch.float32, device=x.device)
     _weight_only_kernel[plan.grid(m, n)](
         x, qweight, scales, minimums if int4 else scales, scales, bias if bias is not None else out, target,
         m, n, k, x.stride(0), qweight.stride(0), scales.stride(0) if int4 else 0, plan.k_per_split,
-        GROUP=group_size if int4 else 1, INT4=int4, EVEN=n % plan.block_n == 0 and k % block_k == 0,
+        GROUP=group_size if int4 else 1, INT4=int4, EVEN=n % plan.block_n == 0 and k % plan.block_k == 0,
         SWAP=tiles.swap, DIRECT=direct, HAS_BIAS=bias is not None,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=block_m, BLOCK_N=plan.block_n,
-        BLOCK_K=block_k, num_warps=4,
-        num_stages=_stages(tiles.stages, block_m * block_k * x.element_size() + plan.block_n * block_k))
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+        BLOCK_K=plan.block_k, num_warps=4, num_stages=_stages(tiles.stages, plan, x.element_size()))
     return out if direct else reduce_splits(target, out, None, None if int4 else scales, bias)
 
 
-def _stages(wanted: int, bytes_per_stage: int) -> int:
-    """Pipeline depth whose shared-memory tiles (x and weight per stage) fit a Hopper SM's 227 KiB with room
-    to spare (an fp32 x takes twice a bf16 one)."""
-    return max(1, min(wanted, 192 * 1024 // bytes_per_stage))
+def _check_group(group_size: int, k: int) -> None:
+    if group_size < 2 or group_size & (group_size - 1) or group_size > 256 or k % group_size:
+        raise ValueError(f"group_size={group_size} must be a power of two from 2 to 256 that divides "
+                         f"in_features={k} (the kernels reshape a tile into whole groups)")
+
+
+def _stages(wanted: int, plan: SplitKPlan, x_bytes: int) -> int:
+    """Pipeline depth whose shared memory fits a Hopper SM's 227 KiB with room to spare: per stage an x tile and a
+    weight tile of codes, plus one widened weight tile for tl.dot (an fp32 x takes twice a bf16 one)."""
+    widened = plan.block_n * plan.block_k * x_bytes
+    per_stage = plan.block_m * plan.block_k * x_bytes + plan.block_n * plan.block_k
+    return max(1, min(wanted, (192 * 1024 - widened) // per_stage))
 
 
 def pack_int4_codes(codes: torch.Tensor) -> torch.Tensor:

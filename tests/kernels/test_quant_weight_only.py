@@ -129,21 +129,24 @@ def test_whole_tiles_take_the_unmasked_loads(method, m):
     check(method, m, 128, 512, torch.float32)
 
 
-@pytest.mark.parametrize("group_size", [64, 128, 256])
-def test_int4_groups_larger_than_a_tile(group_size):
+@pytest.mark.parametrize("n", [64, 72])  # whole output tiles (unmasked loads) and a partial one
+@pytest.mark.parametrize("group_size,k", [(2, 512), (64, 512), (64, 576), (128, 640), (256, 768)])
+def test_int4_group_sizes(group_size, k, n):
     torch.manual_seed(0)
-    n, k = 64, 512
     qweight = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=DEVICE)
     scales = (torch.rand(n, k // group_size, device=DEVICE) * 0.01).half()
     minimums = (torch.randn(n, k // group_size, device=DEVICE) * 0.05).half()
-    for m in (1, 9, 40):
+    for m in (1, 9, 40, FUSED_MAX_ROWS + 1):  # matrix-vector, both tile buckets, the dequantize path
         x = torch.randn(m, k, device=DEVICE)
         torch.testing.assert_close(weight_only_matmul(x, qweight, scales, None, minimums, group_size),
                                    weight_only_matmul_reference(x, qweight, scales, None, minimums, group_size),
                                    atol=1e-4, rtol=1e-4)
 
 
-def test_int4_group_size_must_be_a_power_of_two():
-    _, (qweight, scales, minimums) = quantized("int4", 64, 576)
-    with pytest.raises(ValueError, match="group_size=48 must be a power of two"):
-        weight_only_matmul(torch.randn(3, 576, device=DEVICE), qweight, scales, None, minimums, 48)
+@pytest.mark.parametrize("group_size", [1, 48, 512])
+def test_int4_group_size_must_be_a_power_of_two_up_to_256(group_size):
+    _, (qweight, scales, minimums) = quantized("int4", 64, 1536)
+    with pytest.raises(ValueError, match=f"group_size={group_size} must be a power of two from 2 to 256"):
+        weight_only_matmul(torch.randn(3, 1536, device=DEVICE), qweight, scales, None, minimums, group_size)
+    with pytest.raises(ValueError, match=f"group_size={group_size} must be a power of two"):
+        dequantize(qweight, scales, minimums, group_size, torch.float32)

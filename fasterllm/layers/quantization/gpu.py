@@ -32,7 +32,7 @@ class Int8GPULinear(FlatLinear):
         super().__init__()
         self.out_features = weight.shape[0]
         self.qweight, self.scales = quantize_int8_per_channel(weight)
-        self.bias = bias
+        self.bias = None if bias is None else bias.to(weight.dtype)  # F.linear (prefill) takes x's dtype only
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         return weight_only_matmul(x, self.qweight, self.scales, self.bias)
