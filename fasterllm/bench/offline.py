@@ -143,10 +143,13 @@ def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output
              else "greedy") + ", ignore_eos)"
           + (f", one {long_prompt_len}-token prompt arriving mid-decode" if long_prompt_len else "")
           + f"; model {engine.model_name}, {str(engine.dtype).removeprefix('torch.')} on {engine.device}, "
-          f"torch threads {torch.get_num_threads()}; median of {repeats} interleaved runs")
+          f"torch threads {torch.get_num_threads()}; median of {repeats} interleaved runs after a warm-up of "
+          f"{min(num_prompts, 4)} prompts of {input_len} tokens")
     # seeds: runs use seed + repeat; the late prompt and the warm-up get seeds of their own (far apart:
     # random.Random treats -n like n)
-    run_engine(engine, random_prompts(engine, 1, 8, seed=10**6), 4)  # warm-up
+    # warm-up on the workload's own prompt length: the kernels a prefill of that size needs (attention's prefill
+    # tiles) compile here, not inside the first timed run
+    run_engine(engine, random_prompts(engine, min(num_prompts, 4), input_len, seed=10**6), 4)
     ours_runs, hf_runs = [], []
     for repeat in range(repeats):  # interleaved, so a noisy spell on the machine hits both
         # fresh prompts each run, so no run reuses the prefix cache a previous one filled

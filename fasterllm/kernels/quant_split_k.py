@@ -66,7 +66,7 @@ def epilogue(acc, rm, rn, M, N, row_scale_ptr, col_scale_ptr, bias_ptr, HAS_ROW_
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # any row count, one compiled variant (see quant_weight_only.py)
 def _reduce_splits_kernel(partial_ptr, out_ptr, row_scale_ptr, col_scale_ptr, bias_ptr, M, N, SPLITS: tl.constexpr,
                           HAS_ROW_SCALE: tl.constexpr, HAS_COL_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):

@@ -23,7 +23,7 @@ _BLOCK = 128  # M, N and K tile of the Triton GEMM: one program per output tile,
 _GROUP_M = 8
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # any row count, one compiled variant (see quant_weight_only.py)
 def _int8_gemm_kernel(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, bias_ptr, out_ptr, M, N, K, stride_am, stride_bn,
                       HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       GROUP_M: tl.constexpr):

@@ -89,7 +89,9 @@ def _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stri
         return codes.to(dtype)
 
 
-@triton.jit
+# M is not specialized (Triton compiles a variant for M % 16 == 0 otherwise): the row count changes from step to
+# step, and a prefill's logits rows compiled new variants inside (c)'s first timed run (1.0 s)
+@triton.jit(do_not_specialize=["M"])
 def _weight_only_kernel(x_ptr, w_ptr, group_scale_ptr, group_min_ptr, col_scale_ptr, bias_ptr, out_ptr, M, N, K,
                         stride_xm, stride_wn, stride_gn, k_per_split, GROUP: tl.constexpr, INT4: tl.constexpr,
                         EVEN: tl.constexpr, SWAP: tl.constexpr, DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr,
