@@ -28,7 +28,7 @@ _chosen: dict[tuple, tuple[int, int, int]] = {}
 
 
 @triton.jit
-def _small_int_to_float(u, offset: tl.constexpr):
+def small_int_to_float(u, offset: tl.constexpr):
     """int32 u in [0, 2^23) -> float32 u - offset, exactly, without an int-to-float conversion instruction (a
     fraction of the FMA rate on NVIDIA GPUs, and the bottleneck of widening weights at HBM speed): 2^23 + u
     has u as its mantissa bits, so OR-ing u into the bits of 2^23 and subtracting 2^23 + offset is exact."""
@@ -56,8 +56,8 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, N, K, stri
             x_even = tl.load(x_ptr + 2 * byte, mask=k_mask, other=0.0).to(tl.float32)  # k = 2 * byte
             x_odd = tl.load(x_ptr + 2 * byte + 1, mask=k_mask, other=0.0).to(tl.float32)
             packed = packed.to(tl.int32)
-            codes_x = tl.sum(_small_int_to_float(packed & 0xF, 0) * x_even[None, :, :]
-                             + _small_int_to_float(packed >> 4, 0) * x_odd[None, :, :], axis=2)  # [BLOCK_N, GROUPS]
+            codes_x = tl.sum(small_int_to_float(packed & 0xF, 0) * x_even[None, :, :]
+                             + small_int_to_float(packed >> 4, 0) * x_odd[None, :, :], axis=2)  # [BLOCK_N, GROUPS]
             group = b0 * 2 // GROUP + g
             g_mask = n_mask[:, None] & (group < K // GROUP)[None, :]
             g_offsets = rn[:, None].to(tl.int64) * stride_gn + group[None, :]
@@ -71,7 +71,7 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, N, K, stri
             w = tl.load(w_rows[:, None] + k[None, :], mask=w_mask, other=0, eviction_policy="evict_first")
             x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
             if HAS_SCALE:  # int8 codes
-                w = _small_int_to_float(w.to(tl.int32) + 128, 128)
+                w = small_int_to_float(w.to(tl.int32) + 128, 128)
             acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         if HAS_SCALE:  # int8: one scale per row of W
             acc = acc * tl.load(scale_ptr + rn, mask=n_mask, other=0.0)

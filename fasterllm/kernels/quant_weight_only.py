@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.gemv import gemv
+from fasterllm.kernels.gemv import gemv, small_int_to_float
 from fasterllm.kernels.quant_split_k import SplitKPlan, epilogue, plan_split_k, reduce_splits
 
 FUSED_MAX_ROWS = 64  # the tile table below covers 2 to 64 rows
@@ -48,13 +48,6 @@ _TILES = {
 
 
 @triton.jit
-def _codes_to_float(codes):
-    """uint8 codes in 0..15 -> the same integers in fp32, exactly: OR-ed into the mantissa of 2^23 and 2^23
-    subtracted, integer and add instructions instead of an int-to-float conversion (a fraction of their rate)."""
-    return (codes.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-
-
-@triton.jit
 def _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, GROUP: tl.constexpr,
                  INT4: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  dtype: tl.constexpr):
@@ -76,9 +69,10 @@ def _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stri
             minimum = tl.load(group_min_ptr + group_offsets, mask=group_mask, other=0.0)
         scale = scale.to(tl.float32)[:, :, None]
         minimum = minimum.to(tl.float32)[:, :, None]
-        codes = tl.reshape(packed, (BLOCK_N, BLOCK_K // GROUP, GROUP // 2))  # byte j of a group: k = 2j, 2j + 1
-        low = (_codes_to_float(codes & 0xF) * scale + minimum).to(dtype)
-        high = (_codes_to_float(codes >> 4) * scale + minimum).to(dtype)
+        # byte j of a group: k = 2j, 2j + 1
+        codes = tl.reshape(packed, (BLOCK_N, BLOCK_K // GROUP, GROUP // 2)).to(tl.int32)
+        low = (small_int_to_float(codes & 0xF, 0) * scale + minimum).to(dtype)
+        high = (small_int_to_float(codes >> 4, 0) * scale + minimum).to(dtype)
         return tl.reshape(tl.join(low, high), (BLOCK_N, BLOCK_K))  # (n, group, j, nibble) -> k = 2j + nibble
     else:
         kk = k0 + tl.arange(0, BLOCK_K)

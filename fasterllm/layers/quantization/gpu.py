@@ -1,8 +1,9 @@
 """Quantized linear layers on an NVIDIA GPU: int8 / int4 weight-only, W8A8 and FP8, each built from a float weight.
 
-  int8  Int8GPULinear   int8 weights per output channel, read and widened inside a Triton split-K matmul
+  int8  Int8GPULinear   int8 weights per output channel, read and widened inside Triton kernels
+                        (kernels/quant_weight_only.py: one row, 2-64 rows, prefill)
   int4  Int4GPULinear   4-bit codes (groups of 32, scale + minimum, the CPU layer's and GGUF Q4_1's convention),
-                        two per byte, dequantized inside the same kernel
+                        two per byte, dequantized inside the same kernels
   w8a8  W8A8GPULinear   int8 weights per channel x int8 activations per token, int32 sums on the tensor cores,
                         dequantization in the GEMM's epilogue
   fp8   FP8Linear       e4m3 weights per channel x e4m3 activations per token through torch._scaled_mm's
