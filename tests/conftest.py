@@ -7,8 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from fasterllm.loader.model_source import default_model_path
-
 # Without a GPU, Triton kernels run in Triton's interpreter. triton reads this when it is first imported,
 # and transformers or torch may import it before any kernel test does, so it is set before any test module.
 if not torch.cuda.is_available():
@@ -16,24 +14,21 @@ if not torch.cuda.is_available():
 
 
 @pytest.fixture(scope="session")
-def smollm2_embedder():
+def smollm2_embedder(gguf):
     """LLM(task="embed") on the SmolLM2 GGUF (a decoder: last-token pooling), fp32 on the CPU, loaded once for
     the offline and the server tests."""
     from fasterllm import LLM
 
-    return LLM(str(default_model_path()), task="embed", dtype="float32", device="cpu")
+    return LLM(str(gguf), task="embed", dtype="float32", device="cpu")
 
 
 @pytest.fixture(scope="session")
 def gguf() -> Path:
     """The SmolLM2 GGUF: FASTERLLM_TEST_GGUF names it where the default model's package is not installed (a GPU
     machine), else the installed one."""
+    from fasterllm.loader.model_source import default_model_path  # after TRITON_INTERPRET is set above
+
     return Path(os.environ["FASTERLLM_TEST_GGUF"]) if "FASTERLLM_TEST_GGUF" in os.environ else default_model_path()
-
-
-@pytest.fixture(scope="session")
-def smollm2_path(gguf):
-    return gguf.parent
 
 
 @pytest.fixture(scope="session")

@@ -114,8 +114,8 @@ def test_encoders_refuse_weight_options_they_would_ignore(option, message):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype, min_cosine", [("float32", 0.9999), ("bfloat16", 0.98)])
-def test_gpu_vectors_match_the_cpu_fp32_ones(smollm2_embedder, dtype, min_cosine):
-    gpu = LLM(str(default_model_path()), task="embed", dtype=dtype, device="cuda")
+def test_gpu_vectors_match_the_cpu_fp32_ones(gguf, smollm2_embedder, dtype, min_cosine):
+    gpu = LLM(str(gguf), task="embed", dtype=dtype, device="cuda")
     on_gpu = _vectors(gpu.embed(TEXTS, use_tqdm=False))
     on_cpu = _vectors(smollm2_embedder.embed(TEXTS, use_tqdm=False))
     assert (F.cosine_similarity(on_gpu, on_cpu, dim=1) >= min_cosine).all()

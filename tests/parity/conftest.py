@@ -8,11 +8,11 @@ from parity_utils import TINY_SPECS, build_tiny_model
 
 
 @pytest.fixture(scope="session")
-def smollm2_llm(smollm2_path):
+def smollm2_llm(gguf):
     """Our engine on the SmolLM2 GGUF, roomy settings: whole prompts fit one step."""
     from fasterllm import LLM
 
-    return LLM(None, dtype="float32", device="cpu", max_model_len=512, num_kv_blocks=64, block_size=16)
+    return LLM(str(gguf), dtype="float32", device="cpu", max_model_len=512, num_kv_blocks=64, block_size=16)
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,8 @@ NEW_TOKENS = 32
 
 
 @pytest.fixture(scope="module")
-def llm_bf16(smollm2_path):
-    return LLM(None, dtype="bfloat16", device="cpu", max_model_len=512, num_kv_blocks=64)
+def llm_bf16(gguf):
+    return LLM(str(gguf), dtype="bfloat16", device="cpu", max_model_len=512, num_kv_blocks=64)
 
 
 @pytest.fixture(scope="module")

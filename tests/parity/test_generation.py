@@ -54,10 +54,10 @@ def smollm2_reference(hf_smollm2, smollm2_prompts):
 
 
 @pytest.fixture(scope="module")
-def smollm2_tight_llm(smollm2_path):
+def smollm2_tight_llm(gguf):
     """Tight settings: 16-token steps (chunked prefill, prefill mixed with decodes), 4 sequences at a time
     (a waiting queue) and 12 blocks of 16 tokens for up to 4 requests of up to 92 tokens (preemption)."""
-    return LLM(None, dtype="float32", device="cpu", max_model_len=128, num_kv_blocks=12, block_size=16,
+    return LLM(str(gguf), dtype="float32", device="cpu", max_model_len=128, num_kv_blocks=12, block_size=16,
                max_num_batched_tokens=16, max_num_seqs=4)
 
 

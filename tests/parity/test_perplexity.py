@@ -21,18 +21,18 @@ def perplexity(llm: LLM) -> float:
     return math.exp(-sum(scored) / len(scored))
 
 
-def make_llm(quantization: str | None) -> LLM:
-    return LLM(quantization=quantization, max_model_len=1280, num_kv_blocks=96, enable_prefix_caching=False)
+def make_llm(gguf, quantization: str | None) -> LLM:
+    return LLM(str(gguf), quantization=quantization, max_model_len=1280, num_kv_blocks=96, enable_prefix_caching=False)
 
 
 @pytest.fixture(scope="module")
-def unquantized_perplexity(smollm2_path) -> float:
-    return perplexity(make_llm(None))
+def unquantized_perplexity(gguf) -> float:
+    return perplexity(make_llm(gguf, None))
 
 
 @pytest.mark.parametrize("method", list(ALLOWED_INCREASE))
-def test_quantized_perplexity_and_answer(unquantized_perplexity, method):
-    llm = make_llm(method)
+def test_quantized_perplexity_and_answer(gguf, unquantized_perplexity, method):
+    llm = make_llm(gguf, method)
     quantized = perplexity(llm)
     print(f"perplexity: unquantized {unquantized_perplexity:.4f}, {method} {quantized:.4f} "
           f"({quantized / unquantized_perplexity - 1:+.2%})")

@@ -8,8 +8,8 @@ TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away i
 
 
 @pytest.mark.parametrize("budget", [None, 5], ids=["whole", "chunks-of-5"])
-def test_prompt_logprobs_match_transformers(smollm2_path, hf_smollm2, budget):
-    llm = LLM(None, dtype="float32", max_model_len=256, num_kv_blocks=32, max_num_batched_tokens=budget)
+def test_prompt_logprobs_match_transformers(gguf, hf_smollm2, budget):
+    llm = LLM(str(gguf), dtype="float32", max_model_len=256, num_kv_blocks=32, max_num_batched_tokens=budget)
     ids = llm.get_tokenizer().encode(TEXT)
     # a first run fills the prefix cache; prompt_logprobs must still score every position
     llm.generate(ids, SamplingParams(max_tokens=1), use_tqdm=False)
