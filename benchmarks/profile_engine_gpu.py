@@ -9,12 +9,10 @@ Wall time per step next to GPU kernel time per step tells a GPU-bound engine (th
 from __future__ import annotations
 
 import argparse
-import time
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
-from fasterllm import SamplingParams
+from fasterllm.bench.offline import random_prompts, run_engine
 from fasterllm.config import EngineArgs
 from fasterllm.engine.engine import Engine
 
@@ -32,31 +30,19 @@ def main() -> None:
     engine = Engine(EngineArgs(model=args.model, dtype="bfloat16", max_model_len=args.max_model_len,
                                gpu_memory_utilization=0.75, load_format=args.load_format,
                                quantization=args.quantization))
-    generator = torch.Generator().manual_seed(0)
-    vocab = engine.model_config.vocab_size
 
-    def run(tag: str) -> tuple[float, int]:
-        for i in range(args.num_prompts):
-            prompt = torch.randint(100, vocab, (args.input_len,), generator=generator).tolist()
-            engine.add_request(f"{tag}{i}", prompt, SamplingParams(temperature=0, max_tokens=args.output_len,
-                                                                   ignore_eos=True))
-        steps, start = 0, time.perf_counter()
-        while engine.has_unfinished_requests():
-            engine.step()
-            steps += 1
-        torch.cuda.synchronize()
-        return time.perf_counter() - start, steps
+    def run(seed: int) -> dict[str, float]:  # fresh prompts each run: no prefix-cache hits
+        return run_engine(engine, random_prompts(engine, args.num_prompts, args.input_len, seed), args.output_len)
 
-    run("warm")
-    wall, steps = run("timed")
-    tokens = args.num_prompts * args.output_len
-    print(f"{args.quantization or 'bf16'}: {wall:.3f} s, {steps} steps, {wall / steps * 1e3:.2f} ms a step, "
-          f"{tokens / wall:.1f} output tok/s")
+    run(0)  # warm-up
+    timed = run(1)
+    print(f"{args.quantization or 'bf16'}: {timed['seconds']:.3f} s, {timed['steps']} steps, "
+          f"{timed['seconds'] / timed['steps'] * 1e3:.2f} ms a step, {timed['output_tokens_per_s']:.1f} output tok/s")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        wall, steps = run("profiled")
+        profiled = run(2)
     gpu = sum(event.self_device_time_total for event in prof.key_averages()) / 1e6
-    print(f"profiled: wall {wall:.3f} s, GPU time (kernels, copies, memsets) {gpu:.3f} s "
-          f"({gpu / steps * 1e3:.2f} ms a step)")
+    print(f"profiled: wall {profiled['seconds']:.3f} s, GPU time (kernels, copies, memsets) {gpu:.3f} s "
+          f"({gpu / profiled['steps'] * 1e3:.2f} ms a step)")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=70))
 
 

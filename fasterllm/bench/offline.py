@@ -43,9 +43,10 @@ def run_engine(engine: Engine, prompts: list[list[int]], output_len: int,
         engine.add_request(f"bench-{i}", prompt, params, arrival_time=wall_start)
     token_times: dict[str, list[float]] = {f"bench-{i}": [] for i in range(len(prompts))}
     finished = []
-    peak_blocks = 0
+    peak_blocks = steps = 0
     while engine.has_unfinished_requests():
         outputs = engine.step()
+        steps += 1
         now = time.perf_counter()
         for output in outputs:
             if output.request_id in token_times:
@@ -66,7 +67,7 @@ def run_engine(engine: Engine, prompts: list[list[int]], output_len: int,
             "tpot_median_ms": 1e3 * statistics.median(tpot) if tpot else float("nan"),
             "itl_p50_ms": 1e3 * percentile(itl, 50), "itl_p99_ms": 1e3 * percentile(itl, 99),
             "itl_max_ms": 1e3 * max(itl) if itl else float("nan"),
-            "peak_kv_blocks": peak_blocks}
+            "peak_kv_blocks": peak_blocks, "steps": steps}
 
 
 def load_transformers(engine: Engine):

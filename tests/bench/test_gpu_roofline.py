@@ -6,13 +6,14 @@ from torch import nn
 from fasterllm.bench.gpu_roofline import weight_bytes_per_step
 
 TABLE, PROJ = 1000 * 64 * 4, 64 * 64 * 4  # fp32 bytes
+HALF_HEAD = 1000 * 64 * 2  # a separate head in fp16: a total that differs from the tied one
 
 
 def model(tied: bool) -> nn.Module:
     m = nn.Module()
     m.embed_tokens = nn.Embedding(1000, 64)
     m.proj = nn.Linear(64, 64, bias=False)
-    m.lm_head = nn.Linear(64, 1000, bias=False)
+    m.lm_head = nn.Linear(64, 1000, bias=False).half()
     if tied:  # what build_decoder makes of a tied head: a Linear over the table's own weight
         m.lm_head.weight = m.embed_tokens.weight
     return m
@@ -23,4 +24,4 @@ def test_a_tied_head_reads_the_table_every_step():
 
 
 def test_a_separate_head_replaces_the_table():
-    assert weight_bytes_per_step(model(tied=False)) == PROJ + TABLE  # the head's own [1000, 64], not the table
+    assert weight_bytes_per_step(model(tied=False)) == PROJ + HALF_HEAD  # the head's own [1000, 64], not the table
