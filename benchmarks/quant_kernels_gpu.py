@@ -4,9 +4,11 @@ matmul, measured in the same run (one GPU call answers both "is it right" and "h
     python3 benchmarks/quant_kernels_gpu.py                 # every kernel, rows 1, 16, 64, 512
     python3 benchmarks/quant_kernels_gpu.py --rows 1 64     # fewer
 
-Each line: kernel, shape, GPU time (see time_it: CUDA graphs, L2 flushed before every call), GB/s of weight
-bytes read (scales included) and the speed-up over bf16 F.linear of the same shape, and the worst error against
-its reference relative to the output's largest value (NaN fails). A kernel that raises prints its error and the
+Each line: kernel, shape, GPU time (see time_it: CUDA graphs, L2 flushed before every call), GB/s of weight bytes
+read (scales included) and the speed-up over bf16 F.linear of the same shape, and the worst error against its
+reference relative to the output's largest value (NaN fails). "int4" is the layer the engine builds for bf16
+(tinygemm's layout: torch's kernel up to 4 rows, ours above), "int4-rows" the row-major layout of fp16 and fp32
+models. A kernel that raises prints its error and the
 run goes on. Random weights (std 0.02) and activations; bf16.
 """
 from __future__ import annotations
@@ -21,10 +23,11 @@ from fasterllm.kernels.quant_activation import (quantize_per_token, quantize_per
                                                 silu_and_mul_quantize)
 from fasterllm.kernels import gemv
 from fasterllm.kernels.quant_w8a8 import int8_gemm, int8_gemm_reference
-from fasterllm.kernels.quant_weight_only import pack_int4_codes, weight_only_matmul, weight_only_matmul_reference
+from fasterllm.kernels.quant_weight_only import (dequantize_tinygemm, pack_int4_codes, weight_only_matmul,
+                                                 weight_only_matmul_reference)
 from fasterllm.layers.activation import silu_and_mul
 from fasterllm.layers.norm import RMSNorm
-from fasterllm.layers.quantization.gpu import FP8Linear
+from fasterllm.layers.quantization.gpu import FP8Linear, Int4GPULinear
 from fasterllm.layers.quantization.int4 import GROUP_SIZE, quantize_int4_grouped
 from fasterllm.layers.quantization.int8 import quantize_int8_per_channel
 
@@ -91,6 +94,8 @@ def bench_layer(layer: str, n: int, k: int, rows: list[int]) -> None:
     q8, s8 = quantize_int8_per_channel(weight)
     codes, s4, m4 = quantize_int4_grouped(weight)
     q4, s4, m4 = pack_int4_codes(codes), s4.half(), m4.half()
+    int4 = Int4GPULinear(codes, s4, m4, None, weight.dtype)  # bf16: tinygemm's layout, as the engine runs it
+    int4_weight = dequantize_tinygemm(int4.qweight, int4.scales, GROUP_SIZE, torch.float32)
     del codes
     try:
         fp8 = FP8Linear(weight, None)
@@ -106,9 +111,10 @@ def bench_layer(layer: str, n: int, k: int, rows: list[int]) -> None:
         cases = {
             "int8": (lambda: weight_only_matmul(x, q8, s8), lambda: weight_only_matmul_reference(x, q8, s8),
                      n * k + 4 * n),
-            "int4": (lambda: weight_only_matmul(x, q4, s4, None, m4, GROUP_SIZE),
-                     lambda: weight_only_matmul_reference(x, q4, s4, None, m4, GROUP_SIZE),
-                     n * k // 2 + 4 * n * k // GROUP_SIZE),
+            "int4": (lambda: int4.matmul(x), lambda: x.float() @ int4_weight.t(), n * k // 2 + 4 * n * k // GROUP_SIZE),
+            "int4-rows": (lambda: weight_only_matmul(x, q4, s4, None, m4, GROUP_SIZE),
+                          lambda: weight_only_matmul_reference(x, q4, s4, None, m4, GROUP_SIZE),
+                          n * k // 2 + 4 * n * k // GROUP_SIZE),
             "w8a8": (lambda: int8_gemm(*quantize_per_token(x), q8, s8, None, x.dtype),
                      lambda: int8_gemm_reference(*quantize_per_token_reference(x), q8, s8, None, x.dtype),
                      n * k + 4 * n),

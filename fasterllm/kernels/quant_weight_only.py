@@ -23,6 +23,7 @@ from fasterllm.kernels.gemv import gemv, small_int_to_float
 from fasterllm.kernels.quant_split_k import SplitKPlan, epilogue, plan_split_k, reduce_splits
 
 FUSED_MAX_ROWS = 64  # the tile table below covers 2 to 64 rows
+TINYGEMM_MAX_ROWS = 4  # tinygemm_matmul: torch's kernel up to here (measured: RESULTS.md)
 
 
 @dataclass(frozen=True)
@@ -48,32 +49,76 @@ _TILES = {
 
 
 @triton.jit
-def _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, GROUP: tl.constexpr,
-                 INT4: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 dtype: tl.constexpr):
-    """Weight rows rn, columns k0 .. k0 + BLOCK_K, as a [BLOCK_N, BLOCK_K] tile in dtype, loaded as stored (k
-    contiguous): int8 codes as they are (their row scale comes after the sum), int4 dequantized in fp32 and
-    rounded once, with one scale and minimum loaded per (row, group)."""
+def _row_bases(w_ptr, rn, K, stride_wn, TINYGEMM: tl.constexpr):
+    """[BLOCK_N, 1] pointers to where each weight row starts: row-major, or tinygemm's blocks of 8 rows whose
+    32-k tiles of 16 bytes follow each other (see _byte_offsets)."""
+    if TINYGEMM:
+        return w_ptr + ((rn // 8).to(tl.int64) * (4 * K) + (rn % 8) * 16)[:, None]
+    return w_ptr + rn[:, None].to(tl.int64) * stride_wn
+
+
+@triton.jit
+def _byte_offsets(half, TINYGEMM: tl.constexpr):
+    """Byte j of a row (as if row-major) -> its offset from the row's base: tinygemm puts a row's 16 bytes of
+    each 32-k tile 128 bytes (8 rows) after the previous tile's."""
+    if TINYGEMM:
+        return (half // 16) * 128 + half % 16
+    return half
+
+
+# tinygemm's order within a 32-k tile (torch._convert_weight_to_int4pack with 2 inner k tiles): byte 4j + c of a
+# row's 16 holds k = 2j + c // 2 + 16 (c % 2) in its low nibble h = 0 and that k + 8 in its high nibble h = 1.
+# So a tile's column e = 2 (4j + c) + h, bits (j1 j0 c1 c0 h), is k with bits (k4..k0) = (c0 h j1 j0 c1): a
+# permutation of index bits, done in registers with reshape + permute (gathered loads and scattered stores of
+# single elements made the 64-row and prefill paths 3-10x slower).
+
+
+@triton.jit
+def tinygemm_to_k_order(tile, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[ROWS, BLOCK_K] columns in tinygemm's order -> in k order."""
+    bits = tl.reshape(tile, (ROWS, BLOCK_K // 32, 2, 2, 2, 2, 2))  # (j1 j0 c1 c0 h)
+    return tl.reshape(tl.permute(bits, (0, 1, 5, 6, 2, 3, 4)), (ROWS, BLOCK_K))  # (c0 h j1 j0 c1)
+
+
+@triton.jit
+def k_to_tinygemm_order(tile, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[ROWS, BLOCK_K] columns in k order -> in tinygemm's order (the inverse of tinygemm_to_k_order)."""
+    bits = tl.reshape(tile, (ROWS, BLOCK_K // 32, 2, 2, 2, 2, 2))  # (k4 k3 k2 k1 k0) = (c0 h j1 j0 c1)
+    return tl.reshape(tl.permute(bits, (0, 1, 4, 5, 6, 2, 3)), (ROWS, BLOCK_K))  # (j1 j0 c1 c0 h)
+
+
+@triton.jit
+def _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, stride_gg,
+                 GROUP: tl.constexpr, INT4: tl.constexpr, TINYGEMM: tl.constexpr, EVEN: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, dtype: tl.constexpr):
+    """Weight rows rn, columns k0 .. k0 + BLOCK_K (tinygemm's order for its layout), as a [BLOCK_N, BLOCK_K] tile in dtype, loaded
+    as stored: int8 codes as they are (their row scale comes after the sum), int4 dequantized in fp32 and
+    rounded once, with one scale and minimum (tinygemm: zero, the value of code 8) loaded per (row, group)."""
     if INT4:
         half = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         groups = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
-        group_offsets = rn[:, None].to(tl.int64) * stride_gn + groups[None, :]
+        group_offsets = rn[:, None].to(tl.int64) * stride_gn + groups[None, :].to(tl.int64) * stride_gg
+        columns = _byte_offsets(half, TINYGEMM)
+        if TINYGEMM:  # [K/group, N, 2]: each zero follows its scale
+            group_min_ptr = group_scale_ptr + 1
         if EVEN:
-            packed = tl.load(w_rows + half[None, :])
+            packed = tl.load(w_rows + columns[None, :])
             scale = tl.load(group_scale_ptr + group_offsets)
             minimum = tl.load(group_min_ptr + group_offsets)
         else:
-            packed = tl.load(w_rows + half[None, :], mask=n_mask[:, None] & (half < K // 2)[None, :], other=0)
+            packed = tl.load(w_rows + columns[None, :], mask=n_mask[:, None] & (half < K // 2)[None, :], other=0)
             group_mask = n_mask[:, None] & (groups < K // GROUP)[None, :]
             scale = tl.load(group_scale_ptr + group_offsets, mask=group_mask, other=0.0)
             minimum = tl.load(group_min_ptr + group_offsets, mask=group_mask, other=0.0)
         scale = scale.to(tl.float32)[:, :, None]
         minimum = minimum.to(tl.float32)[:, :, None]
+        if TINYGEMM:  # stored: the zero (code 8's value)
+            minimum -= 8.0 * scale
         # byte j of a group: k = 2j, 2j + 1
         codes = tl.reshape(packed, (BLOCK_N, BLOCK_K // GROUP, GROUP // 2)).to(tl.int32)
         low = (small_int_to_float(codes & 0xF, 0) * scale + minimum).to(dtype)
         high = (small_int_to_float(codes >> 4, 0) * scale + minimum).to(dtype)
-        return tl.reshape(tl.join(low, high), (BLOCK_N, BLOCK_K))  # (n, group, j, nibble) -> k = 2j + nibble
+        return tl.reshape(tl.join(low, high), (BLOCK_N, BLOCK_K))  # (n, group, byte, nibble)
     else:
         kk = k0 + tl.arange(0, BLOCK_K)
         if EVEN:
@@ -87,15 +132,15 @@ def _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stri
 # step, and a prefill's logits rows compiled new variants inside (c)'s first timed run (1.0 s)
 @triton.jit(do_not_specialize=["M"])
 def _weight_only_kernel(x_ptr, w_ptr, group_scale_ptr, group_min_ptr, col_scale_ptr, bias_ptr, out_ptr, M, N, K,
-                        stride_xm, stride_wn, stride_gn, k_per_split, GROUP: tl.constexpr, INT4: tl.constexpr,
-                        EVEN: tl.constexpr, SWAP: tl.constexpr, DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        stride_xm, stride_wn, stride_gn, stride_gg, k_per_split, GROUP: tl.constexpr,
+                        INT4: tl.constexpr, TINYGEMM: tl.constexpr, EVEN: tl.constexpr, SWAP: tl.constexpr, DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr,
                         PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr):
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask, n_mask = rm < M, rn < N
-    w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn
+    w_rows = _row_bases(w_ptr, rn, K, stride_wn, TINYGEMM)
     x_rows = x_ptr + rm.to(tl.int64) * stride_xm
     dtype = x_ptr.dtype.element_ty
     k_start = pid_k * k_per_split
@@ -104,15 +149,19 @@ def _weight_only_kernel(x_ptr, w_ptr, group_scale_ptr, group_min_ptr, col_scale_
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_start, tl.minimum(K, k_start + k_per_split), BLOCK_K):
-        w = _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, GROUP, INT4, EVEN,
-                         BLOCK_N, BLOCK_K, dtype)
+        w = _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, stride_gg, GROUP, INT4,
+                         TINYGEMM, EVEN, BLOCK_N, BLOCK_K, dtype)
         kk = k0 + tl.arange(0, BLOCK_K)
         k_mask = kk < K
         if SWAP:  # x^T [BLOCK_K, BLOCK_M]
             xt = tl.load(x_rows[None, :] + kk[:, None], mask=m_mask[None, :] & k_mask[:, None], other=0.0)
+            if TINYGEMM:  # the x rows in the weight tile's column order
+                xt = tl.trans(k_to_tinygemm_order(tl.trans(xt), BLOCK_M, BLOCK_K))
             acc = tl.dot(w, xt, acc, input_precision=PRECISION)
         else:
             xb = tl.load(x_rows[:, None] + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            if TINYGEMM:
+                xb = k_to_tinygemm_order(xb, BLOCK_M, BLOCK_K)
             acc = tl.dot(xb, tl.trans(w), acc, input_precision=PRECISION)
     if SWAP:
         acc = tl.trans(acc)
@@ -126,20 +175,23 @@ def _weight_only_kernel(x_ptr, w_ptr, group_scale_ptr, group_min_ptr, col_scale_
 
 
 @triton.jit
-def _dequantize_kernel(w_ptr, group_scale_ptr, group_min_ptr, out_ptr, N, K, stride_wn, stride_gn,
-                       GROUP: tl.constexpr, INT4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _dequantize_kernel(w_ptr, group_scale_ptr, group_min_ptr, out_ptr, N, K, stride_wn, stride_gn, stride_gg,
+                       GROUP: tl.constexpr, INT4: tl.constexpr, TINYGEMM: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     n_mask = rn < N
-    w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn
+    w_rows = _row_bases(w_ptr, rn, K, stride_wn, TINYGEMM)
     if INT4:
-        w = _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, GROUP, True, False,
-                         BLOCK_N, BLOCK_K, out_ptr.dtype.element_ty)
+        w = _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, stride_gg, GROUP, True,
+                         TINYGEMM, False, BLOCK_N, BLOCK_K, out_ptr.dtype.element_ty)
     else:  # the row scale folded in: one rounding to the output dtype
-        codes = _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, GROUP, False,
-                             False, BLOCK_N, BLOCK_K, tl.float32)
+        codes = _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, stride_gg, GROUP,
+                             False, False, False, BLOCK_N, BLOCK_K, tl.float32)
         scale = tl.load(group_scale_ptr + rn, mask=n_mask, other=0.0)
         w = (codes * scale[:, None]).to(out_ptr.dtype.element_ty)
+    if TINYGEMM:
+        w = tinygemm_to_k_order(w, BLOCK_N, BLOCK_K)
     kk = k0 + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + rn[:, None].to(tl.int64) * K + kk[None, :], w, mask=n_mask[:, None] & (kk < K)[None, :])
 
@@ -153,12 +205,25 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, minimums: torch.Tens
     n, k = qweight.shape[0], qweight.shape[1] * (2 if int4 else 1)
     if int4:
         _check_group(group_size, k)
+    return _dequantize(qweight, scales, minimums if int4 else scales, n, k, qweight.stride(0),
+                       (scales.stride(0), 1) if int4 else (0, 0), group_size if int4 else 1, int4, False, dtype)
+
+
+def dequantize_tinygemm(packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int,
+                        dtype: torch.dtype) -> torch.Tensor:
+    """tinygemm's int4 layout (pack_int4_tinygemm, scale_zeros [K/group, N, 2]) -> the float weight [N, K]."""
+    n, k = _tinygemm_shape(packed, scale_zeros, group_size)
+    return _dequantize(packed.view(torch.uint8), scale_zeros, scale_zeros, n, k, 0, (2, 2 * n),
+                       group_size, True, True, dtype)
+
+
+def _dequantize(qweight, group_scales, group_mins, n: int, k: int, stride_wn: int, group_strides: tuple[int, int],
+                group_size: int, int4: bool, tinygemm: bool, dtype: torch.dtype) -> torch.Tensor:
     out = torch.empty(n, k, dtype=dtype, device=qweight.device)
     block_n, block_k = 64, max(256, group_size)
     _dequantize_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
-        qweight, scales, minimums if int4 else scales, out, n, k, qweight.stride(0),
-        scales.stride(0) if int4 else 0, GROUP=group_size if int4 else 1, INT4=int4, BLOCK_N=block_n,
-        BLOCK_K=block_k)
+        qweight, group_scales, group_mins, out, n, k, stride_wn, *group_strides, GROUP=group_size, INT4=int4,
+        TINYGEMM=tinygemm, BLOCK_N=block_n, BLOCK_K=block_k)
     return out
 
 
@@ -177,6 +242,49 @@ def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
         return F.linear(x, dequantize(qweight, scales, minimums, group_size, x.dtype), bias)
     if m == 1:  # batch-1 decode: a matrix-vector product streaming the weight bytes
         return gemv(x, qweight, scales, bias, minimums, group_size)
+    return _matmul_tiles(x, n, qweight, scales, minimums if int4 else scales, qweight.stride(0),
+                         (scales.stride(0), 1) if int4 else (0, 0), group_size if int4 else 1, int4, False,
+                         None if int4 else scales, bias)
+
+
+def tinygemm_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] times an int4 weight in tinygemm's layout (pack_int4_tinygemm; scale_zeros [K/group, N, 2]: scale
+    and the value of code 8 per group) -> [M, N]. Up to TINYGEMM_MAX_ROWS bf16 rows on an NVIDIA GPU go through
+    torch._weight_int4pack_mm (its tensor-core kernel reads the bytes in the order its mma fragments need: 2.1-2.4x
+    bf16 cuBLAS on the 8B projections at one row, where the row-major kernels reach 1.1-1.6x); more rows, and
+    other dtypes, through this file's Triton kernels reading the same bytes."""
+    m, k = x.shape
+    n, packed_k = _tinygemm_shape(packed, scale_zeros, group_size)
+    if x.stride(-1) != 1 or packed_k != k:
+        raise ValueError(f"x {tuple(x.shape)} (contiguous last dim) does not fit the int4 weight [{n}, {packed_k}]")
+    if 0 < m <= TINYGEMM_MAX_ROWS and x.is_cuda and x.dtype == torch.bfloat16:
+        out = torch._weight_int4pack_mm(x, packed, group_size, scale_zeros)
+        return out if bias is None else out + bias
+    if m > FUSED_MAX_ROWS:
+        return F.linear(x, dequantize_tinygemm(packed, scale_zeros, group_size, x.dtype), bias)
+    return _matmul_tiles(x, n, packed.view(torch.uint8), scale_zeros, scale_zeros, 0, (2, 2 * n),
+                         group_size, True, True, None, bias)
+
+
+def _tinygemm_shape(packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int) -> tuple[int, int]:
+    if packed.dim() != 4 or packed.shape[2:] != (32, 1) or packed.dtype != torch.int32:
+        raise ValueError(f"a tinygemm int4 weight is int32 [N/8, K/32, 32, 1] (pack_int4_tinygemm), got "
+                         f"{packed.dtype} {tuple(packed.shape)}")
+    n, k = packed.shape[0] * 8, packed.shape[1] * 32
+    if group_size not in (32, 64, 128, 256) or k % group_size:
+        raise ValueError(f"group_size={group_size} must be 32, 64, 128 or 256 and divide in_features={k} in "
+                         "tinygemm's layout (each 32-k tile of a row lies in one group)")
+    if scale_zeros.shape != (k // group_size, n, 2) or not scale_zeros.is_contiguous():
+        raise ValueError(f"scale_zeros must be contiguous [{k // group_size}, {n}, 2], got "
+                         f"{tuple(scale_zeros.shape)}")
+    return n, k
+
+
+def _matmul_tiles(x, n: int, qweight, group_scales, group_mins, stride_wn: int, group_strides: tuple[int, int],
+                  group_size: int, int4: bool, tinygemm: bool, col_scales, bias) -> torch.Tensor:
+    """2 to FUSED_MAX_ROWS rows through the split-K kernel with the tile table's tiles."""
+    m, k = x.shape
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:  # before planning: no tiles to split
         return out
@@ -188,13 +296,14 @@ def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     direct = plan.splits == 1
     target = out if direct else torch.empty(plan.splits, m, n, dtype=torch.float32, device=x.device)
     _weight_only_kernel[plan.grid(m, n)](
-        x, qweight, scales, minimums if int4 else scales, scales, bias if bias is not None else out, target,
-        m, n, k, x.stride(0), qweight.stride(0), scales.stride(0) if int4 else 0, plan.k_per_split,
-        GROUP=group_size if int4 else 1, INT4=int4, EVEN=n % plan.block_n == 0 and k % plan.block_k == 0,
-        SWAP=tiles.swap, DIRECT=direct, HAS_BIAS=bias is not None,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-        BLOCK_K=plan.block_k, num_warps=4, num_stages=_stages(tiles.stages, plan, x.element_size()))
-    return out if direct else reduce_splits(target, out, None, None if int4 else scales, bias)
+        x, qweight, group_scales, group_mins, col_scales if col_scales is not None else out,
+        bias if bias is not None else out, target, m, n, k, x.stride(0), stride_wn, *group_strides,
+        plan.k_per_split, GROUP=group_size, INT4=int4, TINYGEMM=tinygemm,
+        EVEN=n % plan.block_n == 0 and k % plan.block_k == 0, SWAP=tiles.swap, DIRECT=direct,
+        HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=plan.block_m,
+        BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, num_warps=4,
+        num_stages=_stages(tiles.stages, plan, x.element_size()))
+    return out if direct else reduce_splits(target, out, None, col_scales, bias)
 
 
 def _check_group(group_size: int, k: int) -> None:
@@ -217,6 +326,22 @@ def pack_int4_codes(codes: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"int4 packs two codes per byte: in_features={codes.shape[1]} must be even")
     codes = codes.to(torch.uint8)
     return (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
+
+
+def pack_int4_tinygemm(codes: torch.Tensor) -> torch.Tensor:
+    """Codes uint8 [N, K] in 0..15 -> int32 [N/8, K/32, 32, 1], the bytes torch._convert_weight_to_int4pack makes
+    with 2 inner k tiles (checked on a GPU by the tests): blocks of 8 rows; in each, a row's 32-k tile is 4 words,
+    word j holding k = 2j + p // 4 + 8 (p % 4) in its nibble p. Built here with torch ops so that it runs, and
+    is tested, without a GPU."""
+    n, k = codes.shape
+    if n % 8 or k % 32:
+        raise ValueError(f"tinygemm's int4 layout needs out_features % 8 == 0 and in_features % 32 == 0, got "
+                         f"[{n}, {k}]")
+    j, p = torch.arange(4)[:, None], torch.arange(8)[None, :]
+    order = (2 * j + p // 4 + 8 * (p % 4)).reshape(-1).to(codes.device)  # word j, nibble p -> k in the tile
+    tiles = codes.to(torch.int64).reshape(n // 8, 8, k // 32, 32).transpose(1, 2)[..., order]
+    words = (tiles.reshape(n // 8, k // 32, 32, 8) << (4 * torch.arange(8, device=codes.device))).sum(-1)
+    return (words - (words >= 2**31).to(torch.int64) * 2**32).to(torch.int32)[..., None].contiguous()
 
 
 def dequantize_reference(qweight: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor | None = None,

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fasterllm.layers.quantization.int4 import GROUP_SIZE, quantize_int4_grouped
+from fasterllm.layers.quantization.int4 import GROUP_SIZE, quantize_int4_grouped, scales_and_zeros
 from fasterllm.layers.quantization.int8 import quantize_int8_per_channel
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytest.importorskip("triton")
 from fasterllm.kernels.quant_weight_only import (  # noqa: E402
-    FUSED_MAX_ROWS, dequantize, dequantize_reference, pack_int4_codes, weight_only_matmul,
-    weight_only_matmul_reference)
+    FUSED_MAX_ROWS, TINYGEMM_MAX_ROWS, dequantize, dequantize_reference, dequantize_tinygemm, pack_int4_codes,
+    pack_int4_tinygemm, tinygemm_matmul, weight_only_matmul, weight_only_matmul_reference)
 
 gpu_only = pytest.mark.skipif(DEVICE.type != "cuda", reason="real model shapes need a GPU")
 # Triton 3.9's interpreter multiplies bf16 tiles wrongly (tl.dot): bf16 runs on a GPU only
@@ -150,3 +150,65 @@ def test_int4_group_size_must_be_a_power_of_two_up_to_256(group_size):
         weight_only_matmul(torch.randn(3, 1536, device=DEVICE), qweight, scales, None, minimums, group_size)
     with pytest.raises(ValueError, match=f"group_size={group_size} must be a power of two"):
         dequantize(qweight, scales, minimums, group_size, torch.float32)
+
+
+def tinygemm_weight(n, k, group_size, dtype, seed=0):
+    """Random codes in tinygemm's layout, and the fp32 weight they stand for (scales and zeros as stored)."""
+    torch.manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k), dtype=torch.uint8, device=DEVICE)
+    scales = torch.rand(n, k // group_size, device=DEVICE) * 0.01
+    minimums = torch.randn(n, k // group_size, device=DEVICE) * 0.05
+    scale_zeros = scales_and_zeros(scales, minimums, dtype)
+    scale, zero = (t.float().t().repeat_interleave(group_size, dim=1) for t in scale_zeros.unbind(-1))
+    return pack_int4_tinygemm(codes), scale_zeros, (codes.float() - 8) * scale + zero
+
+
+@pytest.mark.parametrize("n", [64, 72])  # whole output tiles and a partial one
+@pytest.mark.parametrize("group_size,k", [(32, 576), (64, 576), (128, 640), (256, 768)])
+def test_tinygemm_layout_matmul_and_dequantize(group_size, k, n):
+    dtype = torch.bfloat16 if DEVICE.type == "cuda" else torch.float32
+    packed, scale_zeros, weight = tinygemm_weight(n, k, group_size, dtype)
+    # q s + (z - 8 s) in the kernel, (q - 8) s + z here: equal up to fp32 rounding
+    torch.testing.assert_close(dequantize_tinygemm(packed, scale_zeros, group_size, torch.float32), weight,
+                               atol=1e-6, rtol=1e-5)
+    bias = torch.randn(n, device=DEVICE).to(dtype)
+    # torch's kernel (a GPU, up to TINYGEMM_MAX_ROWS), both tile buckets, the dequantize path
+    for m in (1, TINYGEMM_MAX_ROWS, 9, 40, FUSED_MAX_ROWS + 1):
+        x = torch.randn(m, k, device=DEVICE).to(dtype)
+        got = tinygemm_matmul(x, packed, scale_zeros, group_size, bias)
+        expected = x.float() @ weight.t() + bias.float()
+        assert got.shape == (m, n) and got.dtype == dtype
+        torch.testing.assert_close(got.float(), expected, atol=TOLERANCE[dtype] * expected.abs().max().item(), rtol=0)
+
+
+def test_tinygemm_layout_refuses_what_it_cannot_hold():
+    with pytest.raises(ValueError, match="out_features % 8 == 0 and in_features % 32 == 0"):
+        pack_int4_tinygemm(torch.zeros(12, 64, dtype=torch.uint8))
+    packed, scale_zeros, _ = tinygemm_weight(16, 128, 32, torch.float32)
+    with pytest.raises(ValueError, match="group_size=16 must be 32, 64, 128 or 256"):
+        tinygemm_matmul(torch.randn(2, 128, device=DEVICE), packed, scale_zeros, 16)
+    with pytest.raises(ValueError, match="does not fit the int4 weight"):
+        tinygemm_matmul(torch.randn(2, 96, device=DEVICE), packed, scale_zeros, 32)
+    with pytest.raises(ValueError, match="scale_zeros must be contiguous"):
+        tinygemm_matmul(torch.randn(2, 128, device=DEVICE), packed, scale_zeros[:2], 32)
+
+
+@gpu_only
+def test_tinygemm_layout_is_torchs():
+    """pack_int4_tinygemm makes the bytes torch's own packer makes (2 inner k tiles; it takes even k in the high
+    nibble), so torch._weight_int4pack_mm reads ours."""
+    codes = torch.randint(0, 16, (4096, 4096), dtype=torch.uint8, device=DEVICE)
+    torch_packed = torch._convert_weight_to_int4pack(((codes[:, 0::2] << 4) | codes[:, 1::2]).contiguous(), 2)
+    assert torch.equal(pack_int4_tinygemm(codes), torch_packed)
+
+
+@gpu_only
+@pytest.mark.parametrize("m", [1, 4, 16, 64, 256])
+@pytest.mark.parametrize("n, k", [(4096, 4096), (2 * 14336, 4096), (4096, 14336)])
+def test_tinygemm_layout_llama_8b_shapes(m, n, k):
+    packed, scale_zeros, weight = tinygemm_weight(n, k, GROUP_SIZE, torch.bfloat16)
+    x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+    expected = x.float() @ weight.t()
+    got = tinygemm_matmul(x, packed, scale_zeros, GROUP_SIZE)
+    torch.testing.assert_close(got.float(), expected, atol=TOLERANCE[torch.bfloat16] * expected.abs().max().item(),
+                               rtol=0)

@@ -29,6 +29,13 @@ def quantize_int4_grouped(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return codes.reshape(rows, cols).to(torch.uint8), scales, low
 
 
+def scales_and_zeros(scales: torch.Tensor, minimums: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Per-group scales and minimums [N, K/32] -> [K/32, N, 2] (scale, zero) in dtype, torch's packed int4 kernels'
+    form (CPU and CUDA): they centre codes at 8, codes * s + m == (codes - 8) * s + (m + 8 s)."""
+    zeros = minimums.float() + 8 * scales.float()
+    return torch.stack([scales.float(), zeros], dim=-1).transpose(0, 1).contiguous().to(dtype)
+
+
 class Int4WeightOnlyLinear(FlatLinear):
     """Built from codes, per-group scales and minimums (codes * scale + minimum): quantized from a
     float weight by from_float, or repacked from GGUF blocks."""
@@ -38,9 +45,7 @@ class Int4WeightOnlyLinear(FlatLinear):
         super().__init__()
         self.out_features = codes.shape[0]
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
-        # the kernel centres codes at 8: codes * s + m == (codes - 8) * s + (m + 8 s)
-        zeros = minimums.float() + 8 * scales.float()
-        self.scales_and_zeros = torch.stack([scales.float(), zeros], dim=-1).transpose(0, 1).contiguous().to(dtype)
+        self.scales_and_zeros = scales_and_zeros(scales, minimums, dtype)
         self.bias = bias
 
     @classmethod
