@@ -6,9 +6,12 @@ half a byte (int4) each and widened in registers. Layouts (made by the quantizer
   int4: qweight uint8 [N, K/2], byte j of a row holds k = 2j (low nibble) and k = 2j+1 (high nibble); per group
         of `group_size` consecutive k, an fp16 scale and minimum [N, K/group]: W = q * scale + minimum
         (asymmetric, the CPU layers' and GGUF Q4_1's convention; fp16 holds GGUF's own scales exactly)
+  int4, tinygemm's layout (bf16 layers on a GPU): int32 [N/8, K/32, 32, 1] (pack_int4_tinygemm), scale and zero
+        (code 8's value) per group [K/group, N, 2]: the bytes torch._weight_int4pack_mm reads
 The quantizers are the CPU layers' (layers/quantization/int8.py, int4.py); pack_int4_codes makes the bytes.
-One row goes through gemv.py's matrix-vector kernel, up to FUSED_MAX_ROWS through the kernel here (split K,
-quant_split_k.py); more rows (prefill) dequantize the weight once and call cuBLAS, compute-bound there anyway.
+One row goes through gemv.py's matrix-vector kernel (tinygemm's layout: torch's kernel up to TINYGEMM_MAX_ROWS),
+up to FUSED_MAX_ROWS through the kernel here (split K, quant_split_k.py); more rows (prefill) dequantize the weight
+once and call cuBLAS, compute-bound there anyway.
 """
 from __future__ import annotations
 
@@ -74,15 +77,15 @@ def _byte_offsets(half, TINYGEMM: tl.constexpr):
 
 
 @triton.jit
-def tinygemm_to_k_order(tile, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+def _tinygemm_to_k_order(tile, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
     """[ROWS, BLOCK_K] columns in tinygemm's order -> in k order."""
     bits = tl.reshape(tile, (ROWS, BLOCK_K // 32, 2, 2, 2, 2, 2))  # (j1 j0 c1 c0 h)
     return tl.reshape(tl.permute(bits, (0, 1, 5, 6, 2, 3, 4)), (ROWS, BLOCK_K))  # (c0 h j1 j0 c1)
 
 
 @triton.jit
-def k_to_tinygemm_order(tile, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[ROWS, BLOCK_K] columns in k order -> in tinygemm's order (the inverse of tinygemm_to_k_order)."""
+def _k_to_tinygemm_order(tile, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[ROWS, BLOCK_K] columns in k order -> in tinygemm's order (the inverse of _tinygemm_to_k_order)."""
     bits = tl.reshape(tile, (ROWS, BLOCK_K // 32, 2, 2, 2, 2, 2))  # (k4 k3 k2 k1 k0) = (c0 h j1 j0 c1)
     return tl.reshape(tl.permute(bits, (0, 1, 4, 5, 6, 2, 3)), (ROWS, BLOCK_K))  # (j1 j0 c1 c0 h)
 
@@ -91,15 +94,15 @@ def k_to_tinygemm_order(tile, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
 def _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, stride_gg,
                  GROUP: tl.constexpr, INT4: tl.constexpr, TINYGEMM: tl.constexpr, EVEN: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, dtype: tl.constexpr):
-    """Weight rows rn, columns k0 .. k0 + BLOCK_K (tinygemm's order for its layout), as a [BLOCK_N, BLOCK_K] tile in dtype, loaded
-    as stored: int8 codes as they are (their row scale comes after the sum), int4 dequantized in fp32 and
-    rounded once, with one scale and minimum (tinygemm: zero, the value of code 8) loaded per (row, group)."""
+    """Weight rows rn, columns k0 .. k0 + BLOCK_K (in tinygemm's order for its layout) as a [BLOCK_N, BLOCK_K] tile
+    in dtype, loaded as stored: int8 codes as they are (their row scale comes after the sum), int4 dequantized in
+    fp32 and rounded once, with one scale and minimum (tinygemm: zero, code 8's value) loaded per (row, group)."""
     if INT4:
         half = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         groups = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
         group_offsets = rn[:, None].to(tl.int64) * stride_gn + groups[None, :].to(tl.int64) * stride_gg
         columns = _byte_offsets(half, TINYGEMM)
-        if TINYGEMM:  # [K/group, N, 2]: each zero follows its scale
+        if TINYGEMM:  # [K/group, N, 2]: each zero follows its scale (the caller passes the same tensor twice)
             group_min_ptr = group_scale_ptr + 1
         if EVEN:
             packed = tl.load(w_rows + columns[None, :])
@@ -133,9 +136,9 @@ def _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stri
 @triton.jit(do_not_specialize=["M"])
 def _weight_only_kernel(x_ptr, w_ptr, group_scale_ptr, group_min_ptr, col_scale_ptr, bias_ptr, out_ptr, M, N, K,
                         stride_xm, stride_wn, stride_gn, stride_gg, k_per_split, GROUP: tl.constexpr,
-                        INT4: tl.constexpr, TINYGEMM: tl.constexpr, EVEN: tl.constexpr, SWAP: tl.constexpr, DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                        PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr):
+                        INT4: tl.constexpr, TINYGEMM: tl.constexpr, EVEN: tl.constexpr, SWAP: tl.constexpr,
+                        DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -156,12 +159,12 @@ def _weight_only_kernel(x_ptr, w_ptr, group_scale_ptr, group_min_ptr, col_scale_
         if SWAP:  # x^T [BLOCK_K, BLOCK_M]
             xt = tl.load(x_rows[None, :] + kk[:, None], mask=m_mask[None, :] & k_mask[:, None], other=0.0)
             if TINYGEMM:  # the x rows in the weight tile's column order
-                xt = tl.trans(k_to_tinygemm_order(tl.trans(xt), BLOCK_M, BLOCK_K))
+                xt = tl.trans(_k_to_tinygemm_order(tl.trans(xt), BLOCK_M, BLOCK_K))
             acc = tl.dot(w, xt, acc, input_precision=PRECISION)
         else:
             xb = tl.load(x_rows[:, None] + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
             if TINYGEMM:
-                xb = k_to_tinygemm_order(xb, BLOCK_M, BLOCK_K)
+                xb = _k_to_tinygemm_order(xb, BLOCK_M, BLOCK_K)
             acc = tl.dot(xb, tl.trans(w), acc, input_precision=PRECISION)
     if SWAP:
         acc = tl.trans(acc)
@@ -191,7 +194,7 @@ def _dequantize_kernel(w_ptr, group_scale_ptr, group_min_ptr, out_ptr, N, K, str
         scale = tl.load(group_scale_ptr + rn, mask=n_mask, other=0.0)
         w = (codes * scale[:, None]).to(out_ptr.dtype.element_ty)
     if TINYGEMM:
-        w = tinygemm_to_k_order(w, BLOCK_N, BLOCK_K)
+        w = _tinygemm_to_k_order(w, BLOCK_N, BLOCK_K)
     kk = k0 + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + rn[:, None].to(tl.int64) * K + kk[None, :], w, mask=n_mask[:, None] & (kk < K)[None, :])
 
