@@ -7,8 +7,8 @@ matmul, measured in the same run (one GPU call answers both "is it right" and "h
 Each line: kernel, shape, GPU time (see time_it: CUDA graphs, L2 flushed before every call), GB/s of weight bytes
 read (scales included) and the speed-up over bf16 F.linear of the same shape, and the worst error against its
 reference relative to the output's largest value (NaN fails). "int4" is the layer the engine builds for bf16
-(tinygemm's layout: torch's kernel up to 4 rows, ours above), "int4-rows" the row-major layout of fp16 and fp32
-models. A kernel that raises prints its error and the
+(tinygemm's layout on NVIDIA GPUs of compute capability 8.0+: torch's kernel up to 4 rows, ours above),
+"int4-rows" the row-major layout of fp16 and fp32 models. A kernel that raises prints its error and the
 run goes on. Random weights (std 0.02) and activations; bf16.
 """
 from __future__ import annotations
@@ -23,8 +23,7 @@ from fasterllm.kernels.quant_activation import (quantize_per_token, quantize_per
                                                 silu_and_mul_quantize)
 from fasterllm.kernels import gemv
 from fasterllm.kernels.quant_w8a8 import int8_gemm, int8_gemm_reference
-from fasterllm.kernels.quant_weight_only import (dequantize_tinygemm, pack_int4_codes, weight_only_matmul,
-                                                 weight_only_matmul_reference)
+from fasterllm.kernels.quant_weight_only import pack_int4_codes, weight_only_matmul, weight_only_matmul_reference
 from fasterllm.layers.activation import silu_and_mul
 from fasterllm.layers.norm import RMSNorm
 from fasterllm.layers.quantization.gpu import FP8Linear, Int4GPULinear
@@ -82,6 +81,16 @@ def time_it(fn) -> float:
     return max(both - flushes, 0.0) / _CALLS_PER_GRAPH
 
 
+def int4_reference_weight(layer: Int4GPULinear, codes: torch.Tensor) -> torch.Tensor:
+    """The fp32 weight the layer's codes and its stored scales stand for, computed by torch from the codes (not by
+    our kernels): tinygemm's (codes - 8) * scale + zero, or codes * scale + minimum."""
+    if layer.tinygemm:
+        scale, zero = (t.float().t().repeat_interleave(GROUP_SIZE, dim=1) for t in layer.scales.unbind(-1))
+        return (codes.float() - 8) * scale + zero
+    expand = lambda t: t.float().repeat_interleave(GROUP_SIZE, dim=1)  # noqa: E731
+    return codes.float() * expand(layer.scales) + expand(layer.minimums)
+
+
 def bench_matmuls(rows: list[int]) -> None:
     for layer, (n, k) in SHAPES.items():
         bench_layer(layer, n, k, rows)
@@ -95,7 +104,7 @@ def bench_layer(layer: str, n: int, k: int, rows: list[int]) -> None:
     codes, s4, m4 = quantize_int4_grouped(weight)
     q4, s4, m4 = pack_int4_codes(codes), s4.half(), m4.half()
     int4 = Int4GPULinear(codes, s4, m4, None, weight.dtype)  # bf16: tinygemm's layout, as the engine runs it
-    int4_weight = dequantize_tinygemm(int4.qweight, int4.scales, GROUP_SIZE, torch.float32)
+    int4_weight = int4_reference_weight(int4, codes)
     del codes
     try:
         fp8 = FP8Linear(weight, None)

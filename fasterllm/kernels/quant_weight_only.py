@@ -5,13 +5,15 @@ half a byte (int4) each and widened in registers. Layouts (made by the quantizer
   int8: qweight int8 [N, K], one fp32 scale per output channel [N]: W = q * scale[n] (applied after the sum)
   int4: qweight uint8 [N, K/2], byte j of a row holds k = 2j (low nibble) and k = 2j+1 (high nibble); per group
         of `group_size` consecutive k, an fp16 scale and minimum [N, K/group]: W = q * scale + minimum
-        (asymmetric, the CPU layers' and GGUF Q4_1's convention; fp16 holds GGUF's own scales exactly)
+        (asymmetric, the CPU layers' and GGUF Q4_1's convention; fp16 holds GGUF's own scales exactly; tinygemm's
+        bf16 scale and zero round them)
   int4, tinygemm's layout (bf16 layers on a GPU): int32 [N/8, K/32, 32, 1] (pack_int4_tinygemm), scale and zero
         (code 8's value) per group [K/group, N, 2]: the bytes torch._weight_int4pack_mm reads
-The quantizers are the CPU layers' (layers/quantization/int8.py, int4.py); pack_int4_codes makes the bytes.
-One row goes through gemv.py's matrix-vector kernel (tinygemm's layout: torch's kernel up to TINYGEMM_MAX_ROWS),
-up to FUSED_MAX_ROWS through the kernel here (split K, quant_split_k.py); more rows (prefill) dequantize the weight
-once and call cuBLAS, compute-bound there anyway.
+The quantizers are the CPU layers' (layers/quantization/int8.py, int4.py); pack_int4_codes and pack_int4_tinygemm
+make the bytes. Row-major: one row goes through gemv.py's matrix-vector kernel, up to FUSED_MAX_ROWS through the
+kernel here (split K, quant_split_k.py). tinygemm's layout: up to TINYGEMM_MAX_ROWS bf16 rows through torch's
+kernel, other rows up to FUSED_MAX_ROWS through the kernel here. More rows (prefill) dequantize the weight once and
+call cuBLAS, compute-bound there anyway.
 """
 from __future__ import annotations
 
@@ -162,9 +164,8 @@ def _weight_only_kernel(x_ptr, w_ptr, group_scale_ptr, group_min_ptr, col_scale_
                 xt = tl.trans(_k_to_tinygemm_order(tl.trans(xt), BLOCK_M, BLOCK_K))
             acc = tl.dot(w, xt, acc, input_precision=PRECISION)
         else:
+            tl.static_assert(not TINYGEMM, "the int4 tiles are W x^T (SWAP): tinygemm's order is undone there only")
             xb = tl.load(x_rows[:, None] + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            if TINYGEMM:
-                xb = _k_to_tinygemm_order(xb, BLOCK_M, BLOCK_K)
             acc = tl.dot(xb, tl.trans(w), acc, input_precision=PRECISION)
     if SWAP:
         acc = tl.trans(acc)
@@ -253,7 +254,8 @@ def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
 def tinygemm_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int,
                     bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] times an int4 weight in tinygemm's layout (pack_int4_tinygemm; scale_zeros [K/group, N, 2]: scale
-    and the value of code 8 per group) -> [M, N]. Up to TINYGEMM_MAX_ROWS bf16 rows on an NVIDIA GPU go through
+    and the value of code 8 per group) -> [M, N]. Up to TINYGEMM_MAX_ROWS bf16 rows on an NVIDIA GPU (bf16 scale_zeros)
+    go through
     torch._weight_int4pack_mm (its tensor-core kernel reads the bytes in the order its mma fragments need: 2.1-2.4x
     bf16 cuBLAS on the 8B projections at one row, where the row-major kernels reach 1.1-1.6x); more rows, and
     other dtypes, through this file's Triton kernels reading the same bytes."""
@@ -261,13 +263,21 @@ def tinygemm_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Te
     n, packed_k = _tinygemm_shape(packed, scale_zeros, group_size)
     if x.stride(-1) != 1 or packed_k != k:
         raise ValueError(f"x {tuple(x.shape)} (contiguous last dim) does not fit the int4 weight [{n}, {packed_k}]")
-    if 0 < m <= TINYGEMM_MAX_ROWS and x.is_cuda and x.dtype == torch.bfloat16:
-        out = torch._weight_int4pack_mm(x, packed, group_size, scale_zeros)
+    if (0 < m <= TINYGEMM_MAX_ROWS and x.dtype == scale_zeros.dtype == torch.bfloat16
+            and tinygemm_kernel_available(x.device)):
+        out = torch._weight_int4pack_mm(x.contiguous(), packed, group_size, scale_zeros)
         return out if bias is None else out + bias
     if m > FUSED_MAX_ROWS:
         return F.linear(x, dequantize_tinygemm(packed, scale_zeros, group_size, x.dtype), bias)
     return _matmul_tiles(x, n, packed.view(torch.uint8), scale_zeros, scale_zeros, 0, (2, 2 * n),
                          group_size, True, True, None, bias)
+
+
+def tinygemm_kernel_available(device: torch.device) -> bool:
+    """torch._weight_int4pack_mm reads pack_int4_tinygemm's bytes on NVIDIA GPUs of compute capability 8.0+ (ROCm's
+    build expects another order)."""
+    return (device.type == "cuda" and torch.version.hip is None
+            and torch.cuda.get_device_capability(device) >= (8, 0))
 
 
 def _tinygemm_shape(packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int) -> tuple[int, int]:
@@ -286,7 +296,7 @@ def _tinygemm_shape(packed: torch.Tensor, scale_zeros: torch.Tensor, group_size:
 
 def _matmul_tiles(x, n: int, qweight, group_scales, group_mins, stride_wn: int, group_strides: tuple[int, int],
                   group_size: int, int4: bool, tinygemm: bool, col_scales, bias) -> torch.Tensor:
-    """2 to FUSED_MAX_ROWS rows through the split-K kernel with the tile table's tiles."""
+    """Up to FUSED_MAX_ROWS rows through the split-K kernel with the tile table's tiles."""
     m, k = x.shape
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:  # before planning: no tiles to split
@@ -340,11 +350,12 @@ def pack_int4_tinygemm(codes: torch.Tensor) -> torch.Tensor:
     if n % 8 or k % 32:
         raise ValueError(f"tinygemm's int4 layout needs out_features % 8 == 0 and in_features % 32 == 0, got "
                          f"[{n}, {k}]")
-    j, p = torch.arange(4)[:, None], torch.arange(8)[None, :]
-    order = (2 * j + p // 4 + 8 * (p % 4)).reshape(-1).to(codes.device)  # word j, nibble p -> k in the tile
-    tiles = codes.to(torch.int64).reshape(n // 8, 8, k // 32, 32).transpose(1, 2)[..., order]
-    words = (tiles.reshape(n // 8, k // 32, 32, 8) << (4 * torch.arange(8, device=codes.device))).sum(-1)
-    return (words - (words >= 2**31).to(torch.int64) * 2**32).to(torch.int32)[..., None].contiguous()
+    j, c, h = torch.arange(4)[:, None, None], torch.arange(4)[None, :, None], torch.arange(2)[None, None, :]
+    order = (2 * j + c // 2 + 16 * (c % 2) + 8 * h).reshape(-1).to(codes.device)  # (word j, byte c, nibble h) -> k
+    tiles = codes.to(torch.uint8).reshape(n // 8, 8, k // 32, 32).transpose(1, 2)[..., order]
+    nibbles = tiles.reshape(n // 8, k // 32, 8, 16, 2)
+    # little-endian: byte c of word j is bits 8c..8c+7 of the int32
+    return (nibbles[..., 0] | (nibbles[..., 1] << 4)).contiguous().view(torch.int32).reshape(n // 8, k // 32, 32, 1)
 
 
 def dequantize_reference(qweight: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor | None = None,

@@ -31,7 +31,8 @@ def relative_error(make, tokens, n, k):
 
 
 @pytest.mark.parametrize("method", list(FORMATS))
-@pytest.mark.parametrize("tokens", [1, 40])  # a decode row (split-K) and more rows than one kernel tile
+# a decode row (split-K; tinygemm's kernel for bf16 int4 on a GPU), 32 rows (the tile kernel), more rows than a tile
+@pytest.mark.parametrize("tokens", [1, 16, 40])
 def test_close_to_the_float_linear(method, tokens):
     make, allowed = FORMATS[method]
     assert relative_error(make, tokens, 96, 576) <= allowed
@@ -57,3 +58,14 @@ def test_fp8_refuses_widths_scaled_mm_cannot_take():
 def test_llama_8b_projection(method, tokens):
     make, allowed = FORMATS[method]
     assert relative_error(make, tokens, 6144, 4096) <= allowed
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="tinygemm's layout is chosen on a GPU")
+def test_bf16_int4_on_a_gpu_keeps_tinygemms_layout():
+    from fasterllm.kernels.quant_weight_only import tinygemm_kernel_available
+
+    layer = Int4GPULinear.from_float(torch.randn(64, 256, device=DEVICE, dtype=torch.bfloat16), None)
+    assert layer.tinygemm == tinygemm_kernel_available(DEVICE)
+    assert layer.qweight.shape == ((8, 8, 32, 1) if layer.tinygemm else (64, 128))
+    fp16 = Int4GPULinear.from_float(torch.randn(64, 256, device=DEVICE, dtype=torch.float16), None)
+    assert not fp16.tinygemm and fp16.qweight.shape == (64, 128)

@@ -3,8 +3,8 @@
   int8  Int8GPULinear   int8 weights per output channel, read and widened inside Triton kernels
                         (kernels/quant_weight_only.py: one row, 2-64 rows, prefill)
   int4  Int4GPULinear   4-bit codes (groups of 32, scale + minimum, the CPU layer's and GGUF Q4_1's convention),
-                        two per byte, dequantized inside the same kernels; bf16 layers keep tinygemm's byte
-                        order, and 1-4 rows run torch's tensor-core int4 kernel
+                        two per byte, dequantized inside the same kernels; bf16 layers (NVIDIA, 8.0+) keep
+                        tinygemm's byte order and bf16 scale + zero, and 1-4 rows run torch's int4 kernel
   w8a8  W8A8GPULinear   int8 weights per channel x int8 activations per token, int32 sums on the tensor cores,
                         dequantization in the GEMM's epilogue
   fp8   FP8Linear       e4m3 weights per channel x e4m3 activations per token through torch._scaled_mm's
@@ -19,8 +19,8 @@ import torch
 
 from fasterllm.kernels.quant_activation import quantize_per_token
 from fasterllm.kernels.quant_w8a8 import int8_gemm
-from fasterllm.kernels.quant_weight_only import (pack_int4_codes, pack_int4_tinygemm, tinygemm_matmul,
-                                                 weight_only_matmul)
+from fasterllm.kernels.quant_weight_only import (pack_int4_codes, pack_int4_tinygemm, tinygemm_kernel_available,
+                                                 tinygemm_matmul, weight_only_matmul)
 from fasterllm.layers.linear import FlatLinear
 from fasterllm.layers.quantization.fused_activation import QuantizedRows
 from fasterllm.layers.quantization.int4 import GROUP_SIZE, quantize_int4_grouped, scales_and_zeros
@@ -44,17 +44,17 @@ class Int8GPULinear(FlatLinear):
 class Int4GPULinear(FlatLinear):
     """Built from codes uint8 [N, K] (0..15), per-group scales and minimums [N, K/32] (codes * scale + minimum),
     the CPU Int4WeightOnlyLinear's arguments: quantized from a float weight by from_float, or GGUF's Q4 blocks.
-    A bf16 layer on a GPU with tensor-core int4 support (compute capability 8.0+) keeps tinygemm's layout, whose
-    few-row kernel is torch's (tinygemm_matmul); others keep the row-major bytes and fp16 scales."""
+    A bf16 layer on an NVIDIA GPU of compute capability 8.0+ (out_features % 8 == 0) keeps tinygemm's layout, whose
+    1-4 row kernel is torch's (tinygemm_matmul); others keep the row-major bytes and fp16 scales and minimums."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor,
                  bias: torch.Tensor | None, dtype: torch.dtype):
         super().__init__()
         n, k = codes.shape
         self.out_features = n
-        self.tinygemm = (dtype == torch.bfloat16 and codes.is_cuda and n % 8 == 0 and k % 32 == 0
-                         and torch.cuda.get_device_capability(codes.device) >= (8, 0))
-        if self.tinygemm:  # the scales in bf16 too (the kernel's form): the codes are kept exactly
+        self.tinygemm = (dtype == torch.bfloat16 and n % 8 == 0 and k % 32 == 0
+                         and tinygemm_kernel_available(codes.device))
+        if self.tinygemm:  # qweight int32 [N/8, K/32, 32, 1]; scales: bf16 (scale, zero) [K/32, N, 2]; codes kept
             self.qweight = pack_int4_tinygemm(codes)
             self.scales, self.minimums = scales_and_zeros(scales, minimums, dtype), None
         else:
