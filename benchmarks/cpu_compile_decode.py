@@ -6,8 +6,9 @@ interleaved in rounds on the same request (the machine's noise hits both alike).
 Default: each decoder layer's pieces around the paged attention are compiled (input norm + QKV + RoPE; o_proj +
 norm + gate/up + SiLU*mul + down: inductor fuses the elementwise ops into C++ loops, the packed matmuls stay
 extern calls) and attention runs eager between them; those pieces restate DecoderLayer.forward for dynamo, rotating
-Q and K into a new tensor (torch.cat) where the eager layer rotates them in place. --whole: the model's whole forward compiled for decode steps
-(attention inside, dynamic shapes), reporting the seconds of each step that compiled and the recompiles.
+Q and K into a new tensor (torch.cat) where the eager layer rotates them in place. --whole: the model's whole
+forward compiled for decode steps (attention inside, dynamic shapes), reporting the steps over a second (compiles)
+and the graphs compiled.
 """
 from __future__ import annotations
 

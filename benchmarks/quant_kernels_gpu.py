@@ -23,7 +23,8 @@ from fasterllm.kernels.quant_activation import (quantize_per_token, quantize_per
                                                 silu_and_mul_quantize)
 from fasterllm.kernels import gemv
 from fasterllm.kernels.quant_w8a8 import int8_gemm, int8_gemm_reference
-from fasterllm.kernels.quant_weight_only import pack_int4_codes, weight_only_matmul, weight_only_matmul_reference
+from fasterllm.kernels.quant_weight_only import (dequantize_reference, pack_int4_codes, tinygemm_reference,
+                                                 weight_only_matmul, weight_only_matmul_reference)
 from fasterllm.layers.activation import silu_and_mul
 from fasterllm.layers.norm import RMSNorm
 from fasterllm.layers.quantization.gpu import FP8Linear, Int4GPULinear
@@ -81,16 +82,6 @@ def time_it(fn) -> float:
     return max(both - flushes, 0.0) / _CALLS_PER_GRAPH
 
 
-def int4_reference_weight(layer: Int4GPULinear, codes: torch.Tensor) -> torch.Tensor:
-    """The fp32 weight the layer's codes and its stored scales stand for, computed by torch from the codes (not by
-    our kernels): tinygemm's (codes - 8) * scale + zero, or codes * scale + minimum."""
-    if layer.tinygemm:
-        scale, zero = (t.float().t().repeat_interleave(GROUP_SIZE, dim=1) for t in layer.scales.unbind(-1))
-        return (codes.float() - 8) * scale + zero
-    expand = lambda t: t.float().repeat_interleave(GROUP_SIZE, dim=1)  # noqa: E731
-    return codes.float() * expand(layer.scales) + expand(layer.minimums)
-
-
 def bench_matmuls(rows: list[int]) -> None:
     for layer, (n, k) in SHAPES.items():
         bench_layer(layer, n, k, rows)
@@ -104,7 +95,9 @@ def bench_layer(layer: str, n: int, k: int, rows: list[int]) -> None:
     codes, s4, m4 = quantize_int4_grouped(weight)
     q4, s4, m4 = pack_int4_codes(codes), s4.half(), m4.half()
     int4 = Int4GPULinear(codes, s4, m4, None, weight.dtype)  # bf16: tinygemm's layout, as the engine runs it
-    int4_weight = int4_reference_weight(int4, codes)
+    # torch's reading of the codes and the scales the layer stored (not our kernels')
+    int4_weight = (tinygemm_reference(codes, int4.scale_zeros, GROUP_SIZE) if int4.tinygemm
+                   else dequantize_reference(q4, s4, m4, GROUP_SIZE))
     del codes
     try:
         fp8 = FP8Linear(weight, None)

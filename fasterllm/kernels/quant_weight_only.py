@@ -17,6 +17,8 @@ call cuBLAS, compute-bound there anyway.
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import torch
@@ -104,8 +106,6 @@ def _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stri
         groups = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
         group_offsets = rn[:, None].to(tl.int64) * stride_gn + groups[None, :].to(tl.int64) * stride_gg
         columns = _byte_offsets(half, TINYGEMM)
-        if TINYGEMM:  # [K/group, N, 2]: each zero follows its scale (the caller passes the same tensor twice)
-            group_min_ptr = group_scale_ptr + 1
         if EVEN:
             packed = tl.load(w_rows + columns[None, :])
             scale = tl.load(group_scale_ptr + group_offsets)
@@ -200,87 +200,36 @@ def _dequantize_kernel(w_ptr, group_scale_ptr, group_min_ptr, out_ptr, N, K, str
     tl.store(out_ptr + rn[:, None].to(tl.int64) * K + kk[None, :], w, mask=n_mask[:, None] & (kk < K)[None, :])
 
 
-def dequantize(qweight: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor | None, group_size: int,
-               dtype: torch.dtype) -> torch.Tensor:
-    """The int8 (minimums None) or int4 layout -> the float weight [N, K] in dtype, in one pass (the large-M
-    path: reads 1 or 0.5 bytes a weight and writes the float once, where int8 codes cast by torch and scaled after
-    the product took two passes and a third over the output)."""
-    int4 = minimums is not None
-    n, k = qweight.shape[0], qweight.shape[1] * (2 if int4 else 1)
-    if int4:
-        _check_group(group_size, k)
-    return _dequantize(qweight, scales, minimums if int4 else scales, n, k, qweight.stride(0),
-                       (scales.stride(0), 1) if int4 else (0, 0), group_size if int4 else 1, int4, False, dtype)
+@dataclass(frozen=True)
+class _KernelWeight:
+    """A quantized weight [n, k] as the kernels here read it: its bytes, where its per-group scales and minimums
+    (tinygemm: zeros) are ([n, k/group] strides (stride_gn, stride_gg)), and its layout. int8 has no groups: its
+    per-row scales stand in for both and are applied after the sum."""
+    data: torch.Tensor
+    group_scales: torch.Tensor
+    group_mins: torch.Tensor
+    n: int
+    k: int
+    stride_wn: int
+    stride_gn: int
+    stride_gg: int
+    group: int
+    int4: bool
+    tinygemm: bool
 
 
-def dequantize_tinygemm(packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int,
-                        dtype: torch.dtype) -> torch.Tensor:
-    """tinygemm's int4 layout (pack_int4_tinygemm, scale_zeros [K/group, N, 2]) -> the float weight [N, K]."""
-    n, k = _tinygemm_shape(packed, scale_zeros, group_size)
-    return _dequantize(packed.view(torch.uint8), scale_zeros, scale_zeros, n, k, 0, (2, 2 * n),
-                       group_size, True, True, dtype)
+def _row_major(qweight: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor | None,
+               group_size: int) -> _KernelWeight:
+    if minimums is None:  # int8
+        return _KernelWeight(qweight, scales, scales, qweight.shape[0], qweight.shape[1], qweight.stride(0), 0, 0, 1,
+                             False, False)
+    k = qweight.shape[1] * 2
+    _check_group(group_size, k)
+    return _KernelWeight(qweight, scales, minimums, qweight.shape[0], k, qweight.stride(0), scales.stride(0), 1,
+                         group_size, True, False)
 
 
-def _dequantize(qweight, group_scales, group_mins, n: int, k: int, stride_wn: int, group_strides: tuple[int, int],
-                group_size: int, int4: bool, tinygemm: bool, dtype: torch.dtype) -> torch.Tensor:
-    out = torch.empty(n, k, dtype=dtype, device=qweight.device)
-    block_n, block_k = 64, max(256, group_size)
-    _dequantize_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
-        qweight, group_scales, group_mins, out, n, k, stride_wn, *group_strides, GROUP=group_size, INT4=int4,
-        TINYGEMM=tinygemm, BLOCK_N=block_n, BLOCK_K=block_k)
-    return out
-
-
-def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
-                       minimums: torch.Tensor | None = None, group_size: int = 0) -> torch.Tensor:
-    """x [M, K] (bf16/fp16/fp32) times a quantized weight (int8 when minimums is None, else int4) -> [M, N]."""
-    int4 = minimums is not None
-    m, k = x.shape
-    n = qweight.shape[0]
-    if x.stride(-1) != 1 or qweight.shape[1] * (2 if int4 else 1) != k:
-        raise ValueError(f"x {tuple(x.shape)} (contiguous last dim) does not fit the weight "
-                         f"{tuple(qweight.shape)}{' (two int4 per byte)' if int4 else ''}")
-    if int4:
-        _check_group(group_size, k)
-    if m > FUSED_MAX_ROWS:  # prefill: compute-bound, cuBLAS on a dequantized copy
-        return F.linear(x, dequantize(qweight, scales, minimums, group_size, x.dtype), bias)
-    if m == 1:  # batch-1 decode: a matrix-vector product streaming the weight bytes
-        return gemv(x, qweight, scales, bias, minimums, group_size)
-    return _matmul_tiles(x, n, qweight, scales, minimums if int4 else scales, qweight.stride(0),
-                         (scales.stride(0), 1) if int4 else (0, 0), group_size if int4 else 1, int4, False,
-                         None if int4 else scales, bias)
-
-
-def tinygemm_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] times an int4 weight in tinygemm's layout (pack_int4_tinygemm; scale_zeros [K/group, N, 2]: scale
-    and the value of code 8 per group) -> [M, N]. Up to TINYGEMM_MAX_ROWS bf16 rows on an NVIDIA GPU (bf16 scale_zeros)
-    go through
-    torch._weight_int4pack_mm (its tensor-core kernel reads the bytes in the order its mma fragments need: 2.1-2.4x
-    bf16 cuBLAS on the 8B projections at one row, where the row-major kernels reach 1.1-1.6x); more rows, and
-    other dtypes, through this file's Triton kernels reading the same bytes."""
-    m, k = x.shape
-    n, packed_k = _tinygemm_shape(packed, scale_zeros, group_size)
-    if x.stride(-1) != 1 or packed_k != k:
-        raise ValueError(f"x {tuple(x.shape)} (contiguous last dim) does not fit the int4 weight [{n}, {packed_k}]")
-    if (0 < m <= TINYGEMM_MAX_ROWS and x.dtype == scale_zeros.dtype == torch.bfloat16
-            and tinygemm_kernel_available(x.device)):
-        out = torch._weight_int4pack_mm(x.contiguous(), packed, group_size, scale_zeros)
-        return out if bias is None else out + bias
-    if m > FUSED_MAX_ROWS:
-        return F.linear(x, dequantize_tinygemm(packed, scale_zeros, group_size, x.dtype), bias)
-    return _matmul_tiles(x, n, packed.view(torch.uint8), scale_zeros, scale_zeros, 0, (2, 2 * n),
-                         group_size, True, True, None, bias)
-
-
-def tinygemm_kernel_available(device: torch.device) -> bool:
-    """torch._weight_int4pack_mm reads pack_int4_tinygemm's bytes on NVIDIA GPUs of compute capability 8.0+ (ROCm's
-    build expects another order)."""
-    return (device.type == "cuda" and torch.version.hip is None
-            and torch.cuda.get_device_capability(device) >= (8, 0))
-
-
-def _tinygemm_shape(packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int) -> tuple[int, int]:
+def _tinygemm(packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int) -> _KernelWeight:
     if packed.dim() != 4 or packed.shape[2:] != (32, 1) or packed.dtype != torch.int32:
         raise ValueError(f"a tinygemm int4 weight is int32 [N/8, K/32, 32, 1] (pack_int4_tinygemm), got "
                          f"{packed.dtype} {tuple(packed.shape)}")
@@ -291,28 +240,97 @@ def _tinygemm_shape(packed: torch.Tensor, scale_zeros: torch.Tensor, group_size:
     if scale_zeros.shape != (k // group_size, n, 2) or not scale_zeros.is_contiguous():
         raise ValueError(f"scale_zeros must be contiguous [{k // group_size}, {n}, 2], got "
                          f"{tuple(scale_zeros.shape)}")
-    return n, k
+    # [K/group, N, 2]: a group's scale, then its zero; rows (the byte addressing) follow from n and k
+    return _KernelWeight(packed.view(torch.uint8), scale_zeros[..., 0], scale_zeros[..., 1], n, k, 0, 2, 2 * n,
+                         group_size, True, True)
 
 
-def _matmul_tiles(x, n: int, qweight, group_scales, group_mins, stride_wn: int, group_strides: tuple[int, int],
-                  group_size: int, int4: bool, tinygemm: bool, col_scales, bias) -> torch.Tensor:
+def dequantize(qweight: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor | None, group_size: int,
+               dtype: torch.dtype) -> torch.Tensor:
+    """The int8 (minimums None) or int4 layout -> the float weight [N, K] in dtype, in one pass (the large-M
+    path: reads 1 or 0.5 bytes a weight and writes the float once, where int8 codes cast by torch and scaled after
+    the product took two passes and a third over the output)."""
+    return _dequantize(_row_major(qweight, scales, minimums, group_size), dtype)
+
+
+def dequantize_tinygemm(packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int,
+                        dtype: torch.dtype) -> torch.Tensor:
+    """tinygemm's int4 layout (pack_int4_tinygemm, scale_zeros [K/group, N, 2]) -> the float weight [N, K]."""
+    return _dequantize(_tinygemm(packed, scale_zeros, group_size), dtype)
+
+
+def _dequantize(w: _KernelWeight, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.empty(w.n, w.k, dtype=dtype, device=w.data.device)
+    block_n, block_k = 64, max(256, w.group)
+    _dequantize_kernel[(triton.cdiv(w.n, block_n), triton.cdiv(w.k, block_k))](
+        w.data, w.group_scales, w.group_mins, out, w.n, w.k, w.stride_wn, w.stride_gn, w.stride_gg, GROUP=w.group,
+        INT4=w.int4, TINYGEMM=w.tinygemm, BLOCK_N=block_n, BLOCK_K=block_k)
+    return out
+
+
+def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
+                       minimums: torch.Tensor | None = None, group_size: int = 0) -> torch.Tensor:
+    """x [M, K] (bf16/fp16/fp32) times a quantized weight (int8 when minimums is None, else int4) -> [M, N]."""
+    int4 = minimums is not None
+    m, k = x.shape
+    if x.stride(-1) != 1 or qweight.shape[1] * (2 if int4 else 1) != k:
+        raise ValueError(f"x {tuple(x.shape)} (contiguous last dim) does not fit the weight "
+                         f"{tuple(qweight.shape)}{' (two int4 per byte)' if int4 else ''}")
+    w = _row_major(qweight, scales, minimums, group_size)
+    if m > FUSED_MAX_ROWS:  # prefill: compute-bound, cuBLAS on a dequantized copy
+        return F.linear(x, _dequantize(w, x.dtype), bias)
+    if m == 1:  # batch-1 decode: a matrix-vector product streaming the weight bytes
+        return gemv(x, qweight, scales, bias, minimums, group_size)
+    return _matmul_tiles(x, w, None if int4 else scales, bias)
+
+
+def tinygemm_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] times an int4 weight in tinygemm's layout (pack_int4_tinygemm; scale_zeros [K/group, N, 2]: scale
+    and the value of code 8 per group) -> [M, N]. Up to TINYGEMM_MAX_ROWS bf16 rows on an NVIDIA GPU (bf16
+    scale_zeros) go through torch._weight_int4pack_mm (its tensor-core kernel reads the bytes in the order its mma
+    fragments need: 2.1-2.4x bf16 cuBLAS on the 8B projections at one row, where the row-major kernels reach
+    1.1-1.6x); more rows, and other dtypes, through this file's Triton kernels reading the same bytes."""
+    w = _tinygemm(packed, scale_zeros, group_size)
+    m, k = x.shape
+    if x.stride(-1) != 1 or w.k != k:
+        raise ValueError(f"x {tuple(x.shape)} (contiguous last dim) does not fit the int4 weight [{w.n}, {w.k}]")
+    if (0 < m <= TINYGEMM_MAX_ROWS and x.dtype == scale_zeros.dtype == torch.bfloat16
+            and tinygemm_kernel_available(x.device)):
+        out = torch._weight_int4pack_mm(x.contiguous(), packed, group_size, scale_zeros)
+        return out if bias is None else out + bias
+    if m > FUSED_MAX_ROWS:
+        return F.linear(x, _dequantize(w, x.dtype), bias)
+    return _matmul_tiles(x, w, None, bias)
+
+
+@functools.cache  # asked once per device, not on every matmul
+def tinygemm_kernel_available(device: torch.device) -> bool:
+    """torch._weight_int4pack_mm reads pack_int4_tinygemm's bytes on NVIDIA GPUs of compute capability 8.0+ (ROCm's
+    build expects another order)."""
+    return (device.type == "cuda" and torch.version.hip is None
+            and torch.cuda.get_device_capability(device) >= (8, 0))
+
+
+def _matmul_tiles(x: torch.Tensor, w: _KernelWeight, col_scales: torch.Tensor | None,
+                  bias: torch.Tensor | None) -> torch.Tensor:
     """Up to FUSED_MAX_ROWS rows through the split-K kernel with the tile table's tiles."""
     m, k = x.shape
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    out = torch.empty(m, w.n, dtype=x.dtype, device=x.device)
     if m == 0:  # before planning: no tiles to split
         return out
     block_m = max(16, triton.next_power_of_2(m))  # tl.dot takes 16 rows or more; padding rows are masked
-    tiles = _TILES[int4, block_m]
+    tiles = _TILES[w.int4, block_m]
     # whole int4 groups per tile
-    plan = plan_split_k(m, n, k, block_m, tiles.block_n, max(tiles.block_k, group_size), tiles.programs_per_sm,
+    plan = plan_split_k(m, w.n, k, block_m, tiles.block_n, max(tiles.block_k, w.group), tiles.programs_per_sm,
                         x.device)
     direct = plan.splits == 1
-    target = out if direct else torch.empty(plan.splits, m, n, dtype=torch.float32, device=x.device)
-    _weight_only_kernel[plan.grid(m, n)](
-        x, qweight, group_scales, group_mins, col_scales if col_scales is not None else out,
-        bias if bias is not None else out, target, m, n, k, x.stride(0), stride_wn, *group_strides,
-        plan.k_per_split, GROUP=group_size, INT4=int4, TINYGEMM=tinygemm,
-        EVEN=n % plan.block_n == 0 and k % plan.block_k == 0, SWAP=tiles.swap, DIRECT=direct,
+    target = out if direct else torch.empty(plan.splits, m, w.n, dtype=torch.float32, device=x.device)
+    _weight_only_kernel[plan.grid(m, w.n)](
+        x, w.data, w.group_scales, w.group_mins, col_scales if col_scales is not None else out,
+        bias if bias is not None else out, target, m, w.n, k, x.stride(0), w.stride_wn, w.stride_gn, w.stride_gg,
+        plan.k_per_split, GROUP=w.group, INT4=w.int4, TINYGEMM=w.tinygemm,
+        EVEN=w.n % plan.block_n == 0 and k % plan.block_k == 0, SWAP=tiles.swap, DIRECT=direct,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, num_warps=4,
         num_stages=_stages(tiles.stages, plan, x.element_size()))
@@ -367,6 +385,13 @@ def dequantize_reference(qweight: torch.Tensor, scales: torch.Tensor, minimums: 
     q = torch.stack([qweight & 0xF, qweight >> 4], dim=-1).view(n, -1).float()
     expand = lambda t: t.float().repeat_interleave(group_size, dim=1)  # noqa: E731
     return q * expand(scales) + expand(minimums)
+
+
+def tinygemm_reference(codes: torch.Tensor, scale_zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The fp32 weight [N, K] codes uint8 [N, K] stand for with tinygemm's scale_zeros [K/group, N, 2] (torch, the
+    reference): (codes - 8) * scale + zero."""
+    scale, zero = (t.float().t().repeat_interleave(group_size, dim=1) for t in scale_zeros.unbind(-1))
+    return (codes.float() - 8) * scale + zero
 
 
 def weight_only_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,

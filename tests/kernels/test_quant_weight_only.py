@@ -12,7 +12,7 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytest.importorskip("triton")
 from fasterllm.kernels.quant_weight_only import (  # noqa: E402
     FUSED_MAX_ROWS, TINYGEMM_MAX_ROWS, dequantize, dequantize_reference, dequantize_tinygemm, pack_int4_codes,
-    pack_int4_tinygemm, tinygemm_matmul, weight_only_matmul, weight_only_matmul_reference)
+    pack_int4_tinygemm, tinygemm_matmul, tinygemm_reference, weight_only_matmul, weight_only_matmul_reference)
 
 gpu_only = pytest.mark.skipif(DEVICE.type != "cuda", reason="real model shapes need a GPU")
 # Triton 3.9's interpreter multiplies bf16 tiles wrongly (tl.dot): bf16 runs on a GPU only
@@ -159,8 +159,7 @@ def tinygemm_weight(n, k, group_size, dtype, seed=0):
     scales = torch.rand(n, k // group_size, device=DEVICE) * 0.01
     minimums = torch.randn(n, k // group_size, device=DEVICE) * 0.05
     scale_zeros = scales_and_zeros(scales, minimums, dtype)
-    scale, zero = (t.float().t().repeat_interleave(group_size, dim=1) for t in scale_zeros.unbind(-1))
-    return pack_int4_tinygemm(codes), scale_zeros, (codes.float() - 8) * scale + zero
+    return pack_int4_tinygemm(codes), scale_zeros, tinygemm_reference(codes, scale_zeros, group_size)
 
 
 @pytest.mark.parametrize("n", [64, 72])  # whole output tiles and a partial one

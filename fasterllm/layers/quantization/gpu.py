@@ -54,9 +54,9 @@ class Int4GPULinear(FlatLinear):
         self.out_features = n
         self.tinygemm = (dtype == torch.bfloat16 and n % 8 == 0 and k % 32 == 0
                          and tinygemm_kernel_available(codes.device))
-        if self.tinygemm:  # qweight int32 [N/8, K/32, 32, 1]; scales: bf16 (scale, zero) [K/32, N, 2]; codes kept
+        if self.tinygemm:  # qweight int32 [N/8, K/32, 32, 1], bf16 (scale, zero) [K/32, N, 2]; the codes kept
             self.qweight = pack_int4_tinygemm(codes)
-            self.scales, self.minimums = scales_and_zeros(scales, minimums, dtype), None
+            self.scale_zeros = scales_and_zeros(scales, minimums, dtype)
         else:
             self.qweight = pack_int4_codes(codes)
             self.scales, self.minimums = scales.half().contiguous(), minimums.half().contiguous()
@@ -68,7 +68,7 @@ class Int4GPULinear(FlatLinear):
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.tinygemm:
-            return tinygemm_matmul(x, self.qweight, self.scales, GROUP_SIZE, self.bias)
+            return tinygemm_matmul(x, self.qweight, self.scale_zeros, GROUP_SIZE, self.bias)
         return weight_only_matmul(x, self.qweight, self.scales, self.bias, self.minimums, GROUP_SIZE)
 
 
