@@ -25,6 +25,7 @@ _CANDIDATES = [(1, 2048, 4), (2, 1024, 4), (2, 2048, 4), (4, 512, 4), (4, 1024, 
                (8, 1024, 8), (16, 256, 4), (16, 512, 8)]
 _DEFAULT = (4, 512, 4)  # the CPU interpreter and shapes timed nowhere
 _chosen: dict[tuple, tuple[int, int, int]] = {}
+_QUEUE_CYCLES = 10_000_000  # ~5 ms of GPU clock: enough to queue the timed runs behind it
 
 
 @triton.jit
@@ -119,7 +120,10 @@ def _config_for(key: tuple, launch) -> tuple[int, int, int]:
     timings = {}
     for config in _CANDIDATES:
         launch(config)  # compile
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(5)]
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(7)]
+        # the GPU sleeps while the runs are queued behind it, so the events time the kernels, not their Python
+        # launches (which take longer than a small projection's kernel and made the choice a coin toss)
+        torch.cuda._sleep(_QUEUE_CYCLES)
         for start, end in events:
             flush.zero_()
             start.record()

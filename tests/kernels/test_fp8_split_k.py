@@ -1,0 +1,80 @@
+"""The split-K FP8 GEMM for decode rows against the same e4m3 codes multiplied in fp32 by torch: in Triton's
+interpreter on a CPU (small shapes, the split forced by a small SM count), and on a Hopper GPU at the Llama-3-8B
+projections it takes, against torch._scaled_mm."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+from fasterllm.kernels.fp8_split_k import MAX_ROWS, fp8_split_k_gemm, split_k_plan  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+HOPPER = DEVICE.type == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+E4M3_MAX = 448.0
+# fp32 output: the interpreter sums in fp32 (only the order differs); Hopper's fp8 tensor cores add each tile's
+# products into fewer bits before they reach the fp32 sum (torch._scaled_mm: ~1.5e-4 here)
+FP32_TOLERANCE = 1e-3 if DEVICE.type == "cuda" else 1e-5
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scales = x.float().abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / E4M3_MAX
+    return (x.float() / scales).to(torch.float8_e4m3fn), scales
+
+
+def operands(m: int, n: int, k: int, with_bias: bool):
+    torch.manual_seed(0)
+    a, a_scales = quantize_rows(torch.randn(m, k, device=DEVICE))
+    b, b_scales = quantize_rows(torch.randn(n, k, device=DEVICE) * 0.05)
+    bias = torch.randn(n, device=DEVICE) if with_bias else None
+    return a, a_scales, b, b_scales.view(-1), bias
+
+
+def reference(a, a_scales, b, b_scales, bias):
+    out = (a.float() @ b.float().t()) * a_scales * b_scales[None, :]
+    return out if bias is None else out + bias
+
+
+@pytest.mark.parametrize("m", [1, 5, MAX_ROWS])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_matches_the_codes_multiplied_in_fp32(m, out_dtype):
+    n, k = 128, 1024
+    plan = split_k_plan(m, n, k, num_sms=4)  # two output tiles on four SMs: K split in four
+    assert plan == (4, 256)
+    a, a_scales, b, b_scales, bias = operands(m, n, k, with_bias=m != MAX_ROWS)
+    got = fp8_split_k_gemm(a, a_scales, b, b_scales, bias, out_dtype, plan)
+    expected = reference(a, a_scales, b, b_scales, bias)
+    assert got.shape == (m, n) and got.dtype == out_dtype and torch.isfinite(got).all()
+    error = ((got.float() - expected).abs().max() / expected.abs().max()).item()
+    print(f"relative error {error:.2e}")
+    assert error <= (1e-2 if out_dtype == torch.bfloat16 else FP32_TOLERANCE)
+
+
+def test_the_plan_leaves_wide_projections_and_many_rows_to_cublas():
+    sms = 132  # an H100
+    assert split_k_plan(64, 4096, 14336, sms) == (4, 256)  # Llama-3-8B down_proj: 64 column tiles
+    assert split_k_plan(16, 6144, 4096, sms) == (2, 256)  # qkv_proj
+    assert split_k_plan(64, 2 * 14336, 4096, sms) is None  # gate_up_proj fills the GPU unsplit
+    assert split_k_plan(MAX_ROWS + 1, 4096, 4096, sms) is None  # prefill
+    assert split_k_plan(8, 4096, 4000, sms) is None  # K the tiles do not divide
+    assert split_k_plan(0, 4096, 4096, sms) is None
+
+
+def test_non_contiguous_operands_are_refused():
+    a, a_scales, b, b_scales, _ = operands(4, 128, 512, with_bias=False)
+    with pytest.raises(ValueError, match="contiguous"):
+        fp8_split_k_gemm(a.t().contiguous().t(), a_scales, b, b_scales, None, torch.float32, (2, 256))
+
+
+@pytest.mark.skipif(not HOPPER, reason="torch._scaled_mm's row-wise fp8 needs a Hopper GPU")
+@pytest.mark.parametrize("m", [1, 16, 64])
+@pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 4096), (4096, 14336)])
+def test_llama_8b_projections_match_scaled_mm(m, n, k):
+    a, a_scales, b, b_scales, bias = operands(m, n, k, with_bias=True)
+    plan = split_k_plan(m, n, k, torch.cuda.get_device_properties(DEVICE).multi_processor_count)
+    assert plan is not None
+    got = fp8_split_k_gemm(a, a_scales, b, b_scales, bias.bfloat16(), torch.bfloat16, plan)
+    expected = torch._scaled_mm(a, b.t(), scale_a=a_scales, scale_b=b_scales.view(1, -1), bias=bias.bfloat16(),
+                                out_dtype=torch.bfloat16)
+    assert torch.isfinite(got).all()
+    assert (got.float() - expected.float()).abs().max() <= 1e-2 * expected.float().abs().max()
