@@ -67,6 +67,9 @@ def fp8_split_k_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b
     if b.shape[1] != k or not a.is_contiguous() or not b.is_contiguous():
         raise ValueError(f"fp8_split_k_gemm needs contiguous a [M, K] and b [N, K]; got a {tuple(a.shape)}, "
                          f"b {tuple(b.shape)}")
+    if a_scales.numel() != m or b_scales.numel() != n:
+        raise ValueError(f"scales must hold one value per row of a ({m}) and of b ({n}); got {a_scales.numel()} "
+                         f"and {b_scales.numel()}")
     splits, block_k = plan
     partials = torch.empty(splits, m, n, dtype=torch.float32, device=a.device)
     _fp8_split_k_kernel[(n // _BLOCK_N, splits)](a, b, partials, m, n, k, k // splits, BLOCK_M=MAX_ROWS,

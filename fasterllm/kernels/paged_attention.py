@@ -23,6 +23,9 @@ from fasterllm.kernels.online_softmax import LOG2E, dot, online_softmax_update
 _SM_TARGET = 256  # decode programs wanted in flight: about two per SM on an H100
 _MAX_SPLITS = 16
 _MIN_KEYS_PER_SPLIT = 256
+# decode: two K/V tiles in flight instead of Triton's three leave shared memory for more programs per SM; 12-14%
+# faster on an H100 at 64 sequences x 640-2048 keys, the same arithmetic (benchmarks/RESULTS.md)
+_DECODE_STAGES = 2
 
 
 @triton.jit
@@ -182,7 +185,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
         BLOCK_N=max(block_size, 64), BLOCK_SIZE=block_size, NUM_SPLITS=splits,
-        USE_WINDOW=sliding_window is not None, IEEE_DOT=query.dtype == torch.float32)
+        USE_WINDOW=sliding_window is not None, IEEE_DOT=query.dtype == torch.float32,
+        num_stages=_DECODE_STAGES if max_query_len == 1 else 3)
     if splits > 1:
         _merge_splits_kernel[(num_seqs, num_heads)](
             part_out, part_max, part_sum, query_start_loc, out, out.stride(0), out.stride(1),

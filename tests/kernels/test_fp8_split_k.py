@@ -60,10 +60,12 @@ def test_the_plan_leaves_wide_projections_and_many_rows_to_cublas():
     assert split_k_plan(0, 4096, 4096, sms) is None
 
 
-def test_non_contiguous_operands_are_refused():
+def test_bad_operands_are_refused():
     a, a_scales, b, b_scales, _ = operands(4, 128, 512, with_bias=False)
     with pytest.raises(ValueError, match="contiguous"):
         fp8_split_k_gemm(a.t().contiguous().t(), a_scales, b, b_scales, None, torch.float32, (2, 256))
+    with pytest.raises(ValueError, match="one value per row of a"):
+        fp8_split_k_gemm(a, a_scales[:3], b, b_scales, None, torch.float32, (2, 256))
 
 
 @pytest.mark.skipif(not HOPPER, reason="torch._scaled_mm's row-wise fp8 needs a Hopper GPU")
