@@ -45,16 +45,20 @@ def _fp8_split_k_kernel(a_ptr, b_ptr, partial_ptr, M, N, K, K_PER_SPLIT, BLOCK_M
 
 def split_k_plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int] | None:
     """(splits, BLOCK_K) for this shape, or None where cuBLAS is the better choice: more than MAX_ROWS rows, widths
-    the tiles do not divide, or N wide enough to fill the GPU without splitting K."""
-    block_k = 256 if k % 256 == 0 else 128
-    if not 1 <= m <= MAX_ROWS or n % _BLOCK_N or k % block_k:
+    the tiles do not divide, or N wide enough to fill the GPU without splitting K. The most splits (up to
+    _MAX_SPLITS, about _PROGRAMS_PER_SM programs per SM) that divide K into whole tiles, 256-wide tiles first."""
+    if not 1 <= m <= MAX_ROWS or n % _BLOCK_N:
         return None
     tiles = n // _BLOCK_N
-    splits = 1
-    while (splits * 2 <= _MAX_SPLITS and tiles * splits * 2 <= _PROGRAMS_PER_SM * num_sms
-           and k % (splits * 2 * block_k) == 0):
-        splits *= 2
-    return (splits, block_k) if splits > 1 else None
+    best = None
+    for block_k in (256, 128):
+        splits = 0 if k % block_k else 1
+        while (splits and splits * 2 <= _MAX_SPLITS and tiles * splits * 2 <= _PROGRAMS_PER_SM * num_sms
+               and k % (splits * 2 * block_k) == 0):
+            splits *= 2
+        if splits > 1 and (best is None or splits > best[0]):
+            best = (splits, block_k)
+    return best
 
 
 def fp8_split_k_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
@@ -67,10 +71,13 @@ def fp8_split_k_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b
     if b.shape[1] != k or not a.is_contiguous() or not b.is_contiguous():
         raise ValueError(f"fp8_split_k_gemm needs contiguous a [M, K] and b [N, K]; got a {tuple(a.shape)}, "
                          f"b {tuple(b.shape)}")
-    if a_scales.numel() != m or b_scales.numel() != n:
-        raise ValueError(f"scales must hold one value per row of a ({m}) and of b ({n}); got {a_scales.numel()} "
-                         f"and {b_scales.numel()}")
+    if a_scales.numel() != m or b_scales.numel() != n or not (a_scales.is_contiguous() and b_scales.is_contiguous()):
+        raise ValueError(f"scales must be contiguous, one value per row of a ({m}) and of b ({n}); got "
+                         f"{a_scales.numel()} and {b_scales.numel()}")
     splits, block_k = plan
+    if not 1 <= m <= MAX_ROWS or n % _BLOCK_N or k % (splits * block_k):
+        raise ValueError(f"the plan {plan} does not fit a [{m}, {k}] x [{n}, {k}] product: at most {MAX_ROWS} rows, "
+                         f"N a multiple of {_BLOCK_N}, K of splits x BLOCK_K; take the plan from split_k_plan")
     partials = torch.empty(splits, m, n, dtype=torch.float32, device=a.device)
     _fp8_split_k_kernel[(n // _BLOCK_N, splits)](a, b, partials, m, n, k, k // splits, BLOCK_M=MAX_ROWS,
                                                    BLOCK_N=_BLOCK_N, BLOCK_K=block_k, num_warps=4, num_stages=3)

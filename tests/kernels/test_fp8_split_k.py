@@ -11,6 +11,9 @@ from fasterllm.kernels.fp8_split_k import MAX_ROWS, fp8_split_k_gemm, split_k_pl
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 HOPPER = DEVICE.type == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+# Triton's fp8 dot: the interpreter, or a GPU of compute capability 8.9+
+fp8_dot = pytest.mark.skipif(DEVICE.type == "cuda" and torch.cuda.get_device_capability() < (8, 9),
+                             reason="Triton's fp8 dot needs compute capability 8.9+")
 E4M3_MAX = 448.0
 # fp32 output: the interpreter sums in fp32 (only the order differs); Hopper's fp8 tensor cores add each tile's
 # products into fewer bits before they reach the fp32 sum (torch._scaled_mm: ~1.5e-4 here)
@@ -35,12 +38,13 @@ def reference(a, a_scales, b, b_scales, bias):
     return out if bias is None else out + bias
 
 
+@fp8_dot
 @pytest.mark.parametrize("m", [1, 5, MAX_ROWS])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_matches_the_codes_multiplied_in_fp32(m, out_dtype):
-    n, k = 128, 1024
-    plan = split_k_plan(m, n, k, num_sms=4)  # two output tiles on four SMs: K split in four
-    assert plan == (4, 256)
+@pytest.mark.parametrize("k, plan", [(2048, (4, 256)), (1536, (4, 128))])  # 2 and 3 tiles of K per split
+def test_matches_the_codes_multiplied_in_fp32(m, out_dtype, k, plan):
+    n = 128
+    assert split_k_plan(m, n, k, num_sms=4) == plan  # two output tiles on four SMs: K split in four
     a, a_scales, b, b_scales, bias = operands(m, n, k, with_bias=m != MAX_ROWS)
     got = fp8_split_k_gemm(a, a_scales, b, b_scales, bias, out_dtype, plan)
     expected = reference(a, a_scales, b, b_scales, bias)
@@ -55,6 +59,7 @@ def test_the_plan_leaves_wide_projections_and_many_rows_to_cublas():
     assert split_k_plan(64, 4096, 14336, sms) == (4, 256)  # Llama-3-8B down_proj: 64 column tiles
     assert split_k_plan(16, 6144, 4096, sms) == (2, 256)  # qkv_proj
     assert split_k_plan(64, 2 * 14336, 4096, sms) is None  # gate_up_proj fills the GPU unsplit
+    assert split_k_plan(64, 3584, 18944, sms) == (4, 128)  # Qwen2.5-7B down_proj: 256-wide tiles split only in 2
     assert split_k_plan(MAX_ROWS + 1, 4096, 4096, sms) is None  # prefill
     assert split_k_plan(8, 4096, 4000, sms) is None  # K the tiles do not divide
     assert split_k_plan(0, 4096, 4096, sms) is None
@@ -66,6 +71,8 @@ def test_bad_operands_are_refused():
         fp8_split_k_gemm(a.t().contiguous().t(), a_scales, b, b_scales, None, torch.float32, (2, 256))
     with pytest.raises(ValueError, match="one value per row of a"):
         fp8_split_k_gemm(a, a_scales[:3], b, b_scales, None, torch.float32, (2, 256))
+    with pytest.raises(ValueError, match="does not fit"):
+        fp8_split_k_gemm(a, a_scales, b, b_scales, None, torch.float32, (4, 256))  # K 512 is two tiles
 
 
 @pytest.mark.skipif(not HOPPER, reason="torch._scaled_mm's row-wise fp8 needs a Hopper GPU")
@@ -73,8 +80,7 @@ def test_bad_operands_are_refused():
 @pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 4096), (4096, 14336)])
 def test_llama_8b_projections_match_scaled_mm(m, n, k):
     a, a_scales, b, b_scales, bias = operands(m, n, k, with_bias=True)
-    plan = split_k_plan(m, n, k, torch.cuda.get_device_properties(DEVICE).multi_processor_count)
-    assert plan is not None
+    plan = split_k_plan(m, n, k, num_sms=132)  # the plan of an H100, whatever this GPU's SM count
     got = fp8_split_k_gemm(a, a_scales, b, b_scales, bias.bfloat16(), torch.bfloat16, plan)
     expected = torch._scaled_mm(a, b.t(), scale_a=a_scales, scale_b=b_scales.view(1, -1), bias=bias.bfloat16(),
                                 out_dtype=torch.bfloat16)
