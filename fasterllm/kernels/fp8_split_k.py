@@ -13,59 +13,52 @@ import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.quant_split_k import reduce_splits
+from fasterllm.kernels.quant_split_k import SplitKPlan, plan_split_k, reduce_splits
 
 MAX_ROWS = 64  # one BLOCK_M tile of rows
-_BLOCK_N = 64
-_MAX_SPLITS = 8
+_BLOCK_N, _BLOCK_K = 64, 256
 _PROGRAMS_PER_SM = 2
 
 
 @triton.jit(do_not_specialize=["M"])  # any row count, one compiled variant
-def _fp8_split_k_kernel(a_ptr, b_ptr, partial_ptr, M, N, K, K_PER_SPLIT, BLOCK_M: tl.constexpr,
+def _fp8_split_k_kernel(a_ptr, b_ptr, partial_ptr, M, N, K, k_per_split, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n, split = tl.program_id(0), tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = split * K_PER_SPLIT + tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + rm[:, None] * K + rk[None, :]
-    b_ptrs = b_ptr + rn[None, :].to(tl.int64) * K + rk[:, None]  # [BLOCK_K, BLOCK_N]: W^T, K-major
+    k_start = split * k_per_split
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for _ in range(0, K_PER_SPLIT, BLOCK_K):
-        a = tl.load(a_ptrs, mask=(rm < M)[:, None], other=0.0)
-        b = tl.load(b_ptrs, eviction_policy="evict_first")  # every weight byte is read once
+    for k0 in range(k_start, tl.minimum(K, k_start + k_per_split), BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        a_mask = (rm < M)[:, None] if EVEN_K else (rm < M)[:, None] & (rk < K)[None, :]
+        a = tl.load(a_ptr + rm[:, None] * K + rk[None, :], mask=a_mask, other=0.0)
+        b_ptrs = b_ptr + rn[None, :].to(tl.int64) * K + rk[:, None]  # [BLOCK_K, BLOCK_N]: W^T, K-major
+        if EVEN_K:
+            b = tl.load(b_ptrs, eviction_policy="evict_first")  # every weight byte is read once
+        else:
+            b = tl.load(b_ptrs, mask=(rk < K)[:, None], other=0.0, eviction_policy="evict_first")
         # Hopper's fp8 MMA adds into fewer bits than fp32: promote each tile's sums into the fp32 accumulator, as
         # cuBLAS does (left to the MMA across all of K, the error grew 1.2-1.5x against torch._scaled_mm's)
         acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
     offsets = split * M * N + rm[:, None] * N + rn[None, :]
     tl.store(partial_ptr + offsets, acc, mask=(rm < M)[:, None])
 
 
-def split_k_plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int] | None:
-    """(splits, BLOCK_K) for this shape, or None where cuBLAS is the better choice: more than MAX_ROWS rows, widths
-    the tiles do not divide, or N wide enough to fill the GPU without splitting K. The most splits (up to
-    _MAX_SPLITS, about _PROGRAMS_PER_SM programs per SM) that divide K into whole tiles, 256-wide tiles first."""
+def split_k_plan(m: int, n: int, k: int, device: torch.device) -> SplitKPlan | None:
+    """quant_split_k's plan for this shape (64x64x256 tiles, about _PROGRAMS_PER_SM programs per SM), or None where
+    cuBLAS is the better choice: more than MAX_ROWS rows, N the tiles do not divide, or N wide enough to fill the
+    GPU without splitting K."""
     if not 1 <= m <= MAX_ROWS or n % _BLOCK_N:
         return None
-    tiles = n // _BLOCK_N
-    best = None
-    for block_k in (256, 128):
-        splits = 0 if k % block_k else 1
-        while (splits and splits * 2 <= _MAX_SPLITS and tiles * splits * 2 <= _PROGRAMS_PER_SM * num_sms
-               and k % (splits * 2 * block_k) == 0):
-            splits *= 2
-        if splits > 1 and (best is None or splits > best[0]):
-            best = (splits, block_k)
-    return best
+    plan = plan_split_k(m, n, k, MAX_ROWS, _BLOCK_N, _BLOCK_K, _PROGRAMS_PER_SM, device)
+    return plan if plan.splits > 1 else None
 
 
 def fp8_split_k_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
-                     bias: torch.Tensor | None, out_dtype: torch.dtype, plan: tuple[int, int]) -> torch.Tensor:
+                     bias: torch.Tensor | None, out_dtype: torch.dtype, plan: SplitKPlan) -> torch.Tensor:
     """a e4m3 [M, K] (row scales fp32, M of them) x b e4m3 [N, K] (column scales fp32, N of them), both with
     contiguous rows, -> [M, N] out_dtype = (a @ b^T) * a_scales[m] * b_scales[n] + bias[n], with split_k_plan's
-    (splits, BLOCK_K)."""
+    plan."""
     m, k = a.shape
     n = b.shape[0]
     if b.shape[1] != k or not a.is_contiguous() or not b.is_contiguous():
@@ -74,12 +67,13 @@ def fp8_split_k_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b
     if a_scales.numel() != m or b_scales.numel() != n or not (a_scales.is_contiguous() and b_scales.is_contiguous()):
         raise ValueError(f"scales must be contiguous, one value per row of a ({m}) and of b ({n}); got "
                          f"{a_scales.numel()} and {b_scales.numel()}")
-    splits, block_k = plan
-    if not 1 <= m <= MAX_ROWS or n % _BLOCK_N or k % (splits * block_k):
+    if (plan.block_m, plan.block_n, plan.block_k) != (MAX_ROWS, _BLOCK_N, _BLOCK_K) or not 1 <= m <= MAX_ROWS \
+            or n % _BLOCK_N or plan.splits * plan.k_per_split < k:
         raise ValueError(f"the plan {plan} does not fit a [{m}, {k}] x [{n}, {k}] product: at most {MAX_ROWS} rows, "
-                         f"N a multiple of {_BLOCK_N}, K of splits x BLOCK_K; take the plan from split_k_plan")
-    partials = torch.empty(splits, m, n, dtype=torch.float32, device=a.device)
-    _fp8_split_k_kernel[(n // _BLOCK_N, splits)](a, b, partials, m, n, k, k // splits, BLOCK_M=MAX_ROWS,
-                                                   BLOCK_N=_BLOCK_N, BLOCK_K=block_k, num_warps=4, num_stages=3)
+                         f"N a multiple of {_BLOCK_N}; take the plan from split_k_plan")
+    partials = torch.empty(plan.splits, m, n, dtype=torch.float32, device=a.device)
+    _fp8_split_k_kernel[(n // _BLOCK_N, plan.splits)](
+        a, b, partials, m, n, k, plan.k_per_split, EVEN_K=k % _BLOCK_K == 0, BLOCK_M=MAX_ROWS, BLOCK_N=_BLOCK_N,
+        BLOCK_K=_BLOCK_K, num_warps=4, num_stages=3)
     out = torch.empty(m, n, dtype=out_dtype, device=a.device)
     return reduce_splits(partials, out, a_scales, b_scales, bias)

@@ -129,14 +129,13 @@ class FP8Linear(ActivationQuantizedLinear):
         self.qweight = (w / scales).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)  # [N, K]: .t() is column-major
         self.scales = scales.view(1, n).contiguous()  # [1, N] fp32, the row-wise form
         self.bias = bias
-        props = torch.cuda.get_device_properties(weight.device)
         # the split-K decode GEMM is measured and sized for Hopper's shared memory; other GPUs keep cuBLAS
-        self.split_k_sms = props.multi_processor_count if props.major == 9 else None
+        self.split_k_decode = torch.cuda.get_device_capability(weight.device)[0] == 9
 
     def quantized_matmul(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(dtype)
-        plan = (None if self.split_k_sms is None or not codes.is_contiguous()
-                else split_k_plan(codes.shape[0], self.out_features, codes.shape[1], self.split_k_sms))
+        plan = (split_k_plan(codes.shape[0], self.out_features, codes.shape[1], codes.device)
+                if self.split_k_decode and codes.is_contiguous() else None)
         if plan is not None:  # decode rows on a narrow projection
             return fp8_split_k_gemm(codes, scales, self.qweight, self.scales, bias, dtype, plan)
         return torch._scaled_mm(codes, self.qweight.t(), scale_a=scales, scale_b=self.scales,  # [M, 1] fp32 scales
