@@ -39,13 +39,13 @@ def _num_sms(device: torch.device) -> int:
 
 
 def plan_split_k(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, programs_per_sm: int,
-                 device: torch.device) -> SplitKPlan:
+                 device: torch.device, min_k_blocks: int = 1) -> SplitKPlan:
     """The most splits, a power of two up to 16, that keeps the programs within programs_per_sm per SM and gives
-    every split at least one block of K."""
+    every split at least min_k_blocks blocks of K."""
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
     k_blocks = triton.cdiv(k, block_k)
     splits = 1
-    while (splits < _MAX_SPLITS and 2 * splits <= k_blocks
+    while (splits < _MAX_SPLITS and 2 * splits * min_k_blocks <= k_blocks
            and 2 * splits * tiles <= programs_per_sm * _num_sms(device)):
         splits *= 2
     blocks_per_split = triton.cdiv(k_blocks, splits)

@@ -3,9 +3,9 @@
 FasterLLaMA's INT8 path: activations quantized per token (kernels/quant_activation.py), weights per output
 channel; the tensor cores sum int8 products exactly in int32, and the dequantization is an epilogue. Two ways,
 by rows, chosen from H100 measurements (benchmarks/RESULTS.md):
-  decode (M <= CUBLAS_MAX_ROWS): cuBLAS's int8 GEMM (torch._int_mm, which needs more than 16 rows: fewer are
-      padded with zero rows) streams the weights at 1.3-1.7x bf16 where a Triton split-K tile ran at 0.2-0.9x on
-      the narrow projections; its int32 [M, N] is scaled by quant_split_k's epilogue kernel (one small launch)
+  decode (M <= CUBLAS_MAX_ROWS): on Hopper, decode_gemm.py's GEMM (K split on narrow projections, the epilogue
+      inside on wide ones); elsewhere cuBLAS's int8 GEMM (torch._int_mm, which needs more than 16 rows: fewer are
+      padded with zero rows), its int32 [M, N] scaled by quant_split_k's epilogue kernel (one small launch)
   prefill: a Triton GEMM, 128x128 tiles grouped along M for L2 reuse, the scales and bias in its own epilogue
       so the int32 result never goes to memory (1.1-1.6x bf16 at 512 rows, where torch._int_mm is 1.0-1.25x)
 """
@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fasterllm.kernels.decode_gemm import decode_gemm, decode_gemm_plan
 from fasterllm.kernels.quant_split_k import epilogue, reduce_splits
 
 CUBLAS_MAX_ROWS = 64
@@ -64,6 +65,9 @@ def int8_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales
     if a_scales.numel() != m or b_scales.numel() != n:
         raise ValueError(f"scales must hold one value per row of a ({m}) and of b ({n}); got {a_scales.numel()} "
                          f"and {b_scales.numel()}")
+    plan = decode_gemm_plan(m, n, k, a.device)
+    if plan is not None and a.is_contiguous() and b.is_contiguous():
+        return decode_gemm(a, a_scales, b, b_scales, bias, out_dtype, plan)
     out = torch.empty(m, n, dtype=out_dtype, device=a.device)
     if m == 0:
         return out

@@ -1,6 +1,8 @@
 """The W8A8 int8 GEMM (int32 sums, dequantizing epilogue) against exact integer sums in torch: in Triton's
-interpreter on a CPU (small shapes), natively on a GPU (the Llama-3-8B shapes, decode and prefill). Decode rows
-go through torch._int_mm and the epilogue kernel, prefill rows and shapes _int_mm refuses through the Triton GEMM."""
+interpreter on a CPU (small shapes), natively on a GPU (the Llama-3-8B shapes, decode and prefill). Decode rows go
+through decode_gemm.py's GEMM where it runs (Hopper, and the interpreter) and N is a multiple of its 64-column tiles,
+through torch._int_mm and the epilogue kernel otherwise; prefill rows and shapes _int_mm refuses through the Triton
+GEMM."""
 from __future__ import annotations
 
 import pytest
@@ -36,8 +38,9 @@ def check(m, n, k, dtype, with_bias=True):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", [1, 7, 40])  # decode rows: padded to 17 for torch._int_mm, then as they are
-def test_decode_rows_match_integer_reference(dtype, m):
-    check(m, 200, 576, dtype)
+@pytest.mark.parametrize("n", [200, 256])  # 256: decode_gemm's tiles
+def test_decode_rows_match_integer_reference(dtype, m, n):
+    check(m, n, 576, dtype)
 
 
 def test_decode_rows_of_a_shape_int_mm_refuses_use_the_triton_gemm():
