@@ -71,6 +71,15 @@ def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, stride_x, stride_q, WIDTH: tl
                           CAST_ROUNDS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
+    if WIDTH <= CHUNK:  # the whole row held at once: one read, the values kept for the second step
+        cols = tl.arange(0, CHUNK)
+        mask = cols < WIDTH
+        v = _row_values(x_row, cols, mask, WIDTH, SILU_MUL)
+        row_max = tl.maximum(tl.max(tl.abs(v), axis=0), MIN_ABSMAX)
+        tl.store(scale_ptr + row, row_max / QUANT_MAX)
+        tl.store(q_ptr + row * stride_q + cols,
+                 _to_quantized(v, QUANT_MAX / row_max, QUANT_MAX, q_ptr.dtype.element_ty, CAST_ROUNDS), mask=mask)
+        return
     absmax = tl.zeros([CHUNK], dtype=tl.float32)
     for start in range(0, WIDTH, CHUNK):
         cols = start + tl.arange(0, CHUNK)

@@ -43,7 +43,7 @@ def check(got, reference_input, q_dtype):
     assert (error <= scales * (0.5 if q_dtype == torch.int8 else QMAX[q_dtype] / 16) + 1e-6).all()
 
 
-@pytest.mark.parametrize("width", [2500, 16500])  # one partial chunk of the row loop; two, the second partial
+@pytest.mark.parametrize("width", [2500, 16500])  # the row in one chunk (one read); two chunks, the second partial
 @pytest.mark.parametrize("q_dtype", Q_DTYPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_per_token(dtype, q_dtype, width):
