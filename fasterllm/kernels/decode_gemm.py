@@ -63,17 +63,18 @@ def _decode_gemm_kernel(a_ptr, b_ptr, out_ptr, row_scale_ptr, col_scale_ptr, bia
 
 
 @functools.cache  # asked once per device, not on every matmul
-def _measured_here(device: torch.device) -> bool:
-    """The kernel's tiles and pipeline are sized and measured on Hopper (other GPUs keep cuBLAS); a CPU device is
-    Triton's interpreter."""
-    return device.type == "cpu" or (device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9)
+def _runs_decode_gemm(device: torch.device) -> bool:
+    """The kernel's tiles and pipeline are sized and measured on NVIDIA Hopper (other GPUs, ROCm's included, keep
+    cuBLAS); a CPU device is Triton's interpreter."""
+    return device.type == "cpu" or (device.type == "cuda" and torch.version.hip is None
+                                    and torch.cuda.get_device_capability(device)[0] == 9)
 
 
 def decode_gemm_plan(m: int, n: int, k: int, device: torch.device) -> SplitKPlan | None:
     """quant_split_k's plan for this shape (64x64x256 tiles, about _PROGRAMS_PER_SM programs per SM, at least
     _MIN_K_BLOCKS tiles of K a split; one split where the output tiles fill the GPU), or None where cuBLAS runs
-    instead: more than MAX_ROWS rows, N the tiles do not divide, or a GPU other than Hopper."""
-    if not 1 <= m <= MAX_ROWS or n % _BLOCK_N or not _measured_here(device):
+    instead: more than MAX_ROWS rows, N the tiles do not divide, or a GPU other than NVIDIA Hopper."""
+    if not 1 <= m <= MAX_ROWS or n % _BLOCK_N or not _runs_decode_gemm(device):
         return None
     return plan_split_k(m, n, k, MAX_ROWS, _BLOCK_N, _BLOCK_K, _PROGRAMS_PER_SM, device, _MIN_K_BLOCKS)
 
@@ -94,9 +95,10 @@ def decode_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scal
         raise ValueError(f"scales must be contiguous, one value per row of a ({m}) and of b ({n}); got "
                          f"{a_scales.numel()} and {b_scales.numel()}")
     if (plan.block_m, plan.block_n, plan.block_k) != (MAX_ROWS, _BLOCK_N, _BLOCK_K) or not 1 <= m <= MAX_ROWS \
-            or n % _BLOCK_N or plan.splits * plan.k_per_split < k:
+            or n % _BLOCK_N or plan.k_per_split % _BLOCK_K or plan.splits * plan.k_per_split < k:
         raise ValueError(f"the plan {plan} does not fit a [{m}, {k}] x [{n}, {k}] product: at most {MAX_ROWS} rows, "
-                         f"N a multiple of {_BLOCK_N}; take the plan from decode_gemm_plan")
+                         f"N a multiple of {_BLOCK_N}, splits of whole {_BLOCK_K}-wide K tiles covering K; take the "
+                         "plan from decode_gemm_plan")
     out = torch.empty(m, n, dtype=out_dtype, device=a.device)
     split = plan.splits > 1
     sums = torch.empty(plan.splits, m, n, dtype=torch.int32 if a.dtype == torch.int8 else torch.float32,

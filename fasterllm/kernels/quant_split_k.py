@@ -1,12 +1,13 @@
-"""The weight-only matmuls' launch plan (Triton): a split of K for the tiles the caller picks, from shapes only; and the
-epilogue kernel every quantized matmul shares (W8A8 applies it to torch._int_mm's int32 sums).
+"""The quantized decode matmuls' launch plan (Triton: the weight-only kernels, decode_gemm.py): a split of K for the
+tiles the caller picks, from shapes only; and the epilogue kernel every quantized matmul shares (W8A8 applies it to
+torch._int_mm's int32 sums off Hopper).
 
 Decode multiplies a few rows by a large weight: with one program per output tile, 4096 output columns make 64
 programs, half an H100. Splitting K across programs gives every SM several programs streaming weights at
-once; the partial sums land in an fp32 workspace [splits, M, N] and one small kernel adds them in a
-fixed order (deterministic, so a CUDA graph replay gives the eager result bit for bit) and applies the
-epilogue (per-row scales, per-column scales, bias, cast). Everything depends on shapes alone: no host sync,
-nothing data-dependent, so the launches are capturable.
+once; the partial sums land in a workspace [splits, M, N] (fp32, or int32 for int8 x int8) and one small
+kernel adds them in a fixed order (deterministic, so a CUDA graph replay gives the eager result bit for bit) and
+applies the epilogue (per-row scales, per-column scales, bias, cast). Everything depends on shapes alone: no host
+sync, nothing data-dependent, so the launches are capturable.
 """
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
 """W8A8 GEMM: int8 activations x int8 weights -> int32 sums -> * row scale * column scale (+ bias).
 
 FasterLLaMA's INT8 path: activations quantized per token (kernels/quant_activation.py), weights per output
-channel; the tensor cores sum int8 products exactly in int32, and the dequantization is an epilogue. Two ways,
-by rows, chosen from H100 measurements (benchmarks/RESULTS.md):
-  decode (M <= CUBLAS_MAX_ROWS): on Hopper, decode_gemm.py's GEMM (K split on narrow projections, the epilogue
-      inside on wide ones); elsewhere cuBLAS's int8 GEMM (torch._int_mm, which needs more than 16 rows: fewer are
-      padded with zero rows), its int32 [M, N] scaled by quant_split_k's epilogue kernel (one small launch)
+channel; the tensor cores sum int8 products exactly in int32, and the dequantization is an epilogue. Three ways,
+chosen from H100 measurements (benchmarks/RESULTS.md):
+  decode (M <= DECODE_MAX_ROWS) on NVIDIA Hopper, N a multiple of 64: decode_gemm.py's GEMM (K split on narrow
+      projections, the epilogue inside on wide ones)
+  other decode rows: cuBLAS's int8 GEMM (torch._int_mm, which needs more than 16 rows: fewer are padded with zero
+      rows), its int32 [M, N] scaled by quant_split_k's epilogue kernel (one small launch)
   prefill: a Triton GEMM, 128x128 tiles grouped along M for L2 reuse, the scales and bias in its own epilogue
       so the int32 result never goes to memory (1.1-1.6x bf16 at 512 rows, where torch._int_mm is 1.0-1.25x)
 """
@@ -15,10 +16,10 @@ import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.decode_gemm import decode_gemm, decode_gemm_plan
+from fasterllm.kernels.decode_gemm import MAX_ROWS, decode_gemm, decode_gemm_plan
 from fasterllm.kernels.quant_split_k import epilogue, reduce_splits
 
-CUBLAS_MAX_ROWS = 64
+DECODE_MAX_ROWS = MAX_ROWS  # up to here decode_gemm or cuBLAS, above the Triton GEMM
 _INT_MM_MIN_ROWS = 17  # torch._int_mm on CUDA needs M > 16
 _BLOCK = 128  # M, N and K tile of the Triton GEMM: one program per output tile, all of K
 _GROUP_M = 8
@@ -62,16 +63,16 @@ def int8_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales
     if a.dtype != torch.int8 or b.dtype != torch.int8 or b.shape[1] != k or a.stride(-1) != 1 or b.stride(-1) != 1:
         raise ValueError(f"int8_gemm needs int8 a [M, K] and b [N, K] with contiguous rows; got a {tuple(a.shape)} "
                          f"{a.dtype}, b {tuple(b.shape)} {b.dtype}")
-    if a_scales.numel() != m or b_scales.numel() != n:
-        raise ValueError(f"scales must hold one value per row of a ({m}) and of b ({n}); got {a_scales.numel()} "
-                         f"and {b_scales.numel()}")
+    if a_scales.numel() != m or b_scales.numel() != n or not (a_scales.is_contiguous() and b_scales.is_contiguous()):
+        raise ValueError(f"scales must be contiguous, one value per row of a ({m}) and of b ({n}); got "
+                         f"{a_scales.numel()} and {b_scales.numel()}")
     plan = decode_gemm_plan(m, n, k, a.device)
     if plan is not None and a.is_contiguous() and b.is_contiguous():
         return decode_gemm(a, a_scales, b, b_scales, bias, out_dtype, plan)
     out = torch.empty(m, n, dtype=out_dtype, device=a.device)
     if m == 0:
         return out
-    if m <= CUBLAS_MAX_ROWS and k % 8 == 0 and n % 8 == 0:  # torch._int_mm's shapes: multiples of 8
+    if m <= DECODE_MAX_ROWS and k % 8 == 0 and n % 8 == 0:  # torch._int_mm's shapes: multiples of 8
         padded = a if m >= _INT_MM_MIN_ROWS else torch.cat([a, a.new_zeros(_INT_MM_MIN_ROWS - m, k)])
         sums = torch._int_mm(padded, b.t())[:m]  # [M, N] int32, the first rows of a contiguous tensor
         return reduce_splits(sums.unsqueeze(0), out, a_scales, b_scales, bias)

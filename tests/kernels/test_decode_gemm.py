@@ -1,12 +1,14 @@
 """The decode-row GEMM (int8 x int8 or e4m3 x e4m3, K split or the epilogue inside) against the same codes multiplied
 by torch: in Triton's interpreter on a CPU (small shapes, plans made for a small SM count), and on a Hopper GPU at the
-Llama-3-8B projections (planned for an H100's 132 SMs) against cuBLAS (torch._scaled_mm, torch._int_mm)."""
+Llama-3-8B projections (planned for an H100's 132 SMs) against torch._scaled_mm (fp8) and the exact integer sums
+(int8)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
+from fasterllm.kernels import decode_gemm as decode_gemm_module  # noqa: E402
 from fasterllm.kernels import quant_split_k  # noqa: E402
 from fasterllm.kernels.decode_gemm import MAX_ROWS, decode_gemm, decode_gemm_plan  # noqa: E402
 from fasterllm.kernels.quant_w8a8 import int8_gemm_reference  # noqa: E402
@@ -25,9 +27,10 @@ FP8_FP32_TOLERANCE = 1e-3 if DEVICE.type == "cuda" else 1e-5
 
 @pytest.fixture
 def sms(monkeypatch):
-    """Plans made as for a GPU of the given SM count."""
+    """Plans made as for a Hopper GPU of the given SM count (the kernel itself runs on any GPU with Triton's dot)."""
     def use(count: int) -> None:
         monkeypatch.setattr(quant_split_k, "_num_sms", lambda device: count)
+        monkeypatch.setattr(decode_gemm_module, "_runs_decode_gemm", lambda device: True)
     return use
 
 
@@ -74,10 +77,10 @@ def test_split_k_matches_the_codes_multiplied_in_torch(sms, codes, m, out_dtype,
 
 @pytest.mark.parametrize("codes", CODES)
 @pytest.mark.parametrize("m", [3, MAX_ROWS])
-@pytest.mark.parametrize("k", [512, 320])  # 320: one whole K tile and a partial one
+@pytest.mark.parametrize("k", [4096, 3900])  # 16 K tiles, enough for two splits; 3900: the last one partial
 def test_one_split_applies_the_epilogue_itself(sms, codes, m, k):
     n = 192
-    sms(1)  # three output tiles fill the GPU: no split
+    sms(1)  # three output tiles already fill one SM's two programs: no split
     plan = decode_gemm_plan(m, n, k, DEVICE)
     assert plan.splits == 1
     a, a_scales, b, b_scales, bias = operands(m, n, k, codes, with_bias=True)
@@ -104,6 +107,17 @@ def test_plans_at_the_8b_shapes(sms):
     assert splits(0, 4096, 4096) is None
 
 
+@pytest.mark.parametrize("capability, hip", [((8, 0), None), ((12, 0), None), ((9, 4), "6.2")])
+def test_gpus_other_than_nvidia_hopper_keep_cublas(monkeypatch, capability, hip):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    decode_gemm_module._runs_decode_gemm.cache_clear()
+    try:
+        assert decode_gemm_plan(16, 4096, 4096, torch.device("cuda", 0)) is None
+    finally:
+        decode_gemm_module._runs_decode_gemm.cache_clear()  # the real GPU's answer next time
+
+
 def test_bad_operands_are_refused():
     a, a_scales, b, b_scales, _ = operands(4, 128, 512, torch.int8, with_bias=False)
     fits = quant_split_k.SplitKPlan(MAX_ROWS, 64, 256, 256, 2)
@@ -116,6 +130,9 @@ def test_bad_operands_are_refused():
     short = quant_split_k.SplitKPlan(MAX_ROWS, 64, 256, 128, 2)  # two splits of 128 cover half of K
     with pytest.raises(ValueError, match="does not fit"):
         decode_gemm(a, a_scales, b, b_scales, None, torch.float32, short)
+    ragged = quant_split_k.SplitKPlan(MAX_ROWS, 64, 256, 384, 2)  # the second split would start mid-tile
+    with pytest.raises(ValueError, match="does not fit"):
+        decode_gemm(a, a_scales, b, b_scales, None, torch.float32, ragged)
 
 
 @pytest.mark.skipif(not HOPPER, reason="the decode GEMM runs on Hopper GPUs")
@@ -127,12 +144,10 @@ def test_llama_8b_projections_match_cublas(sms, codes, m, n, k):
     sms(132)  # the plan of an H100, whatever this GPU's SM count
     plan = decode_gemm_plan(m, n, k, DEVICE)
     got = decode_gemm(a, a_scales, b, b_scales, bias.bfloat16(), torch.bfloat16, plan)
-    if codes == torch.int8:
-        padded = torch.cat([a, a.new_zeros(17, k)])  # torch._int_mm needs more than 16 rows
-        sums = torch._int_mm(padded, b.t())[:m].float()
-        expected = (sums * a_scales * b_scales[None, :] + bias.bfloat16().float()).bfloat16()
-    else:
-        expected = torch._scaled_mm(a, b.t(), scale_a=a_scales, scale_b=b_scales.view(1, -1), bias=bias.bfloat16(),
-                                    out_dtype=torch.bfloat16)
+    if codes == torch.int8:  # exact sums: within a unit in the last place of the integer reference
+        check(got, a, a_scales, b, b_scales, bias.bfloat16(), torch.bfloat16)
+        return
+    expected = torch._scaled_mm(a, b.t(), scale_a=a_scales, scale_b=b_scales.view(1, -1), bias=bias.bfloat16(),
+                                out_dtype=torch.bfloat16)
     assert torch.isfinite(got).all()
     assert (got.float() - expected.float()).abs().max() <= 1e-2 * expected.float().abs().max()

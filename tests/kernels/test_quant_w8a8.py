@@ -13,7 +13,7 @@ from fasterllm.layers.quantization.int8 import quantize_int8_per_channel
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytest.importorskip("triton")
 from fasterllm.kernels.quant_activation import quantize_per_token  # noqa: E402
-from fasterllm.kernels.quant_w8a8 import CUBLAS_MAX_ROWS, int8_gemm, int8_gemm_reference  # noqa: E402
+from fasterllm.kernels.quant_w8a8 import DECODE_MAX_ROWS, int8_gemm, int8_gemm_reference  # noqa: E402
 
 gpu_only = pytest.mark.skipif(DEVICE.type != "cuda", reason="real model shapes need a GPU")
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -49,7 +49,7 @@ def test_decode_rows_of_a_shape_int_mm_refuses_use_the_triton_gemm():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_large_m_tiles_match_integer_reference(dtype):
-    check(CUBLAS_MAX_ROWS + 70, 150, 320, dtype, with_bias=False)
+    check(DECODE_MAX_ROWS + 70, 150, 320, dtype, with_bias=False)
 
 
 def test_bad_operands_are_refused():
