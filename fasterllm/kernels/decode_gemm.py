@@ -6,8 +6,8 @@ cuBLAS (torch._scaled_mm, torch._int_mm) leaves most of an H100 idle where N giv
 down_proj at 16-64 rows read 1.3-1.4 TB/s. Here K is split so that about two programs run per SM; the per-split
 fp32 / int32 sums land in a workspace and quant_split_k's epilogue kernel adds them in a fixed order. Where the
 output tiles fill the GPU unsplit (gate_up_proj), each program applies the epilogue itself and the sums never go to
-memory (cuBLAS plus the epilogue launch W8A8 needs: 54-57 us at 64 rows, here less; benchmarks/RESULTS.md). The
-plan is a function of the shape only, so a decode CUDA graph replays the same launches.
+memory (at 64 rows: 52-53 us, where cuBLAS took 56-58; benchmarks/RESULTS.md). The plan is a function of the shape
+only, so a decode CUDA graph replays the same launches.
 """
 from __future__ import annotations
 
