@@ -11,13 +11,11 @@ only, so a decode CUDA graph replays the same launches.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.quant_split_k import SplitKPlan, epilogue, plan_split_k, reduce_splits
+from fasterllm.kernels.quant_split_k import SplitKPlan, epilogue, nvidia_capability, plan_split_k, reduce_splits
 
 MAX_ROWS = 64  # one BLOCK_M tile of rows
 _BLOCK_N, _BLOCK_K = 64, 256
@@ -62,12 +60,10 @@ def _decode_gemm_kernel(a_ptr, b_ptr, out_ptr, row_scale_ptr, col_scale_ptr, bia
         tl.store(out_ptr + rm[:, None] * N + rn[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@functools.cache  # asked once per device, not on every matmul
 def _runs_decode_gemm(device: torch.device) -> bool:
     """The kernel's tiles and pipeline are sized and measured on NVIDIA Hopper (other GPUs, ROCm's included, keep
     cuBLAS); a CPU device is Triton's interpreter."""
-    return device.type == "cpu" or (device.type == "cuda" and torch.version.hip is None
-                                    and torch.cuda.get_device_capability(device)[0] == 9)
+    return device.type == "cpu" or (nvidia_capability(device) or (0, 0))[0] == 9
 
 
 def decode_gemm_plan(m: int, n: int, k: int, device: torch.device) -> SplitKPlan | None:

@@ -39,6 +39,15 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
+@functools.cache  # asked once per device, not on every matmul
+def nvidia_capability(device: torch.device) -> tuple[int, int] | None:
+    """The compute capability of an NVIDIA GPU, None for other devices (ROCm's GPUs included: their 9.x is not
+    Hopper): which of the quantized kernels run there."""
+    if device.type != "cuda" or torch.version.hip is not None:
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
 def plan_split_k(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, programs_per_sm: int,
                  device: torch.device, min_k_blocks: int = 1) -> SplitKPlan:
     """The most splits, a power of two up to 16, that keeps the programs within programs_per_sm per SM and gives

@@ -17,8 +17,6 @@ call cuBLAS, compute-bound there anyway.
 """
 from __future__ import annotations
 
-import functools
-
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +25,7 @@ import triton
 import triton.language as tl
 
 from fasterllm.kernels.gemv import gemv, small_int_to_float
-from fasterllm.kernels.quant_split_k import SplitKPlan, epilogue, plan_split_k, reduce_splits
+from fasterllm.kernels.quant_split_k import SplitKPlan, epilogue, nvidia_capability, plan_split_k, reduce_splits
 
 FUSED_MAX_ROWS = 64  # the tile table below covers 2 to 64 rows
 TINYGEMM_MAX_ROWS = 4  # tinygemm_matmul: torch's kernel up to here (measured: RESULTS.md)
@@ -304,12 +302,10 @@ def tinygemm_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Te
     return _matmul_tiles(x, w, None, bias)
 
 
-@functools.cache  # asked once per device, not on every matmul
 def tinygemm_kernel_available(device: torch.device) -> bool:
     """torch._weight_int4pack_mm reads pack_int4_tinygemm's bytes on NVIDIA GPUs of compute capability 8.0+ (ROCm's
     build expects another order)."""
-    return (device.type == "cuda" and torch.version.hip is None
-            and torch.cuda.get_device_capability(device) >= (8, 0))
+    return (nvidia_capability(device) or (0, 0)) >= (8, 0)
 
 
 def _matmul_tiles(x: torch.Tensor, w: _KernelWeight, col_scales: torch.Tensor | None,

@@ -111,11 +111,11 @@ def test_plans_at_the_8b_shapes(sms):
 def test_gpus_other_than_nvidia_hopper_keep_cublas(monkeypatch, capability, hip):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.version, "hip", hip)
-    decode_gemm_module._runs_decode_gemm.cache_clear()
+    quant_split_k.nvidia_capability.cache_clear()
     try:
         assert decode_gemm_plan(16, 4096, 4096, torch.device("cuda", 0)) is None
     finally:
-        decode_gemm_module._runs_decode_gemm.cache_clear()  # the real GPU's answer next time
+        quant_split_k.nvidia_capability.cache_clear()  # the real GPU's answer next time
 
 
 def test_bad_operands_are_refused():

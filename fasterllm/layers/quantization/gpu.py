@@ -7,9 +7,9 @@
                         tinygemm's byte order and bf16 scale + zero, and 1-4 rows run torch's int4 kernel
   w8a8  W8A8GPULinear   int8 weights per channel x int8 activations per token, int32 sums on the tensor cores,
                         dequantization in the GEMM's epilogue (kernels/quant_w8a8.py)
-  fp8   FP8Linear       e4m3 weights per channel x e4m3 activations per token through torch._scaled_mm's
-                        row-wise scaling (Hopper, compute capability 9.0+); decode rows through our
-                        GEMM (kernels/decode_gemm.py), as W8A8's on Hopper
+  fp8   FP8Linear       e4m3 weights per channel x e4m3 activations per token (Hopper, compute capability
+                        9.0+; kernels/quant_fp8.py: torch._scaled_mm's row-wise scaling, decode rows
+                        through our GEMM, as W8A8's)
 The last two take their input quantized by the RMSNorm or SiLU*mul before them when the model has those fused
 (fused_activation.py), and quantize it themselves (one Triton launch) otherwise.
 Every forward launches only shape-dependent work (no host sync): the layers run inside the decode CUDA graphs.
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from fasterllm.kernels.decode_gemm import decode_gemm, decode_gemm_plan
 from fasterllm.kernels.quant_activation import quantize_per_token
+from fasterllm.kernels.quant_fp8 import fp8_gemm
 from fasterllm.kernels.quant_w8a8 import int8_gemm
 from fasterllm.kernels.quant_weight_only import (pack_int4_codes, pack_int4_tinygemm, tinygemm_kernel_available,
                                                  tinygemm_matmul, weight_only_matmul)
@@ -131,9 +131,4 @@ class FP8Linear(ActivationQuantizedLinear):
         self.bias = bias
 
     def quantized_matmul(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.to(dtype)
-        plan = decode_gemm_plan(codes.shape[0], self.out_features, codes.shape[1], codes.device)
-        if plan is not None and codes.is_contiguous():  # decode rows on Hopper
-            return decode_gemm(codes, scales, self.qweight, self.scales, bias, dtype, plan)
-        return torch._scaled_mm(codes, self.qweight.t(), scale_a=scales, scale_b=self.scales,  # [M, 1] fp32 scales
-                                bias=bias, out_dtype=dtype)
+        return fp8_gemm(codes, scales, self.qweight, self.scales, self.bias, dtype)  # scales [M, 1] fp32
