@@ -1,6 +1,7 @@
 """The quantized decode matmuls' launch plan (Triton: the weight-only kernels, decode_gemm.py): a split of K for the
 tiles the caller picks, from shapes only; and the epilogue kernel every quantized matmul shares (W8A8 applies it to
-torch._int_mm's int32 sums off Hopper).
+torch._int_mm's int32 sums off Hopper); and the device facts the quantized kernels choose by (SM count, NVIDIA
+compute capability), each asked once per device.
 
 Decode multiplies a few rows by a large weight: with one program per output tile, 4096 output columns make 64
 programs, half an H100. Splitting K across programs gives every SM several programs streaming weights at
