@@ -1,8 +1,8 @@
 """Where a batch-1 decode step's time goes on a GPU: the engine's step vs its CUDA graph replayed alone (the
 difference is host work), then torch.profiler over five steps (kernel times by name, host calls).
 
-    python3 benchmarks/decode_step_profile.py DIR [--dummy]    # DIR: a model directory or .gguf file;
-                                                               # --dummy: random weights (make_random_llama.py)
+    python3 benchmarks/decode_step_profile.py DIR [--dummy] [--quantization Q]
+        # DIR: a model directory or .gguf file; --dummy: random weights (make_random_llama.py)
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from fasterllm import SamplingParams
-from fasterllm.config import EngineArgs
+from fasterllm.config import QUANTIZATION_METHODS, EngineArgs
 from fasterllm.engine.engine import Engine
 
 
@@ -22,9 +22,11 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--dummy", action="store_true", help="random weights of the model's shape")
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--quantization", choices=QUANTIZATION_METHODS, default=None)
     args = parser.parse_args()
     engine = Engine(EngineArgs(model=args.model, dtype="bfloat16", max_model_len=4096, gpu_memory_utilization=0.5,
-                               load_format="dummy" if args.dummy else "auto"))
+                               load_format="dummy" if args.dummy else "auto",
+                               quantization=args.quantization))
     engine.add_request("r", list(range(100, 228)), SamplingParams(temperature=0, max_tokens=2 * args.steps + 200,
                                                                   ignore_eos=True))
     for _ in range(20):  # prefill and warm-up
