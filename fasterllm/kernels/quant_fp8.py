@@ -17,6 +17,6 @@ def fp8_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales:
     torch._scaled_mm's shapes) -> [M, N] out_dtype."""
     bias = None if bias is None else bias.to(out_dtype)
     plan = decode_gemm_plan(a.shape[0], b.shape[0], a.shape[1], a.device)
-    if plan is not None and a.is_contiguous():
+    if plan is not None and a.is_contiguous() and b.is_contiguous():  # as quant_w8a8.int8_gemm: else cuBLAS
         return decode_gemm(a, a_scales, b, b_scales, bias, out_dtype, plan)
     return torch._scaled_mm(a, b.t(), scale_a=a_scales, scale_b=b_scales, bias=bias, out_dtype=out_dtype)
