@@ -1,10 +1,15 @@
 """One validated configuration: the model's shape, the KV cache, the scheduler and the device."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from fasterllm.cpu_features import bf16_path_note, cpu_features
+
+logger = logging.getLogger("fasterllm")
 
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -137,10 +142,14 @@ class EngineArgs:
             if device.type == "cuda":
                 return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
             # bf16 halves the bytes a CPU decode step reads; only worth it with native bf16 math
-            return torch.bfloat16 if _cpu_has_bf16() else torch.float32
+            return torch.bfloat16 if cpu_features().native_bf16 else torch.float32
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is not supported; use 'auto', 'float32', 'bfloat16' or 'float16'")
-        return _DTYPES[self.dtype]
+        dtype = _DTYPES[self.dtype]
+        note = bf16_path_note(dtype) if device.type == "cpu" else None
+        if note:
+            logger.warning(note)
+        return dtype
 
 
 @dataclass
@@ -158,11 +167,3 @@ class CacheConfig:
     block_size: int
     num_blocks: int = 0
 
-
-def _cpu_has_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags

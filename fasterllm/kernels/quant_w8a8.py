@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fasterllm.cpu_features import cpu_features
 from fasterllm.kernels.decode_gemm import MAX_ROWS, decode_gemm, decode_gemm_plan
 from fasterllm.kernels.quant_split_k import epilogue, reduce_splits
 
@@ -72,7 +73,8 @@ def int8_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales
     out = torch.empty(m, n, dtype=out_dtype, device=a.device)
     if m == 0:
         return out
-    if m <= DECODE_MAX_ROWS and k % 8 == 0 and n % 8 == 0:  # torch._int_mm's shapes: multiples of 8
+    # torch._int_mm's shapes: multiples of 8 (in the interpreter on a CPU only where its sums are exact: cpu_features)
+    if m <= DECODE_MAX_ROWS and k % 8 == 0 and n % 8 == 0 and (a.is_cuda or cpu_features().exact_int8_matmul):
         padded = a if m >= _INT_MM_MIN_ROWS else torch.cat([a, a.new_zeros(_INT_MM_MIN_ROWS - m, k)])
         sums = torch._int_mm(padded, b.t())[:m]  # [M, N] int32, the first rows of a contiguous tensor
         return reduce_splits(sums.unsqueeze(0), out, a_scales, b_scales, bias)

@@ -11,12 +11,15 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-_PACKABLE = (torch.float32, torch.bfloat16)
+from fasterllm.cpu_features import cpu_features
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    return (device.type == "cpu" and dtype in _PACKABLE and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    """fp32 packs wherever oneDNN is built in; bf16 only where oneDNN has bf16 kernels (cpu_features): elsewhere
+    the weights stay plain and F.linear multiplies them (same products, slower)."""
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and cpu_features().onednn_bf16)
 
 
 class FlatLinear(nn.Module):

@@ -46,7 +46,8 @@ QUANTIZED_LINEARS: dict[str, dict[str, LinearFactory]] = {
 }
 QUANTIZED_LINEARS["gguf"] = QUANTIZED_LINEARS["int8"]  # the linears a GGUF does not store as Q4 blocks (the head)
 # the int4 layer a GGUF's Q4 blocks are repacked into, per device (codes, scales, minimums, bias, dtype)
-GGUF_INT4 = {"cpu": Int4WeightOnlyLinear, "cuda": lambda *blocks: _gpu().Int4GPULinear(*blocks)}
+GGUF_INT4 = {"cpu": lambda codes, scales, minimums, bias, dtype: Int4WeightOnlyLinear(codes, scales, minimums, bias),
+             "cuda": lambda *blocks: _gpu().Int4GPULinear(*blocks)}
 
 # Linears (by attribute name) that a method leaves as weight-only INT8 (measured on SmolLM2, RESULTS.md):
 # w8a8: down_proj's input, SiLU(gate) * up, has per-token outliers that per-token INT8 rounds too coarsely

@@ -4,7 +4,8 @@ Before loading, every projection becomes a GGUFQ4Linear whose parameters (qcodes
 receive the unpacked blocks (loader/gguf_blocks.py) through the model's ordinary load_weights:
 each is indexed by output row, so fusing Q/K/V or gate/up and undoing llama.cpp's Q/K row order
 act on them as on a float weight. After loading they repack into Int4WeightOnlyLinear: the codes
-are kept; fp16 scales and minimums are exact in fp32 and round once to bf16 in a bf16 run.
+are kept; fp16 scales and minimums are exact in fp32 and round once to bf16 where the kernel computes in bf16
+(on the CPU always, on a GPU in a bf16 run).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Each group of 32 weights of a row keeps a scale and an offset (w ~= (code - 8) * scale + zero, codes
 0..15), the layout of torch's packed CPU kernel `_weight_int4pack_mm_for_cpu`, which dequantizes
-inside the matrix product with bf16/fp32 activations. Groups of 32 match GGUF's Q4_0/Q4_1 blocks,
+inside the matrix product, with bf16 activations whatever the model's dtype (as int8.py's kernel). Groups of 32 match GGUF's Q4_0/Q4_1 blocks,
 so those repack into this layer without rounding the codes (layers/quantization/gguf.py), and 32
 divides every SmolLM2 width (576 is not a multiple of 128).
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from fasterllm.layers.linear import FlatLinear
+from fasterllm.layers.quantization.int8 import PACKED_KERNEL_DTYPE
 
 GROUP_SIZE = 32
 
@@ -41,17 +42,18 @@ class Int4WeightOnlyLinear(FlatLinear):
     float weight by from_float, or repacked from GGUF blocks."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor,
-                 bias: torch.Tensor | None, dtype: torch.dtype):
+                 bias: torch.Tensor | None):
         super().__init__()
         self.out_features = codes.shape[0]
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
-        self.scales_and_zeros = scales_and_zeros(scales, minimums, dtype)
+        self.scales_and_zeros = scales_and_zeros(scales, minimums, PACKED_KERNEL_DTYPE)
         self.bias = bias
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Int4WeightOnlyLinear:
-        return cls(*quantize_int4_grouped(weight), bias, weight.dtype)
+        return cls(*quantize_int4_grouped(weight), bias)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_and_zeros)
+        out = torch._weight_int4pack_mm_for_cpu(x.to(PACKED_KERNEL_DTYPE), self.packed, GROUP_SIZE,
+                                                self.scales_and_zeros).to(x.dtype)
         return out if self.bias is None else out + self.bias

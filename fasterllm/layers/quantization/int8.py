@@ -1,8 +1,9 @@
 """Weight-only INT8 linear layers (per output channel), quantized at load time.
 
 Decode on the CPU streams every weight once per step, so weights of one byte instead of two are
-read about twice as fast: torch's packed CPU kernel (`_weight_int8pack_mm`) takes bf16/fp32
-activations and dequantizes inside the matrix product. Scales are symmetric per output row:
+read about twice as fast: torch's packed CPU kernel (`_weight_int8pack_mm`) dequantizes inside the matrix
+product. It takes bf16 activations whatever the model's dtype: with fp32 ones it ran 8-15x slower, on AVX-512
+and on AVX2 alike (benchmarks/RESULTS.md, "CPUs without AVX-512"). Scales are symmetric per output row:
 absmax / 127.
 """
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 import torch
 
 from fasterllm.layers.linear import FlatLinear
+
+# the activation dtype of torch's packed int8 / int4 CPU kernels (their fast path on every CPU measured)
+PACKED_KERNEL_DTYPE = torch.bfloat16
 
 
 def quantize_int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -25,9 +29,9 @@ class Int8WeightOnlyLinear(FlatLinear):
         self.out_features = weight.shape[0]
         qweight, scales = quantize_int8_per_channel(weight)
         self.qweight = qweight
-        self.scales = scales.to(weight.dtype)
+        self.scales = scales.to(PACKED_KERNEL_DTYPE)
         self.bias = bias
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch._weight_int8pack_mm(x, self.qweight, self.scales)
+        out = torch._weight_int8pack_mm(x.to(PACKED_KERNEL_DTYPE), self.qweight, self.scales).to(x.dtype)
         return out if self.bias is None else out + self.bias

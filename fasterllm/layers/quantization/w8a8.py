@@ -2,13 +2,17 @@
 dynamically each forward, multiplied in int32 and scaled back to the activation dtype.
 
 On the CPU the int8 x int8 -> int32 product is torch._int_mm (it runs on the CPU in torch 2.11 and
-2.13); the weight is stored transposed once ([K, N]) because _int_mm takes the right operand as is.
+2.13), given the [N, K] weight as its transposed view: oneDNN reads that layout 2.4x faster than a contiguous
+[K, N] copy (one row, AVX-512; benchmarks/RESULTS.md, "CPUs without AVX-512"). Where _int_mm's sums are not exact
+(no VNNI: cpu_features.exact_int8_matmul) the codes are kept as fp32 and multiplied by an fp32 linear instead: its
+sums of integer products are the same integers (exact below 2^24), at an fp32 linear's speed.
 """
 from __future__ import annotations
 
 import torch
 
-from fasterllm.layers.linear import FlatLinear
+from fasterllm.cpu_features import cpu_features
+from fasterllm.layers.linear import FlatLinear, PackedCPULinear, can_pack
 from fasterllm.layers.quantization.int8 import quantize_int8_per_channel
 
 
@@ -23,11 +27,21 @@ class W8A8Linear(FlatLinear):
         super().__init__()
         self.out_features = weight.shape[0]
         qweight, scales = quantize_int8_per_channel(weight)
-        self.qweight_t = qweight.t().contiguous()
+        self.qweight = qweight if cpu_features().exact_int8_matmul else None
+        self.float_codes = None if self.qweight is not None else _float_linear(qweight.float())
         self.weight_scales = scales[None, :]
         self.bias = bias
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         qx, x_scales = quantize_per_token(x)
-        out = (torch._int_mm(qx, self.qweight_t) * x_scales * self.weight_scales).to(x.dtype)
+        sums = torch._int_mm(qx, self.qweight.t()) if self.qweight is not None else self.float_codes(qx.float())
+        out = (sums * x_scales * self.weight_scales).to(x.dtype)
         return out if self.bias is None else out + self.bias
+
+
+def _float_linear(weight: torch.Tensor) -> torch.nn.Module:
+    if can_pack(weight.device, weight.dtype):
+        return PackedCPULinear(weight, None)
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    linear.weight = torch.nn.Parameter(weight, requires_grad=False)
+    return linear
