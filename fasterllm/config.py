@@ -61,6 +61,72 @@ class ModelConfig:
                 f"num_key_value_heads={self.num_key_value_heads}: the checkpoint's config is inconsistent")
 
 
+# the Hugging Face decoder architectures models/registry.py runs (all through models/llama.py)
+DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+def check_architecture(architecture: str) -> None:
+    if architecture not in DECODER_ARCHITECTURES:
+        raise ValueError(f"Model architecture {architecture!r} is not supported; supported: "
+                         f"{', '.join(sorted(DECODER_ARCHITECTURES))}")
+
+
+# Hugging Face hidden_act -> (F.gelu approximate=, oneDNN gelu algorithm)
+GELU_FORMS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
+
+# model_type -> how many position rows come before position 0 (RoBERTa counts from padding_idx + 1)
+_POSITION_OFFSET_FROM_PAD = {"bert": False, "roberta": True, "xlm-roberta": True}
+
+
+@dataclass
+class BertConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    max_position_embeddings: int
+    type_vocab_size: int
+    layer_norm_eps: float
+    hidden_act: str
+    position_offset: int  # row of position_embeddings that holds position 0
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.max_position_embeddings - self.position_offset
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any]) -> BertConfig:
+        model_type = raw.get("model_type", "bert")
+        if model_type not in _POSITION_OFFSET_FROM_PAD:
+            raise ValueError(f"model_type {model_type!r} is not a supported encoder; supported: "
+                             f"{', '.join(_POSITION_OFFSET_FROM_PAD)}")
+        if raw.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(f"position_embedding_type={raw['position_embedding_type']!r} is not supported; "
+                             "only 'absolute' position embeddings are")
+        hidden_act = raw.get("hidden_act", "gelu")
+        if hidden_act not in GELU_FORMS:
+            raise ValueError(f"hidden_act={hidden_act!r} is not supported; use one of {', '.join(GELU_FORMS)}")
+        offset = raw.get("pad_token_id", 1) + 1 if _POSITION_OFFSET_FROM_PAD[model_type] else 0
+        return cls(model_type, raw["vocab_size"], raw["hidden_size"], raw["intermediate_size"],
+                   raw["num_hidden_layers"], raw["num_attention_heads"], raw.get("max_position_embeddings", 512),
+                   raw.get("type_vocab_size", 2), raw.get("layer_norm_eps", 1e-12), hidden_act, offset)
+
+
+POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len", "last")
+
+
+@dataclass(frozen=True)
+class PoolingConfig:
+    mode: str = "cls"
+    normalize: bool = True  # L2-normalise the pooled vector (sentence-transformers' Normalize module)
+
+    def __post_init__(self) -> None:
+        if self.mode not in POOLING_MODES:
+            raise ValueError(f"pooling mode {self.mode!r} is not supported; use one of {', '.join(POOLING_MODES)}")
+
+
 @dataclass
 class EngineArgs:
     """Everything a user can set on `LLM(...)`, the CLI and the server."""

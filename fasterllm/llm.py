@@ -8,6 +8,7 @@ from typing import Any, Union
 from fasterllm.config import EngineArgs
 from fasterllm.engine.embedding_engine import EmbeddingEngine
 from fasterllm.engine.engine import Engine
+from fasterllm.engine.input_processor import as_prompt_list, prompt_value
 from fasterllm.loader.tokenizer import TokenizerWrapper
 from fasterllm.outputs import BeamSearchOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from fasterllm.sampling_params import BeamSearchParams, SamplingParams
@@ -39,7 +40,7 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """One RequestOutput per prompt, in input order."""
-        prompt_list = _as_prompt_list(prompts)
+        prompt_list = as_prompt_list(prompts)
         params = _params_per_prompt(sampling_params, len(prompt_list))
         return self._run(prompt_list, params, use_tqdm)
 
@@ -63,7 +64,7 @@ class LLM:
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"beam_search() takes BeamSearchParams, got {type(params).__name__}; "
                              "for sampling use generate()")
-        prompt_list = _as_prompt_list(prompts)
+        prompt_list = as_prompt_list(prompts)
         outputs = self._run(prompt_list, [params] * len(prompt_list), use_tqdm)
         return [BeamSearchOutput(o.prompt, o.prompt_token_ids, o.outputs) for o in outputs]
 
@@ -78,7 +79,7 @@ class LLM:
             raise ValueError("embed() needs an embedding model: make the LLM with LLM(model, task='embed')")
         if isinstance(prompts, Sequence) and not isinstance(prompts, str) and len(prompts) == 0:
             raise ValueError("embed() got no inputs; pass a string, a list of strings or token-id lists")
-        prompt_list = [_prompt_value(p) for p in _as_prompt_list(prompts)]
+        prompt_list = [prompt_value(p) for p in as_prompt_list(prompts)]
         token_ids = self.engine.tokenize(prompt_list, truncate_prompt_tokens)
         bar = _progress_bar(len(token_ids), use_tqdm)
         try:
@@ -101,7 +102,7 @@ class LLM:
             for index, (prompt, p) in enumerate(zip(prompts, params)):
                 request_id = str(next(self._ids))
                 try:
-                    self.engine.add_request(request_id, _prompt_value(prompt), p)
+                    self.engine.add_request(request_id, prompt_value(prompt), p)
                 except ValueError as exc:
                     raise ValueError(f"prompt {index}: {exc}") from exc
                 request_ids.append(request_id)
@@ -120,29 +121,6 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [finished[request_id] for request_id in request_ids]
-
-
-def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
-    if isinstance(prompts, (str, dict)):
-        return [prompts]
-    prompts = list(prompts)
-    if prompts and all(isinstance(t, int) for t in prompts):
-        return [prompts]  # one prompt given as token ids
-    if not prompts:
-        raise ValueError("generate() got no prompts; pass a string, a list of strings or token-id lists")
-    return prompts
-
-
-def _prompt_value(prompt: PromptType) -> str | list[int]:
-    if isinstance(prompt, dict):
-        if "prompt_token_ids" in prompt:
-            return list(prompt["prompt_token_ids"])
-        if "prompt" in prompt:
-            return prompt["prompt"]
-        raise ValueError(f"prompt dict {prompt!r} needs a 'prompt' or 'prompt_token_ids' key")
-    if isinstance(prompt, (str, list)):
-        return prompt
-    raise ValueError(f"prompt of type {type(prompt).__name__} is not supported; pass a string or a list of token ids")
 
 
 def _params_per_prompt(params: SamplingParams | Sequence[SamplingParams] | None, count: int) -> list[SamplingParams]:

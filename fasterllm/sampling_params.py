@@ -1,8 +1,11 @@
-"""SamplingParams: how one request picks its tokens and when it stops. Bad values raise ValueError."""
+"""SamplingParams: how one request picks its tokens and when it stops. Bad values raise InvalidInputError (a
+ValueError that names the field)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from fasterllm.errors import InvalidInputError
 
 MAX_LOGPROBS = 20
 _GREEDY_TEMPERATURE = 1e-5
@@ -43,52 +46,58 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
-            raise ValueError(f"n={self.n!r} must be an integer >= 1")
+            raise InvalidInputError(f"n={self.n!r} must be an integer >= 1", "n")
         if self.best_of is None:
             self.best_of = self.n
         if not isinstance(self.best_of, int) or self.best_of < self.n:
-            raise ValueError(f"best_of={self.best_of!r} must be an integer >= n={self.n}")
+            raise InvalidInputError(f"best_of={self.best_of!r} must be an integer >= n={self.n}", "best_of")
         _check_number("temperature", self.temperature, 0.0, math.inf, "must be >= 0 (0 means greedy)")
         _check_number("top_p", self.top_p, 0.0, 1.0, "must be in (0, 1]")
         if self.top_p <= 0.0:
-            raise ValueError(f"top_p={self.top_p} must be in (0, 1]; use top_p=1 to disable it")
+            raise InvalidInputError(f"top_p={self.top_p} must be in (0, 1]; use top_p=1 to disable it", "top_p")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
-            raise ValueError(f"top_k={self.top_k!r} must be an integer >= 1, or 0 / -1 to disable it")
+            raise InvalidInputError(f"top_k={self.top_k!r} must be an integer >= 1, or 0 / -1 to disable it", "top_k")
         _check_number("min_p", self.min_p, 0.0, 1.0, "must be in [0, 1]")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise ValueError(f"seed={self.seed!r} must be an integer or None")
+            raise InvalidInputError(f"seed={self.seed!r} must be an integer or None", "seed")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            raise ValueError(f"max_tokens={self.max_tokens!r} must be an integer >= 1 (or None for "
-                             "as many as the context allows)")
+            raise InvalidInputError(f"max_tokens={self.max_tokens!r} must be an integer >= 1 (or None for "
+                             "as many as the context allows)", "max_tokens")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or
                                           not 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise ValueError(f"logprobs={self.logprobs!r} must be an integer in [0, {MAX_LOGPROBS}]")
+            raise InvalidInputError(f"logprobs={self.logprobs!r} must be an integer in [0, {MAX_LOGPROBS}]", "logprobs")
         if self.prompt_logprobs is not None and (not isinstance(self.prompt_logprobs, int) or
                                                  not 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
-            raise ValueError(f"prompt_logprobs={self.prompt_logprobs!r} must be an integer in [0, {MAX_LOGPROBS}]")
+            raise InvalidInputError(
+                f"prompt_logprobs={self.prompt_logprobs!r} must be an integer in [0, {MAX_LOGPROBS}]",
+                "prompt_logprobs")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         for s in stops:
             if not isinstance(s, str) or not s:
-                raise ValueError(f"stop={self.stop!r}: every stop string must be a non-empty string")
+                raise InvalidInputError(f"stop={self.stop!r}: every stop string must be a non-empty string", "stop")
         self.stop_strings = stops
         for t in self.stop_token_ids or []:
             if not isinstance(t, int) or t < 0:
-                raise ValueError(f"stop_token_ids={self.stop_token_ids!r} must be non-negative token ids")
+                raise InvalidInputError(
+                    f"stop_token_ids={self.stop_token_ids!r} must be non-negative token ids", "stop_token_ids")
         _check_number("repetition_penalty", self.repetition_penalty, 1e-6, math.inf, "must be > 0 (1 = off)")
         _check_number("presence_penalty", self.presence_penalty, -2.0, 2.0, "must be in [-2, 2]")
         _check_number("frequency_penalty", self.frequency_penalty, -2.0, 2.0, "must be in [-2, 2]")
         for token, bias in (self.logit_bias or {}).items():
             if not isinstance(token, int) or token < 0:
-                raise ValueError(f"logit_bias key {token!r} must be a non-negative token id")
+                raise InvalidInputError(f"logit_bias key {token!r} must be a non-negative token id", "logit_bias")
             _check_number(f"logit_bias[{token}]", bias, -100.0, 100.0, "must be in [-100, 100]")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0 or (
                 self.max_tokens is not None and self.min_tokens > self.max_tokens):
-            raise ValueError(f"min_tokens={self.min_tokens!r} must be an integer in [0, max_tokens={self.max_tokens}]")
+            raise InvalidInputError(
+                f"min_tokens={self.min_tokens!r} must be an integer in [0, max_tokens={self.max_tokens}]", "min_tokens")
         if any(not isinstance(w, str) or not w.strip() for w in self.bad_words or []):
-            raise ValueError(f"bad_words={self.bad_words!r} must be non-empty strings")
+            raise InvalidInputError(f"bad_words={self.bad_words!r} must be non-empty strings", "bad_words")
         if self.allowed_token_ids is not None and (not self.allowed_token_ids or any(
                 not isinstance(t, int) or t < 0 for t in self.allowed_token_ids)):
-            raise ValueError(f"allowed_token_ids={self.allowed_token_ids!r} must be a non-empty list of token ids")
+            raise InvalidInputError(
+                f"allowed_token_ids={self.allowed_token_ids!r} must be a non-empty list of token ids",
+                "allowed_token_ids")
 
     @property
     def greedy(self) -> bool:
@@ -107,9 +116,9 @@ class SamplingParams:
 
 def _check_number(name: str, value: object, low: float, high: float, rule: str) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} must be a finite number; it {rule}")
+        raise InvalidInputError(f"{name}={value!r} must be a finite number; it {rule}", name.split("[")[0])
     if not low <= value <= high:
-        raise ValueError(f"{name}={value} is out of range: it {rule}")
+        raise InvalidInputError(f"{name}={value} is out of range: it {rule}", name.split("[")[0])
 
 
 MAX_BEAM_WIDTH = 64
@@ -139,16 +148,18 @@ class BeamSearchParams:
     def __post_init__(self) -> None:
         if not isinstance(self.beam_width, int) or isinstance(self.beam_width, bool) or \
                 not 1 <= self.beam_width <= MAX_BEAM_WIDTH:
-            raise ValueError(f"beam_width={self.beam_width!r} must be an integer in [1, {MAX_BEAM_WIDTH}]")
+            raise InvalidInputError(
+                f"beam_width={self.beam_width!r} must be an integer in [1, {MAX_BEAM_WIDTH}]", "beam_width")
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens!r} must be an integer >= 1")
+            raise InvalidInputError(f"max_tokens={self.max_tokens!r} must be an integer >= 1", "max_tokens")
         _check_number("length_penalty", self.length_penalty, -math.inf, math.inf, "is any finite number")
         if self.early_stopping not in (True, False, "never"):
-            raise ValueError(f"early_stopping={self.early_stopping!r} must be True, False or 'never'")
+            raise InvalidInputError(
+                f"early_stopping={self.early_stopping!r} must be True, False or 'never'", "early_stopping")
         if self.n is None:
             self.n = self.beam_width
         if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= self.beam_width:
-            raise ValueError(f"n={self.n!r} must be an integer in [1, beam_width={self.beam_width}]")
+            raise InvalidInputError(f"n={self.n!r} must be an integer in [1, beam_width={self.beam_width}]", "n")
 
     def as_sampling_params(self) -> SamplingParams:
         """How each beam runs in the engine: greedy rows whose top logprobs the beam search reads.

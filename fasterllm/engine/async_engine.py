@@ -47,6 +47,7 @@ class AsyncLLM:
         self.model_name = engine.model_name
         self.max_model_len = engine.max_model_len
         self.tokenizer = engine.tokenizer  # the Rust tokenizer is safe to use from the event loop thread
+        self.inputs = engine.inputs  # the prompt checks: read-only, so also safe there
         self.dead_reason: str | None = None
         self.stats: EngineStats = engine.stats()  # refreshed by the loop thread after every turn
         self._idle_wait_s = idle_wait_s

@@ -14,7 +14,8 @@ from collections.abc import Callable
 import torch
 
 from fasterllm.config import EngineArgs
-from fasterllm.engine.limits import check_token_ids, resolve_max_model_len
+from fasterllm.engine.input_processor import InputProcessor
+from fasterllm.engine.limits import resolve_max_model_len
 from fasterllm.loader.checkpoint import open_checkpoint
 from fasterllm.loader.encoder_checkpoint import decoder_pooling, is_decoder, open_encoder_checkpoint
 from fasterllm.loader.model_source import resolve_model
@@ -52,6 +53,7 @@ class EmbeddingEngine:
             self.pooling = checkpoint.pooling
             limit, default_len = checkpoint.config.max_seq_len, checkpoint.max_seq_length
         self.max_model_len = resolve_max_model_len(args.max_model_len, default_len, limit, f"{limit} positions")
+        self.inputs = InputProcessor(self.tokenizer, self.model_config.vocab_size, self.max_model_len)
         if self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} is below max_model_len="
                              f"{self.max_model_len}: a longest input would not fit a batch; raise it or lower "
@@ -66,62 +68,8 @@ class EmbeddingEngine:
                     self.device, self.max_model_len)
 
     def tokenize(self, prompts: list[str | list[int]], truncate_prompt_tokens: int | None = None) -> list[list[int]]:
-        """Token ids of every prompt, checked; an error names the prompt's index."""
-        keep = self._truncation_length(truncate_prompt_tokens)
-        batch_encoded = self._encode_texts_at_once(prompts, keep)
-        token_ids = []
-        for index, prompt in enumerate(prompts):
-            ids = batch_encoded.get(index)
-            if ids is None:  # token ids, or a text that must be truncated or refused: checked one by one
-                try:
-                    ids = self._tokenize_one(prompt, keep)
-                except ValueError as exc:
-                    raise ValueError(f"input {index}: {exc}") from exc
-            token_ids.append(ids)
-        return token_ids
-
-    def _encode_texts_at_once(self, prompts: list[str | list[int]], keep: int | None) -> dict[int, list[int]]:
-        """Index -> token ids (special tokens included) of every non-empty text that fits as it is, from one
-        encode_batch call: the Rust tokenizer spreads the texts over the cores instead of one call each."""
-        if keep is not None and keep <= self.tokenizer.num_special_tokens:
-            return {}  # _tokenize_one names that error
-        limit = self.max_model_len if keep is None else keep
-        texts = [index for index, prompt in enumerate(prompts) if isinstance(prompt, str) and prompt]
-        encoded = self.tokenizer.encode_batch([prompts[i] for i in texts])
-        return {index: ids for index, ids in zip(texts, encoded) if 0 < len(ids) <= limit}
-
-    def _truncation_length(self, truncate_prompt_tokens: int | None) -> int | None:
-        if truncate_prompt_tokens is None:
-            return None
-        if truncate_prompt_tokens == -1:
-            return self.max_model_len
-        if not 1 <= truncate_prompt_tokens <= self.max_model_len:
-            raise ValueError(f"truncate_prompt_tokens={truncate_prompt_tokens} must be -1 (the model's limit) or in "
-                             f"[1, max_model_len={self.max_model_len}]")
-        return truncate_prompt_tokens
-
-    def _tokenize_one(self, prompt: str | list[int], keep: int | None) -> list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("the text is empty; give at least one character")
-            special = self.tokenizer.num_special_tokens
-            if keep is not None and keep <= special:
-                raise ValueError(f"truncate_prompt_tokens={keep} leaves no room for text beside the model's "
-                                 f"{special} special tokens; keep at least {special + 1}")
-            token_ids = self.tokenizer.encode(prompt) if keep is None else self.tokenizer.encode_last(prompt, keep)
-        elif isinstance(prompt, list):
-            check_token_ids(prompt, self.model_config.vocab_size, "token ids")
-            token_ids = prompt[-keep:] if keep is not None else list(prompt)
-        else:
-            raise ValueError(f"an input of type {type(prompt).__name__} is not supported; pass a string or a "
-                             "list of token ids")
-        if not token_ids:
-            raise ValueError("the input has no tokens; give at least one")
-        if len(token_ids) > self.max_model_len:
-            raise ValueError(f"the input has {len(token_ids)} tokens but max_model_len is {self.max_model_len}; "
-                             "shorten it, or pass truncate_prompt_tokens=-1 to keep its last "
-                             f"{self.max_model_len} tokens")
-        return token_ids
+        """Token ids of every prompt, checked (input_processor.py); an error names the prompt's index."""
+        return self.inputs.embedding_inputs(prompts, truncate_prompt_tokens)
 
     def embed(self, token_ids: list[list[int]], on_batch: Callable[[int], None] | None = None) -> torch.Tensor:
         """[len(token_ids), embedding_dim] fp32 on the CPU, row i for token_ids[i]."""

@@ -10,7 +10,8 @@ import torch
 from fasterllm.config import CacheConfig, EngineArgs, SchedulerConfig
 from fasterllm.engine.beam_search import BeamSearch
 from fasterllm.engine.kv_cache_manager import KVCacheManager, SwapSpace
-from fasterllm.engine.limits import check_token_ids, resolve_max_model_len
+from fasterllm.engine.input_processor import InputProcessor
+from fasterllm.engine.limits import resolve_max_model_len
 from fasterllm.engine.output_processor import OutputProcessor
 from fasterllm.engine.request import Request
 from fasterllm.engine.scheduler import Scheduler, SchedulerOutput
@@ -67,6 +68,7 @@ class Engine:
         self.max_model_len = resolve_max_model_len(args.max_model_len, positions, positions,
                                                    f"max_position_embeddings={positions}")
         max_batched = args.max_num_batched_tokens or (8192 if self.device.type == "cuda" else 2048)
+        self.inputs = InputProcessor(self.tokenizer, self.model_config.vocab_size, self.max_model_len)
         self.scheduler_config = SchedulerConfig(args.max_num_seqs, max_batched, self.max_model_len,
                                                 args.preemption_mode, args.watermark,
                                                 args.long_prefill_token_threshold)
@@ -120,15 +122,15 @@ class Engine:
         comes when the search ends, with the n best hypotheses)."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use; request ids must be unique")
-        text, token_ids = self._tokenize(prompt)
+        text, token_ids = self.inputs.generation_prompt(prompt)
         search = None
         if isinstance(params, BeamSearchParams):
             search, params = BeamSearch(params, self._eos_ids()), params.as_sampling_params()
-        self._check_token_ids(params)
+        self.inputs.check_sampling_token_ids(params)
         request = Request(request_id, text, token_ids, params, self._eos_ids(), self.max_model_len, arrival_time,
                           self._generator(params, 0))
         request.fork_generators = [self._generator(params, i) for i in range(1, params.best_of)]
-        request.bad_word_ids = self._bad_word_ids(params.bad_words)
+        request.bad_word_ids = self.inputs.bad_word_ids(params.bad_words)
         if search is not None:
             search.start(request)
         self.scheduler.add_request(request)  # first: it may still refuse the request
@@ -136,22 +138,6 @@ class Engine:
         if search is None:  # a beam's text is decoded once, when its search ends
             self.output_processor.add_request(request)
         return request
-
-    def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("The prompt is empty; give at least one character (or token id)")
-            text, token_ids = prompt, self.tokenizer.encode(prompt)
-        else:
-            text, token_ids = None, list(prompt)
-            check_token_ids(token_ids, self.model_config.vocab_size, "prompt token ids")
-        if not token_ids:
-            raise ValueError("The prompt has no tokens; give at least one")
-        if len(token_ids) >= self.max_model_len:
-            raise ValueError(f"The prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len} "
-                             "(room for at least one generated token is needed); shorten the prompt or raise "
-                             "max_model_len (--max-model-len)")
-        return text, token_ids
 
     def _eos_ids(self) -> list[int]:
         return self.tokenizer.eos_token_ids or self.model_config.eos_token_ids
@@ -215,24 +201,6 @@ class Engine:
         search.pruned = [beam for beam in search.beams if beam.request_id not in continued]
         search.beams = beams
         return waited
-
-    def _bad_word_ids(self, words: list[str] | None) -> list[list[int]]:
-        """Each bad word as token ids, as written and with a leading space (how it appears mid-text)."""
-        sequences: list[list[int]] = []
-        for word in words or []:
-            for form in (word, " " + word.lstrip()):
-                ids = self.tokenizer.encode(form, add_special_tokens=False)
-                if ids and ids not in sequences:
-                    sequences.append(ids)
-        return sequences
-
-    def _check_token_ids(self, params: SamplingParams) -> None:
-        vocab = self.model_config.vocab_size
-        for name, ids in (("stop_token_ids", params.stop_token_ids), ("allowed_token_ids", params.allowed_token_ids),
-                          ("logit_bias", list(params.logit_bias or {}))):
-            bad = [t for t in ids or [] if t >= vocab]
-            if bad:
-                raise ValueError(f"{name} has token ids {bad[:5]} outside the vocabulary [0, {vocab})")
 
     def abort_request(self, request_id: str, reason: str = "abort") -> None:
         """End a request as added (with its parallel samples or beams) and free its blocks."""

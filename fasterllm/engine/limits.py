@@ -1,4 +1,4 @@
-"""Checks the generate and embedding engines share: the context length they allow and prompt token ids."""
+"""The context length the generate and embedding engines allow (prompt checks: input_processor.py)."""
 from __future__ import annotations
 
 
@@ -11,9 +11,3 @@ def resolve_max_model_len(requested: int | None, default: int, limit: int, limit
         raise ValueError(f"max_model_len={requested} exceeds the model's {limit_name}; use max_model_len <= {limit}")
     return requested
 
-
-def check_token_ids(token_ids: list, vocab_size: int, what: str) -> None:
-    """Every id an int (not a bool) in the vocabulary; the error shows the first bad ones, named as `what`."""
-    bad = [t for t in token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"{what} {bad[:5]} are not valid: ids must be integers in [0, {vocab_size})")

@@ -12,10 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fasterllm.config import GELU_FORMS
 from fasterllm.layers.linear import can_pack, onednn_linear, pack_weight
 
-# Hugging Face hidden_act -> (F.gelu approximate=, oneDNN gelu algorithm)
-GELU_FORMS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
 
 
 class FusedLinear(nn.Module):

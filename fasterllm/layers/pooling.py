@@ -1,23 +1,10 @@
 """Pool the packed token states of each sequence into one vector (sentence-transformers' pooling modes)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
-POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len", "last")
-
-
-@dataclass(frozen=True)
-class PoolingConfig:
-    mode: str = "cls"
-    normalize: bool = True  # L2-normalise the pooled vector (sentence-transformers' Normalize module)
-
-    def __post_init__(self) -> None:
-        if self.mode not in POOLING_MODES:
-            raise ValueError(f"pooling mode {self.mode!r} is not supported; use one of {', '.join(POOLING_MODES)}")
-
+from fasterllm.config import PoolingConfig
 
 def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, config: PoolingConfig) -> torch.Tensor:
     """hidden: [total_tokens, hidden] packed; cu_seqlens: [num_seqs + 1] -> [num_seqs, hidden] in fp32."""

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import torch
 
-from fasterllm.config import ModelConfig
+from fasterllm.config import ModelConfig, check_architecture
 from fasterllm.loader.gguf_checkpoint import GGUFFile
 from fasterllm.loader.hf_checkpoint import iter_safetensors, load_hf_config
 from fasterllm.loader.model_source import ModelSource, resolve_model
-from fasterllm.models.registry import model_class
 from fasterllm.loader.tokenizer import TokenizerWrapper, load_gguf_tokenizer, load_hf_tokenizer
 
 
@@ -43,7 +42,7 @@ def open_checkpoint(model: str | None, tokenizer: str | None = None) -> Checkpoi
         q4_blocks = (lambda: gguf_file.iter_weights(keep_q4_blocks=True)) if gguf_file.projections_are_q4() else None
         return Checkpoint(source, config, tok, gguf_file.iter_weights, q4_blocks)
     config = load_hf_config(source.path)
-    model_class(config.architecture)  # an unsupported architecture is the first thing to report
+    check_architecture(config.architecture)  # an unsupported architecture is the first thing to report
     tok_dir = source.path if tokenizer is None else Path(resolve_model(tokenizer).path)
     return Checkpoint(source, config, load_hf_tokenizer(tok_dir, config.eos_token_ids),
                       lambda: iter_safetensors(source.path))

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import torch
 
-from fasterllm.layers.pooling import PoolingConfig
+from fasterllm.config import BertConfig, PoolingConfig
 from fasterllm.loader.hf_checkpoint import iter_safetensors, read_json
 from fasterllm.loader.model_source import ModelSource, resolve_model
 from fasterllm.loader.tokenizer import TokenizerWrapper, load_hf_tokenizer
-from fasterllm.models.bert import BertConfig
 
 _ST_POOLING_KEYS = {  # sentence-transformers' Pooling config flag -> our mode, in its order of precedence
     "pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_max_tokens": "max",

@@ -1,6 +1,7 @@
 """GGUF files: metadata -> ModelConfig, tensors -> Hugging Face names, dequantized to float."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,23 +37,29 @@ _LAYER_TENSOR_NAMES = {
 }
 
 
+@functools.lru_cache(maxsize=4)
+def _read_gguf(path: str, size: int, mtime_ns: int) -> tuple[Any, dict[str, Any]]:
+    """The file's reader (tensors memory-mapped) and metadata. Parsed once per file version and process: gguf's
+    reader takes seconds over a tokenizer's ~100k metadata strings, and a server or a test session opens the
+    same file for several engines."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as exc:  # the reader raises many kinds of errors on bad bytes
+        raise ValueError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc}); "
+                         "the file is corrupt or truncated: download it again") from exc
+    metadata = {key: value.contents() for key, value in reader.fields.items() if not key.startswith("GGUF.")}
+    return reader, metadata
+
+
 class GGUFFile:
     """An opened GGUF file; tensors are memory-mapped until dequantized."""
 
     def __init__(self, path: Path):
-        import gguf
-
         self.path = path
-        try:
-            self.reader = gguf.GGUFReader(str(path))
-        except Exception as exc:  # the reader raises many kinds of errors on bad bytes
-            raise ValueError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc}); "
-                             "the file is corrupt or truncated: download it again") from exc
-        self.metadata: dict[str, Any] = {}
-        for key, value in self.reader.fields.items():
-            if key.startswith("GGUF."):
-                continue
-            self.metadata[key] = value.contents()
+        stat = path.stat()
+        self.reader, self.metadata = _read_gguf(str(path), stat.st_size, stat.st_mtime_ns)
         self.arch = self.metadata.get("general.architecture")
         if self.arch not in _ARCHITECTURES:
             raise ValueError(f"GGUF architecture {self.arch!r} in {path.name} is not supported; "

@@ -11,54 +11,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
-from fasterllm.layers.fused_linear import GELU_FORMS, FusedLinear
+from fasterllm.config import BertConfig
+from fasterllm.layers.fused_linear import FusedLinear
 from fasterllm.layers.varlen_attention import VarlenBatch, varlen_attention
-
-# model_type -> how many position rows come before position 0 (RoBERTa counts from padding_idx + 1)
-_POSITION_OFFSET_FROM_PAD = {"bert": False, "roberta": True, "xlm-roberta": True}
-
-
-@dataclass
-class BertConfig:
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    max_position_embeddings: int
-    type_vocab_size: int
-    layer_norm_eps: float
-    hidden_act: str
-    position_offset: int  # row of position_embeddings that holds position 0
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.max_position_embeddings - self.position_offset
-
-    @classmethod
-    def from_hf(cls, raw: dict[str, Any]) -> BertConfig:
-        model_type = raw.get("model_type", "bert")
-        if model_type not in _POSITION_OFFSET_FROM_PAD:
-            raise ValueError(f"model_type {model_type!r} is not a supported encoder; supported: "
-                             f"{', '.join(_POSITION_OFFSET_FROM_PAD)}")
-        if raw.get("position_embedding_type", "absolute") != "absolute":
-            raise ValueError(f"position_embedding_type={raw['position_embedding_type']!r} is not supported; "
-                             "only 'absolute' position embeddings are")
-        hidden_act = raw.get("hidden_act", "gelu")
-        if hidden_act not in GELU_FORMS:
-            raise ValueError(f"hidden_act={hidden_act!r} is not supported; use one of {', '.join(GELU_FORMS)}")
-        offset = raw.get("pad_token_id", 1) + 1 if _POSITION_OFFSET_FROM_PAD[model_type] else 0
-        return cls(model_type, raw["vocab_size"], raw["hidden_size"], raw["intermediate_size"],
-                   raw["num_hidden_layers"], raw["num_attention_heads"], raw.get("max_position_embeddings", 512),
-                   raw.get("type_vocab_size", 2), raw.get("layer_norm_eps", 1e-12), hidden_act, offset)
-
 
 class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig):

@@ -3,16 +3,12 @@ from __future__ import annotations
 
 from torch import nn
 
+from fasterllm.config import DECODER_ARCHITECTURES, check_architecture
 from fasterllm.models.llama import LlamaForCausalLM
 
-_MODELS: dict[str, type[nn.Module]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-}
+_MODELS: dict[str, type[nn.Module]] = {name: LlamaForCausalLM for name in DECODER_ARCHITECTURES}
 
 
 def model_class(architecture: str) -> type[nn.Module]:
-    if architecture not in _MODELS:
-        raise ValueError(f"Model architecture {architecture!r} is not supported; supported: {', '.join(sorted(_MODELS))}")
+    check_architecture(architecture)
     return _MODELS[architecture]

@@ -11,7 +11,8 @@ from itertools import accumulate
 import torch
 
 from fasterllm.layers.attention import AttentionMetadata, PrefillGroup
-from fasterllm.layers.pooling import PoolingConfig, pool
+from fasterllm.config import PoolingConfig
+from fasterllm.layers.pooling import pool
 from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.worker.encoder_inputs import packed_inputs_on
 from fasterllm.worker.decoder_builder import build_decoder

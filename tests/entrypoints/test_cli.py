@@ -1,6 +1,7 @@
 """The `fasterllm` command as a user runs it."""
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,10 +26,14 @@ def test_chat_streams_replies_and_keeps_the_conversation():
     assert "Paris" in result.stdout and "Rome" in result.stdout
 
 
-def test_bench_runs_ours_and_transformers_and_prints_the_ratio():
+def test_bench_runs_ours_and_transformers_and_prints_the_ratio(tmp_path):
+    # a tiny random Llama: transformers would take ~15 s to read the default GGUF, and the bench is what is tested
+    sys.path.insert(0, str(Path(__file__).parents[1] / "parity"))
+    from parity_utils import TINY_SPECS, build_tiny_model
+
+    build_tiny_model(TINY_SPECS[0], tmp_path)
     result = run(["bench", "--num-prompts", "2", "--input-len", "8", "--output-len", "4", "--repeats", "1",
-                  "--dtype", "float32",
-                  *SMALL])
+                  "--dtype", "float32", "--model", str(tmp_path), "--cpu-kv-cache-gib", "0.1"])
     assert result.returncode == 0, result.stderr
     assert "fasterllm     :" in result.stdout and "transformers  :" in result.stdout
     assert "ratio (output tok/s, fasterllm / transformers):" in result.stdout

@@ -28,7 +28,7 @@ class OpenAIServingChat(OpenAIServing):
         num_logprobs = (request.top_logprobs or 0) if request.logprobs else None
         prompt = self._render(request)
         params = self.request_params(request, max_tokens, num_logprobs)
-        self.check_length(len(prompt), max_tokens, "messages", max_field)
+        self.llm.inputs.check_generation_length(len(prompt), max_tokens, "messages", max_field)
         request_ids = await self.start(request, request_id, [prompt], params, arrival)
         created = int(arrival)
         if request.stream:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +27,8 @@ def as_openai_error(exc: Exception, request_id: str) -> OpenAIError:
     """The client's view of an exception raised while handling its request."""
     if isinstance(exc, OpenAIError):
         return exc
-    if isinstance(exc, ValueError):  # a check without a request at hand: no field to name
-        return OpenAIError(400, str(exc))
+    if isinstance(exc, ValueError):  # an InvalidInputError names its field; any other check has none to name
+        return OpenAIError(400, str(exc), getattr(exc, "param", None))
     if isinstance(exc, EngineDeadError):
         return OpenAIError(503, f"The engine is not running ({exc}); request {request_id} was not completed")
     if isinstance(exc, RequestFailedError):
@@ -40,14 +39,10 @@ def as_openai_error(exc: Exception, request_id: str) -> OpenAIError:
 
 
 def invalid_request(exc: ValueError, request: BaseModel) -> OpenAIError:
-    """A 400 for a ValueError that SamplingParams, BeamSearchParams or the engine raised on this request.
-
-    Those errors carry no field, but each starts with the name of what it checks ("temperature=2.5 ...",
-    "logit_bias[5]=500 ...", "prompt token ids [...] ...", "input 1: ..."). This is the one place that reads
-    it: the name is the error's field when the request has a field of that name, else the error has none."""
-    name = re.match(r"[A-Za-z_]+", str(exc))
-    param = name.group(0) if name and name.group(0) in type(request).model_fields else None
-    return OpenAIError(400, str(exc), param)
+    """A 400 for a ValueError that SamplingParams, BeamSearchParams or the engine raised on this request: its field
+    is the error's param (InvalidInputError) when the request has a field of that name, else it names none."""
+    param = getattr(exc, "param", None)
+    return OpenAIError(400, str(exc), param if param in type(request).model_fields else None)
 
 
 def ranked_logprobs(logprobs: SampleLogprobs, num_top: int) -> Iterator[tuple[Logprob, list[Logprob]]]:
@@ -151,17 +146,6 @@ class OpenAIServing:
             repetition_penalty=request.repetition_penalty, presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty, logit_bias=logit_bias or None,
             min_tokens=request.min_tokens)
-
-    def check_length(self, prompt_len: int, max_tokens: int | None, prompt_field: str, max_tokens_field: str) -> None:
-        limit = self.llm.max_model_len
-        if prompt_len >= limit:
-            raise OpenAIError(400, f"This model's maximum context length is {limit} tokens, but the {prompt_field} "
-                                   f"has {prompt_len} tokens (room for at least one generated token is needed); "
-                                   f"shorten the {prompt_field}", prompt_field)
-        if max_tokens is not None and prompt_len + max_tokens > limit:
-            raise OpenAIError(400, f"{max_tokens_field}={max_tokens} is too large: the {prompt_field} has "
-                                   f"{prompt_len} tokens and this model's maximum context length is {limit}, so "
-                                   f"{max_tokens_field} can be at most {limit - prompt_len}", max_tokens_field)
 
     async def start(self, request: SamplingFields, base_id: str, prompts: list[list[int]],
                     params: SamplingParams | BeamSearchParams, arrival_time: float) -> list[str]:

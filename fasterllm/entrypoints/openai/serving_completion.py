@@ -24,10 +24,10 @@ class OpenAIServingCompletion(OpenAIServing):
         if request.stream and request.best_of is not None and request.best_of != request.n:
             raise OpenAIError(400, f"best_of={request.best_of} must equal n={request.n} when streaming (the best "
                                    "samples are only known at the end); drop best_of or stream=false", "best_of")
-        prompts = self._tokenize(request.prompt)
+        prompts = self.llm.inputs.generation_prompts(request.prompt)
         params = self.request_params(request, request.max_tokens, request.logprobs, request.best_of)
         for prompt in prompts:
-            self.check_length(len(prompt), request.max_tokens, "prompt", "max_tokens")
+            self.llm.inputs.check_generation_length(len(prompt), request.max_tokens, "prompt", "max_tokens")
         request_ids = await self.start(request, base_id, prompts, params, arrival)
         created = int(arrival)
         if request.stream:
@@ -42,19 +42,6 @@ class OpenAIServingCompletion(OpenAIServing):
         prompt_tokens = sum(len(p) for p in prompts)
         return {"id": base_id, "object": "text_completion", "created": created, "model": self.served_model_name,
                 "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
-
-    def _tokenize(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
-        if isinstance(prompt, str) or (prompt and all(isinstance(t, int) for t in prompt)):
-            prompt = [prompt]
-        if not prompt:
-            raise OpenAIError(400, "prompt is an empty list; give a string, a list of strings or token ids", "prompt")
-        token_lists = []
-        for i, one in enumerate(prompt):
-            ids = self.llm.tokenizer.encode(one) if isinstance(one, str) else list(one)
-            if not ids:
-                raise OpenAIError(400, f"prompt {i} is empty; give at least one character (or token id)", "prompt")
-            token_lists.append(ids)
-        return token_lists
 
     async def _chunks(self, request: CompletionRequest, base_id: str, created: int,
                       request_ids: list[str]) -> AsyncIterator[dict[str, Any]]:

@@ -1,0 +1,186 @@
+"""Every prompt check, in one place, for the offline API, the server and both engines (generate and embed).
+
+A prompt becomes token ids here, is checked against the vocabulary and the context length here, and a bad one
+raises InvalidInputError naming its field ("prompt", "input", "max_tokens", ...), which the server reports as the
+error's "param". Nothing here runs the model.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fasterllm.errors import InvalidInputError
+from fasterllm.sampling_params import SamplingParams
+
+
+def check_token_ids(token_ids: list, vocab_size: int, what: str, param: str | None = None) -> None:
+    """Every id an int (not a bool) in the vocabulary; the error shows the first bad ones, named as `what`."""
+    bad = [t for t in token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidInputError(f"{what} {bad[:5]} are not valid: ids must be integers in [0, {vocab_size})", param)
+
+
+def as_prompt_list(prompts: Any) -> list:
+    """The offline API's prompts argument as a list: one string, one token-id list or one dict is one prompt."""
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]  # one prompt given as token ids
+    if not prompts:
+        raise InvalidInputError("generate() got no prompts; pass a string, a list of strings or token-id lists",
+                                "prompts")
+    return prompts
+
+
+def prompt_value(prompt: Any) -> str | list[int]:
+    """A text or token ids out of an offline prompt (a string, a token-id list, or vLLM's dict form)."""
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            return list(prompt["prompt_token_ids"])
+        if "prompt" in prompt:
+            return prompt["prompt"]
+        raise InvalidInputError(f"prompt dict {prompt!r} needs a 'prompt' or 'prompt_token_ids' key", "prompt")
+    if isinstance(prompt, (str, list)):
+        return prompt
+    raise InvalidInputError(f"prompt of type {type(prompt).__name__} is not supported; pass a string or a list of "
+                            "token ids", "prompt")
+
+
+class InputProcessor:
+    """The checks that need the model: its tokenizer, vocabulary and context length (max_model_len)."""
+
+    def __init__(self, tokenizer, vocab_size: int, max_model_len: int):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+
+    # ---- generation --------------------------------------------------------------------------------
+    def generation_prompt(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        """(text or None, token ids) of a prompt to generate from: non-empty, ids in the vocabulary, and shorter
+        than max_model_len (room for at least one generated token)."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidInputError("The prompt is empty; give at least one character (or token id)", "prompt")
+            text, token_ids = prompt, self.tokenizer.encode(prompt)
+        else:
+            text, token_ids = None, list(prompt)
+            check_token_ids(token_ids, self.vocab_size, "prompt token ids", "prompt")
+        if not token_ids:
+            raise InvalidInputError("The prompt has no tokens; give at least one", "prompt")
+        if len(token_ids) >= self.max_model_len:
+            raise InvalidInputError(
+                f"The prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len} (room for at least "
+                "one generated token is needed); shorten the prompt or raise max_model_len (--max-model-len)", "prompt")
+        return text, token_ids
+
+    def generation_prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+        """The server's completions prompt field (a text, texts, token ids or token-id lists) as token-id lists;
+        an empty one is named by its index."""
+        if isinstance(prompt, str) or (prompt and all(isinstance(t, int) for t in prompt)):
+            prompt = [prompt]
+        if not prompt:
+            raise InvalidInputError("prompt is an empty list; give a string, a list of strings or token ids", "prompt")
+        token_lists = []
+        for i, one in enumerate(prompt):
+            ids = self.tokenizer.encode(one) if isinstance(one, str) else list(one)
+            if not ids:
+                raise InvalidInputError(f"prompt {i} is empty; give at least one character (or token id)", "prompt")
+            token_lists.append(ids)
+        return token_lists
+
+    def check_generation_length(self, prompt_len: int, max_tokens: int | None, prompt_field: str,
+                                max_tokens_field: str) -> None:
+        """The server's rule: a prompt that leaves no room, or max_tokens past the context, is refused (the offline
+        engine caps max_tokens at the room left instead)."""
+        limit = self.max_model_len
+        if prompt_len >= limit:
+            raise InvalidInputError(
+                f"This model's maximum context length is {limit} tokens, but the {prompt_field} has {prompt_len} "
+                f"tokens (room for at least one generated token is needed); shorten the {prompt_field}", prompt_field)
+        if max_tokens is not None and prompt_len + max_tokens > limit:
+            raise InvalidInputError(
+                f"{max_tokens_field}={max_tokens} is too large: the {prompt_field} has {prompt_len} tokens and this "
+                f"model's maximum context length is {limit}, so {max_tokens_field} can be at most "
+                f"{limit - prompt_len}", max_tokens_field)
+
+    def check_sampling_token_ids(self, params: SamplingParams) -> None:
+        """The token ids a request's parameters name lie in the vocabulary."""
+        for name, ids in (("stop_token_ids", params.stop_token_ids), ("allowed_token_ids", params.allowed_token_ids),
+                          ("logit_bias", list(params.logit_bias or {}))):
+            bad = [t for t in ids or [] if t >= self.vocab_size]
+            if bad:
+                raise InvalidInputError(f"{name} has token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})",
+                                        name)
+
+    def bad_word_ids(self, words: list[str] | None) -> list[list[int]]:
+        """Each bad word as token ids, as written and with a leading space (how it appears mid-text)."""
+        sequences: list[list[int]] = []
+        for word in words or []:
+            for form in (word, " " + word.lstrip()):
+                ids = self.tokenizer.encode(form, add_special_tokens=False)
+                if ids and ids not in sequences:
+                    sequences.append(ids)
+        return sequences
+
+    # ---- embeddings --------------------------------------------------------------------------------
+    def embedding_inputs(self, prompts: Sequence[str | list[int]],
+                         truncate_prompt_tokens: int | None = None) -> list[list[int]]:
+        """Token ids of every input to embed, checked (at most max_model_len each, or truncated to the last
+        truncate_prompt_tokens; -1: max_model_len); an error names the input's index."""
+        keep = self._truncation_length(truncate_prompt_tokens)
+        batch_encoded = self._encode_texts_at_once(prompts, keep)
+        token_ids = []
+        for index, prompt in enumerate(prompts):
+            ids = batch_encoded.get(index)
+            if ids is None:  # token ids, or a text that must be truncated or refused: checked one by one
+                try:
+                    ids = self._embedding_input(prompt, keep)
+                except InvalidInputError as exc:
+                    raise InvalidInputError(f"input {index}: {exc}", exc.param) from exc
+            token_ids.append(ids)
+        return token_ids
+
+    def _encode_texts_at_once(self, prompts: Sequence[str | list[int]], keep: int | None) -> dict[int, list[int]]:
+        """Index -> token ids (special tokens included) of every non-empty text that fits as it is, from one
+        encode_batch call: the Rust tokenizer spreads the texts over the cores instead of one call each."""
+        if keep is not None and keep <= self.tokenizer.num_special_tokens:
+            return {}  # _embedding_input names that error
+        limit = self.max_model_len if keep is None else keep
+        texts = [index for index, prompt in enumerate(prompts) if isinstance(prompt, str) and prompt]
+        encoded = self.tokenizer.encode_batch([prompts[i] for i in texts])
+        return {index: ids for index, ids in zip(texts, encoded) if 0 < len(ids) <= limit}
+
+    def _truncation_length(self, truncate_prompt_tokens: int | None) -> int | None:
+        if truncate_prompt_tokens is None:
+            return None
+        if truncate_prompt_tokens == -1:
+            return self.max_model_len
+        if not 1 <= truncate_prompt_tokens <= self.max_model_len:
+            raise InvalidInputError(f"truncate_prompt_tokens={truncate_prompt_tokens} must be -1 (the model's limit) "
+                                    f"or in [1, max_model_len={self.max_model_len}]", "truncate_prompt_tokens")
+        return truncate_prompt_tokens
+
+    def _embedding_input(self, prompt: str | list[int], keep: int | None) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidInputError("the text is empty; give at least one character", "input")
+            special = self.tokenizer.num_special_tokens
+            if keep is not None and keep <= special:
+                raise InvalidInputError(f"truncate_prompt_tokens={keep} leaves no room for text beside the model's "
+                                        f"{special} special tokens; keep at least {special + 1}",
+                                        "truncate_prompt_tokens")
+            token_ids = self.tokenizer.encode(prompt) if keep is None else self.tokenizer.encode_last(prompt, keep)
+        elif isinstance(prompt, list):
+            check_token_ids(prompt, self.vocab_size, "token ids", "input")
+            token_ids = prompt[-keep:] if keep is not None else list(prompt)
+        else:
+            raise InvalidInputError(f"an input of type {type(prompt).__name__} is not supported; pass a string or a "
+                                    "list of token ids", "input")
+        if not token_ids:
+            raise InvalidInputError("the input has no tokens; give at least one", "input")
+        if len(token_ids) > self.max_model_len:
+            raise InvalidInputError(f"the input has {len(token_ids)} tokens but max_model_len is {self.max_model_len}; "
+                                    "shorten it, or pass truncate_prompt_tokens=-1 to keep its last "
+                                    f"{self.max_model_len} tokens", "input")
+        return token_ids
