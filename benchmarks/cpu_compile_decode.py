@@ -24,13 +24,15 @@ from fasterllm.layers import norm
 from fasterllm import SamplingParams
 from fasterllm.config import EngineArgs
 from fasterllm.engine.engine import Engine
+from fasterllm.layers.attention import paged_attention, store_kv
 from fasterllm.layers.rotary import apply_rotary
 
 
 def before_attention(layer, hidden, residual, cos, sin):
     hidden, residual = layer.input_layernorm(hidden, residual)
-    qkv = layer.qkv_proj(hidden).view(hidden.shape[0], layer.num_heads + 2 * layer.num_kv_heads, layer.head_dim)
-    rotated = layer.num_heads + layer.num_kv_heads
+    attn = layer.attn
+    qkv = layer.qkv_proj(hidden).view(hidden.shape[0], attn.num_heads + 2 * attn.num_kv_heads, attn.head_dim)
+    rotated = attn.num_heads + attn.num_kv_heads
     return torch.cat([apply_rotary(qkv[:, :rotated], cos, sin), qkv[:, rotated:]], dim=1), residual
 
 
@@ -47,9 +49,10 @@ def use_pieces(pieces):
         if residual is None:  # the first layer: one graph for every layer
             residual = torch.zeros_like(hidden)
         qkv, residual = pieces[0](layer, hidden, residual, *rope)
-        query, key, value = qkv.split_with_sizes([layer.num_heads, layer.num_kv_heads, layer.num_kv_heads], dim=1)
-        llama.store_kv(kv_cache, qkv[:, layer.num_heads:], meta)
-        attention = llama.paged_attention(query, key, value, kv_cache, meta, layer.scale)
+        attn = layer.attn
+        query, key, value = qkv.split_with_sizes([attn.num_heads, attn.num_kv_heads, attn.num_kv_heads], dim=1)
+        store_kv(kv_cache, qkv[:, attn.num_heads:], meta)
+        attention = paged_attention(query, key, value, kv_cache, meta, attn.scale)
         return pieces[1](layer, attention, residual)
     llama.DecoderLayer.forward = forward
 

@@ -228,6 +228,35 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0  # most prompt tokens one request may take per step; 0 = no cap
 
 
+# what an attention layer keeps in the paged KV cache
+KV_CACHE_KINDS = ("full", "sliding_window", "cross", "none")
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """What one attention layer caches per token: "full" (causal self-attention over the whole sequence),
+    "sliding_window" (the last sliding_window tokens), "cross" (the encoder's keys and values, written once) or
+    "none". Layers with equal specs form one cache group: they share a request's block table."""
+
+    kind: str
+    num_kv_heads: int
+    head_dim: int
+    sliding_window: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KV_CACHE_KINDS:
+            raise ValueError(f"KV cache kind {self.kind!r} is not one of {', '.join(KV_CACHE_KINDS)}")
+        if (self.kind == "sliding_window") != (self.sliding_window is not None):
+            raise ValueError(f"a {self.kind!r} KV cache takes sliding_window={self.sliding_window} only with the kind "
+                             "'sliding_window'")
+
+    def bytes_per_token(self, dtype: torch.dtype) -> int:
+        """Key and value of one token in this layer."""
+        if self.kind == "none":
+            return 0
+        return 2 * self.num_kv_heads * self.head_dim * torch.finfo(dtype).bits // 8
+
+
 @dataclass
 class CacheConfig:
     block_size: int

@@ -13,44 +13,35 @@ from torch import nn
 
 from fasterllm.config import ModelConfig
 from fasterllm.layers.activation import SiluAndMul
-from fasterllm.layers.attention import AttentionMetadata, attend_with_kernels, paged_attention, store_kv
+from fasterllm.config import KVCacheSpec
+from fasterllm.layers.attention import AttentionMetadata
+from fasterllm.layers.attention_layer import Attention
 from fasterllm.layers.linear import pack_linears
 from fasterllm.layers.norm import RMSNorm
-from fasterllm.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
+from fasterllm.layers.rotary import RotaryEmbedding, rope_inv_freq
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        heads = cfg.num_attention_heads + 2 * cfg.num_key_value_heads
+        q_size, kv_size = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
+        self.qkv_shape = (heads, cfg.head_dim)
+        self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.sliding_window)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.act = SiluAndMul()
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
-        self.scale = self.head_dim ** -0.5
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None,
                 rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor | None,
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """rope: the whole cos/sin table (kernels, GPU) or this step's (cos, sin) rows (torch path)."""
-        num_tokens = hidden.shape[0]
         hidden, residual = self.input_layernorm(hidden, residual)  # W8A8 / FP8: quantized rows, not a tensor
-        qkv = self.qkv_proj(hidden).view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
-        if meta.kernel is not None:
-            attention = attend_with_kernels(qkv, self.num_heads, self.num_kv_heads, kv_cache, meta, rope, self.scale)
-        else:
-            # Q and K rotated together in one call, in place: K then V stay side by side for one store
-            qk = qkv[:, :self.num_heads + self.num_kv_heads]
-            apply_rotary(qk, *rope, out=qk)
-            query, key, value = qkv.split_with_sizes([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
-            if kv_cache is not None:  # None: a pass without a cache (embeddings), whole prompts, nothing kept
-                store_kv(kv_cache, qkv[:, self.num_heads:], meta)
-            attention = paged_attention(query, key, value, kv_cache, meta, self.scale)
+        qkv = self.qkv_proj(hidden).view(-1, *self.qkv_shape)
+        attention = self.attn(qkv, rope, kv_cache, meta)
         hidden, residual = self.post_attention_layernorm(self.o_proj(attention), residual)
         return self.down_proj(self.act(self.gate_up_proj(hidden))), residual
 
@@ -75,6 +66,10 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head is None:
             self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False, device="meta")
             self.lm_head.weight = self.embed_tokens.weight
+
+    def kv_cache_specs(self) -> list[KVCacheSpec]:
+        """What each layer caches, in layer order."""
+        return [layer.attn.kv_spec for layer in self.layers]
 
     def pack_for_cpu(self) -> None:
         """Reorder every projection's weight (and the head's, once head_as_linear made it a Linear) for oneDNN."""

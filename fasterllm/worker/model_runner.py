@@ -37,6 +37,10 @@ class ModelRunner:
         self.device, self.dtype = device, dtype
         start = time.perf_counter()
         self.model = build_decoder(checkpoint, max_model_len, device, dtype, load_format, quantization)
+        self.kv_specs = self.model.kv_cache_specs()
+        if len(set(self.kv_specs)) != 1:  # one block table per request until the KV manager holds one per group
+            raise ValueError(f"the model's layers cache differently ({sorted({s.kind for s in self.kv_specs})}): "
+                             "this engine runs one KV cache group; such a model is not supported yet")
         self.load_seconds = time.perf_counter() - start
         self.max_model_len = max_model_len
         self.kv_caches: torch.Tensor | None = None
@@ -58,9 +62,7 @@ class ModelRunner:
         return self.graphs.capture()
 
     def bytes_per_block(self, block_size: int) -> int:
-        cfg = self.model_config
-        elements = 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim
-        return elements * torch.finfo(self.dtype).bits // 8
+        return block_size * sum(spec.bytes_per_token(self.dtype) for spec in self.kv_specs)
 
     def determine_num_blocks(self, cache: CacheConfig, sched: SchedulerConfig, gpu_memory_utilization: float,
                              cpu_kv_cache_gib: float) -> int:
@@ -97,10 +99,12 @@ class ModelRunner:
         self.kv_caches = None
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
-        cfg = self.model_config
+        """One [layers, 2, blocks, block_size, kv heads, head dim] tensor: every layer is in the one cache group
+        (checked at start-up), so a block id means the same slots in every layer."""
+        spec = self.kv_specs[0]
         self.block_size = block_size
-        self.kv_caches = torch.zeros(cfg.num_hidden_layers, 2, num_blocks, block_size, cfg.num_key_value_heads,
-                                     cfg.head_dim, dtype=self.dtype, device=self.device)
+        self.kv_caches = torch.zeros(len(self.kv_specs), 2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim,
+                                     dtype=self.dtype, device=self.device)
 
     def allocate_swap_space(self, num_blocks: int) -> None:
         shape = list(self.kv_caches.shape)

@@ -1,0 +1,39 @@
+"""The attention layer a model calls: rotary + KV store + paged attention over a fused QKV, on whichever path
+the step's metadata says (the Triton kernels on a GPU, the torch path elsewhere), and what the layer caches.
+
+Models build one Attention per layer and never branch on the device: the path is the metadata's
+(AttentionMetadata.kernel is set when the inputs were staged for the kernels). Each layer declares its KVCacheSpec,
+which the runner reads to size and lay out the KV cache.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fasterllm.config import KVCacheSpec
+from fasterllm.layers.attention import AttentionMetadata, attend_with_kernels, paged_attention, store_kv
+from fasterllm.layers.rotary import apply_rotary
+
+
+class Attention(nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sliding_window: int | None = None):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = head_dim ** -0.5
+        kind = "full" if sliding_window is None else "sliding_window"
+        self.kv_spec = KVCacheSpec(kind, num_kv_heads, head_dim, sliding_window)
+
+    def forward(self, qkv: torch.Tensor, rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+                kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
+        """qkv [T, Hq + 2 Hkv, D] (queries, keys, values of the new tokens, before RoPE) -> [T, Hq * D].
+        rope: the whole cos/sin table (kernels) or this step's (cos, sin) rows (torch path). kv_cache None: a
+        pass without a cache (embeddings: whole prompts, nothing kept; torch path only)."""
+        if meta.kernel is not None:
+            return attend_with_kernels(qkv, self.num_heads, self.num_kv_heads, kv_cache, meta, rope, self.scale)
+        # Q and K rotated together in one call, in place: K then V stay side by side for one store
+        qk = qkv[:, :self.num_heads + self.num_kv_heads]
+        apply_rotary(qk, *rope, out=qk)
+        query, key, value = qkv.split_with_sizes([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
+        if kv_cache is not None:
+            store_kv(kv_cache, qkv[:, self.num_heads:], meta)
+        return paged_attention(query, key, value, kv_cache, meta, self.scale)
