@@ -9,8 +9,10 @@ import pytest
 from fasterllm import LLM, SamplingParams
 
 TEXT = (Path(__file__).parent.parent / "data" / "pride_and_prejudice_ch1.txt").read_text()
-# how far each method may raise the perplexity, relative to the unquantized model (issue 7)
-ALLOWED_INCREASE = {"int8": 0.01, "w8a8": 0.01, "int4": 0.05, "gguf": 0.01}
+# how far each method may raise the perplexity, relative to the unquantized model (issue 7). w8a8: its integer sums
+# are exact on every path, yet the float work around them moves its result between +0.06% (AVX-512, bf16) and
+# +1.2% to +1.6% (fp32, or AVX2-capped kernels): benchmarks/RESULTS.md, "CPUs without AVX-512"
+ALLOWED_INCREASE = {"int8": 0.01, "w8a8": 0.02, "int4": 0.05, "gguf": 0.01}
 
 
 def perplexity(llm: LLM) -> float:
