@@ -11,12 +11,19 @@ length_penalty; the best beam_width that do not end stay live.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fasterllm.engine.request import Request
 from fasterllm.loader.tokenizer import TokenizerWrapper
 from fasterllm.outputs import CompletionOutput, RequestOutput
 from fasterllm.sampling_params import BeamSearchParams
+
+if TYPE_CHECKING:
+    from fasterllm.engine.scheduler import Scheduler
+    from fasterllm.engine.sequence_forks import SequenceForks
+    from fasterllm.worker.sampler import SamplerOutput
 
 
 @dataclass
@@ -108,3 +115,60 @@ class BeamSearch:
             finish_reason=h.finish_reason, score=h.score)
             for index, h in enumerate(self.hypotheses[:self.params.n])]
         return RequestOutput(head.request_id, head.prompt, head.prompt_token_ids, completions, True, head.metrics)
+
+
+# ---- a step's beam work, in the order the engine's step runs it ----------------------------------------
+def report_beams(beam_rows: list[tuple[int, Request]], sampled: SamplerOutput) -> list[BeamSearch]:
+    """Give each beam its row's top candidates; returns the searches whose every beam has reported."""
+    if not beam_rows:
+        return []
+    rows = [row for row, _ in beam_rows]  # from the host copies the runner queued; column 0 is the sampled token
+    ids = sampled.host("logprob_token_ids")[rows, 1:].tolist()
+    values = sampled.host("logprobs")[rows, 1:].tolist()
+    ready: dict[int, BeamSearch] = {}
+    for (_, beam), row_ids, row_values in zip(beam_rows, ids, values):
+        if beam.beam.report(beam, row_ids, row_values):
+            ready[id(beam.beam)] = beam.beam
+    return list(ready.values())
+
+
+def continue_beams(search: BeamSearch, first_tokens: dict[str, int], computed: dict[str, int],
+                   forks: SequenceForks) -> list[tuple[Request, int]]:
+    """Make the search's chosen continuations its beams: a beam chosen once continues itself (its token goes in
+    first_tokens), each further choice forks it; beams not chosen are left in search.pruned. Returns the tokens of
+    beams that were waiting for their search (not scheduled this step), appended after the bookkeeping."""
+    continued: set[str] = set()
+    beams, waited = [], []
+    for choice in search.select():
+        parent = choice.parent
+        if parent.request_id in continued:
+            beam = forks.fork(parent, search.next_beam_id(), choice.token_id,
+                              computed.get(parent.request_id, parent.num_computed_tokens))
+        else:
+            continued.add(parent.request_id)
+            beam = parent
+            if parent.request_id in computed:
+                first_tokens[parent.request_id] = choice.token_id
+            else:
+                waited.append((parent, choice.token_id))
+        beam.cumulative_logprob = choice.cumulative_logprob
+        beams.append(beam)
+    search.pruned = [beam for beam in search.beams if beam.request_id not in continued]
+    search.beams = beams
+    return waited
+
+
+def end_beams(searches: list[BeamSearch], scheduler: Scheduler, requests: dict[str, Request],
+              tokenizer: TokenizerWrapper) -> list[RequestOutput]:
+    """Free the beams that were not chosen; a search that is done gives its output and leaves requests."""
+    outputs = []
+    for search in searches:
+        for beam in search.pruned + (search.beams if search.done else []):
+            scheduler.finish_request(beam, "stop")
+            if beam is not search.head:
+                del requests[beam.request_id]
+        if search.done:
+            search.head.metrics.finished_time = time.time()
+            outputs.append(search.make_output(tokenizer))
+            del requests[search.head.request_id]
+    return outputs

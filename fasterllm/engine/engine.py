@@ -8,13 +8,14 @@ from dataclasses import dataclass
 import torch
 
 from fasterllm.config import CacheConfig, EngineArgs, SchedulerConfig
-from fasterllm.engine.beam_search import BeamSearch
+from fasterllm.engine.beam_search import BeamSearch, continue_beams, end_beams, report_beams
 from fasterllm.engine.kv_cache_manager import KVCacheManager, SwapSpace
 from fasterllm.engine.input_processor import InputProcessor
 from fasterllm.engine.limits import resolve_max_model_len
 from fasterllm.engine.output_processor import OutputProcessor
 from fasterllm.engine.request import Request
 from fasterllm.engine.scheduler import Scheduler, SchedulerOutput
+from fasterllm.engine.sequence_forks import SequenceForks
 from fasterllm.loader.checkpoint import open_checkpoint
 from fasterllm.outputs import RequestOutput
 from fasterllm.sampling_params import BeamSearchParams, SamplingParams
@@ -94,6 +95,8 @@ class Engine:
         self.scheduler = Scheduler(self.scheduler_config, self.kv_cache, swap_space)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.requests: dict[str, Request] = {}
+        self.forks = SequenceForks(self.requests, self.kv_cache, self.scheduler, self.output_processor,
+                                   self._eos_ids(), self.max_model_len, self.device)
         self.async_scheduling = self.device.type == "cuda" if args.async_scheduling is None else args.async_scheduling
         self._in_flight: tuple[SchedulerOutput, ModelRunnerOutput] | None = None  # launched, tokens not read
         self.startup_seconds = {"total": time.perf_counter() - start, "weights": self.runner.load_seconds,
@@ -127,9 +130,8 @@ class Engine:
         if isinstance(params, BeamSearchParams):
             search, params = BeamSearch(params, self._eos_ids()), params.as_sampling_params()
         self.inputs.check_sampling_token_ids(params)
-        request = Request(request_id, text, token_ids, params, self._eos_ids(), self.max_model_len, arrival_time,
-                          self._generator(params, 0))
-        request.fork_generators = [self._generator(params, i) for i in range(1, params.best_of)]
+        request = Request(request_id, text, token_ids, params, self._eos_ids(), self.max_model_len, arrival_time)
+        self.forks.give_generators(request)
         request.bad_word_ids = self.inputs.bad_word_ids(params.bad_words)
         if search is not None:
             search.start(request)
@@ -141,66 +143,6 @@ class Engine:
 
     def _eos_ids(self) -> list[int]:
         return self.tokenizer.eos_token_ids or self.model_config.eos_token_ids
-
-    def _generator(self, params: SamplingParams, sample_index: int) -> torch.Generator | None:
-        """Sample i of a seeded request draws from its own stream, the same whatever else runs."""
-        if params.seed is None:
-            return None
-        return torch.Generator(device=self.device).manual_seed(params.seed + 1_000_003 * sample_index)
-
-    def _fork(self, parent: Request, child_id: str, first_token: int, num_computed_tokens: int,
-              generator: torch.Generator | None = None) -> Request:
-        """A request continuing the parent's tokens with first_token, sharing its blocks copy-on-write.
-
-        Called before the step's bookkeeping, so num_computed_tokens is the parent's after this step.
-        """
-        child = Request(child_id, parent.prompt, parent.prompt_token_ids, parent.sampling_params, self._eos_ids(),
-                        self.max_model_len, parent.metrics.arrival_time, generator)
-        child.output_token_ids = list(parent.output_token_ids)
-        child.all_token_ids = list(parent.all_token_ids)
-        child.bad_word_ids = parent.bad_word_ids
-        child.beam = parent.beam
-        child.num_computed_tokens = num_computed_tokens
-        child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
-        self.kv_cache.fork(parent, child)
-        self.requests[child.request_id] = child
-        self.scheduler.add_forked(child, first_token)
-        return child
-
-    def _fork_sample(self, parent: Request, first_token: int, num_computed_tokens: int) -> Request:
-        """Sample i of a parallel-sampling request, forked after the prompt step."""
-        index = len(parent.family)
-        child = self._fork(parent, f"{parent.request_id}#{index}", first_token, num_computed_tokens,
-                           parent.fork_generators[index - 1])
-        child.family = parent.family
-        parent.family.append(child)
-        self.output_processor.add_request(child)
-        return child
-
-    def _continue_beams(self, search: BeamSearch, first_tokens: dict[str, int],
-                        computed: dict[str, int]) -> list[tuple[Request, int]]:
-        """Make the search's chosen continuations its beams: a beam chosen once continues itself, each
-        further choice forks it; beams not chosen are left in search.pruned. Returns the tokens of beams
-        that were waiting for their search (not scheduled this step), appended after the bookkeeping."""
-        continued: set[str] = set()
-        beams, waited = [], []
-        for choice in search.select():
-            parent = choice.parent
-            if parent.request_id in continued:
-                beam = self._fork(parent, search.next_beam_id(), choice.token_id,
-                                  computed.get(parent.request_id, parent.num_computed_tokens))
-            else:
-                continued.add(parent.request_id)
-                beam = parent
-                if parent.request_id in computed:
-                    first_tokens[parent.request_id] = choice.token_id
-                else:
-                    waited.append((parent, choice.token_id))
-            beam.cumulative_logprob = choice.cumulative_logprob
-            beams.append(beam)
-        search.pruned = [beam for beam in search.beams if beam.request_id not in continued]
-        search.beams = beams
-        return waited
 
     def abort_request(self, request_id: str, reason: str = "abort") -> None:
         """End a request as added (with its parallel samples or beams) and free its blocks."""
@@ -286,12 +228,12 @@ class Engine:
             if request.beam is not None:
                 beam_rows.append((row, request))
             elif request_id in first_tokens:  # forked before update() can release the parent's blocks
-                request = self._fork_sample(request, token, computed[request_id])
+                request = self.forks.fork_sample(request, token, computed[request_id])
             else:
                 first_tokens[request_id] = token
             rows.append(request)
-        searches = self._report_beams(beam_rows, sampled)
-        waited = [pair for search in searches for pair in self._continue_beams(search, first_tokens, computed)]
+        searches = report_beams(beam_rows, sampled)
+        waited = [pair for search in searches for pair in continue_beams(search, first_tokens, computed, self.forks)]
         self.scheduler.update(out, first_tokens)
         for beam, token in waited:
             beam.append_token(token)
@@ -313,34 +255,7 @@ class Engine:
             if output.finished:
                 for member in head.family:
                     del self.requests[member.request_id]
-        outputs.extend(self._end_beams(searches))
-        return outputs
-
-    def _report_beams(self, beam_rows: list[tuple[int, Request]], sampled) -> list[BeamSearch]:
-        """Give each beam its row's top candidates; returns the searches whose every beam has reported."""
-        if not beam_rows:
-            return []
-        rows = [row for row, _ in beam_rows]  # from the host copies the runner queued; column 0 is the sampled token
-        ids = sampled.host("logprob_token_ids")[rows, 1:].tolist()
-        values = sampled.host("logprobs")[rows, 1:].tolist()
-        ready: dict[int, BeamSearch] = {}
-        for (_, beam), row_ids, row_values in zip(beam_rows, ids, values):
-            if beam.beam.report(beam, row_ids, row_values):
-                ready[id(beam.beam)] = beam.beam
-        return list(ready.values())
-
-    def _end_beams(self, searches: list[BeamSearch]) -> list[RequestOutput]:
-        """Free the beams that were not chosen; a search that is done gives its output."""
-        outputs = []
-        for search in searches:
-            for beam in search.pruned + (search.beams if search.done else []):
-                self.scheduler.finish_request(beam, "stop")
-                if beam is not search.head:
-                    del self.requests[beam.request_id]
-            if search.done:
-                search.head.metrics.finished_time = time.time()
-                outputs.append(search.make_output(self.tokenizer))
-                del self.requests[search.head.request_id]
+        outputs.extend(end_beams(searches, self.scheduler, self.requests, self.tokenizer))
         return outputs
 
     def _record_logprobs(self, rows: list[Request], sampled) -> None:
