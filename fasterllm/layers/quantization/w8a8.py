@@ -40,6 +40,7 @@ class W8A8Linear(FlatLinear):
 
 
 def _float_linear(weight: torch.Tensor) -> torch.nn.Module:
+    """The int8 codes [N, K] held as fp32 in a linear without bias: oneDNN-packed wherever oneDNN is built in."""
     if can_pack(weight.device, weight.dtype):
         return PackedCPULinear(weight, None)
     linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
