@@ -1,5 +1,6 @@
 """CPU kernel choices follow what the CPU supports: on an AVX2-only CPU (no oneDNN bf16) bf16 runs unpacked
-instead of crashing, the default dtype is fp32, and every quantization method still loads and answers.
+instead of crashing, the default dtype is fp32, and the quantized paths it changes (int4 in bf16, W8A8 without an
+exact int8 GEMM) load and answer.
 
 One test runs a real AVX2-only process (torch, oneDNN and MKL capped to AVX2 by AVX2_ONLY_ENV) whatever CPU runs
 the suite; the others force the AVX2-only answer in this process."""
@@ -43,7 +44,7 @@ def avx2_only(monkeypatch):
     monkeypatch.setattr(cpu_features_module, "_detected", AVX2_ONLY)
 
 
-def test_an_avx2_only_process_runs_bf16_and_every_cpu_method(gguf):
+def test_an_avx2_only_process_runs_bf16_int4_and_w8a8(gguf):
     env = {**os.environ, **AVX2_ONLY_ENV}
     done = subprocess.run([sys.executable, "-c", AVX2_PROCESS, str(gguf)], env=env, capture_output=True, text=True,
                           timeout=600)
