@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from fasterllm.config import ModelConfig
-from fasterllm.loader.gguf_blocks import Q4_TYPES, unpack_q4_blocks
+from fasterllm.loader.gguf_blocks import Q4_TYPES, dequantize_q4_blocks, unpack_q4_blocks
 
 # GGUF architecture -> (our model class name, whether llama.cpp permuted Q/K rows for interleaved RoPE)
 _ARCHITECTURES = {
@@ -128,6 +128,9 @@ class GGUFFile:
                 parts = unpack_q4_blocks(tensor.data, tensor.tensor_type.name, shape)
                 named = [(name.replace(".weight", suffix), part)
                          for suffix, part in zip((".qcodes", ".qscales", ".qmins"), parts)]
+            elif tensor.tensor_type.name in Q4_TYPES:
+                shape = tuple(int(d) for d in reversed(tensor.shape))
+                named = [(name, dequantize_q4_blocks(tensor.data, tensor.tensor_type.name, shape))]
             else:
                 named = [(name, torch.from_numpy(self._dequantize(tensor).copy()))]
             for part_name, weight in named:  # every row-indexed part is permuted alike

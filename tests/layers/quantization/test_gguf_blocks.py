@@ -9,7 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from fasterllm import LLM
 from fasterllm.layers.quantization.int4 import Int4WeightOnlyLinear
-from fasterllm.loader.gguf_blocks import unpack_q4_blocks
+from fasterllm.loader.gguf_blocks import dequantize_q4_blocks, unpack_q4_blocks
 from fasterllm.loader.gguf_checkpoint import GGUFFile
 from fasterllm.loader.model_source import default_model_path
 
@@ -27,6 +27,7 @@ def test_blocks_unpack_to_exactly_what_gguf_dequantizes_and_the_kernel_multiplie
     codes, scales, minimums = unpack_q4_blocks(raw, kind, (48, 128))
     assert codes.dtype == torch.uint8 and int(codes.max()) <= 15
     assert torch.equal(dequantized(codes, scales, minimums), reference)
+    assert torch.equal(dequantize_q4_blocks(raw, kind, (48, 128)), reference)  # what a float load of the file reads
     x = torch.randn(3, 128)
     got = Int4WeightOnlyLinear(codes, scales, minimums, None)(x)
     # the CPU kernel multiplies in bf16: bf16 inputs, scales and zeros (centred at code 8), one bf16 rounding out
