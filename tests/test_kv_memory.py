@@ -38,7 +38,7 @@ def test_prefix_caching_gives_identical_tokens_and_hits(reference):
     assert stats.prefix_cache_hits >= len(QUESTIONS) * 2 * 16
 
 
-@pytest.mark.parametrize("budget", [1, 4, 16])
+@pytest.mark.parametrize("budget", [3, 16])  # 3: chunks end inside blocks, decodes wait for budget
 def test_chunk_sizes_give_identical_tokens(reference, budget):
     rounds, _ = generate_twice(max_num_batched_tokens=budget, num_kv_blocks=200)
     assert rounds == [reference, reference]
@@ -69,9 +69,9 @@ def test_a_shared_prefix_is_computed_once():
     computed = []
     execute = engine.runner.execute
 
-    def counting_execute(out, block_tables):
-        computed.append({item.request.request_id: item.num_new_tokens for item in out.scheduled})
-        return execute(out, block_tables)
+    def counting_execute(message):
+        computed.append({chunk.request_id: chunk.num_new_tokens for chunk in message.scheduled})
+        return execute(message)
 
     engine.runner.execute = counting_execute
     first, second = prompts(llm)[:2]

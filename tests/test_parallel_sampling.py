@@ -29,7 +29,7 @@ def test_prompt_is_computed_once_and_its_blocks_are_shared_then_copied_on_write(
     def watching_schedule():
         out = schedule()
         scheduled.append(sum(item.num_new_tokens for item in out.scheduled))
-        copies.append(len(out.copies))
+        copies.append(len(out.message.copies))
         return out
 
     engine.scheduler.schedule = watching_schedule

@@ -23,7 +23,7 @@ from fasterllm.sampling_params import BeamSearchParams
 if TYPE_CHECKING:
     from fasterllm.engine.scheduler import Scheduler
     from fasterllm.engine.sequence_forks import SequenceForks
-    from fasterllm.worker.sampler import SamplerOutput
+    from fasterllm.worker.step_messages import ModelRunnerOutput
 
 
 @dataclass
@@ -118,16 +118,11 @@ class BeamSearch:
 
 
 # ---- a step's beam work, in the order the engine's step runs it ----------------------------------------
-def report_beams(beam_rows: list[tuple[int, Request]], sampled: SamplerOutput) -> list[BeamSearch]:
+def report_beams(beam_rows: list[tuple[int, Request]], result: ModelRunnerOutput) -> list[BeamSearch]:
     """Give each beam its row's top candidates; returns the searches whose every beam has reported."""
-    if not beam_rows:
-        return []
-    rows = [row for row, _ in beam_rows]  # from the host copies the runner queued; column 0 is the sampled token
-    ids = sampled.host("logprob_token_ids")[rows, 1:].tolist()
-    values = sampled.host("logprobs")[rows, 1:].tolist()
     ready: dict[int, BeamSearch] = {}
-    for (_, beam), row_ids, row_values in zip(beam_rows, ids, values):
-        if beam.beam.report(beam, row_ids, row_values):
+    for row, beam in beam_rows:  # column 0 is the sampled token, the top candidates follow
+        if beam.beam.report(beam, result.logprob_token_ids[row][1:], result.logprobs[row][1:]):
             ready[id(beam.beam)] = beam.beam
     return list(ready.values())
 

@@ -14,12 +14,13 @@ from fasterllm.engine.input_processor import InputProcessor
 from fasterllm.engine.limits import resolve_max_model_len
 from fasterllm.engine.output_processor import OutputProcessor
 from fasterllm.engine.request import Request
-from fasterllm.engine.scheduler import Scheduler, SchedulerOutput
+from fasterllm.engine.scheduler import AsyncScheduler, ScheduledBatch, Scheduler
 from fasterllm.engine.sequence_forks import SequenceForks
 from fasterllm.loader.checkpoint import open_checkpoint
 from fasterllm.outputs import RequestOutput
 from fasterllm.sampling_params import BeamSearchParams, SamplingParams
-from fasterllm.worker.model_runner import ModelRunner, ModelRunnerOutput
+from fasterllm.worker.model_runner import ModelRunner, PendingOutput
+from fasterllm.worker.step_messages import ModelRunnerOutput
 
 logger = logging.getLogger("fasterllm")
 
@@ -92,13 +93,14 @@ class Engine:
             cpu_blocks = int(args.swap_space_gib * 2**30) // self.runner.bytes_per_block(cache.block_size)
             self.runner.allocate_swap_space(cpu_blocks)
             swap_space = SwapSpace(cpu_blocks)
-        self.scheduler = Scheduler(self.scheduler_config, self.kv_cache, swap_space)
+        self.async_scheduling = self.device.type == "cuda" if args.async_scheduling is None else args.async_scheduling
+        self.scheduler = (AsyncScheduler if self.async_scheduling else Scheduler)(
+            self.scheduler_config, self.kv_cache, swap_space)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.requests: dict[str, Request] = {}
         self.forks = SequenceForks(self.requests, self.kv_cache, self.scheduler, self.output_processor,
-                                   self._eos_ids(), self.max_model_len, self.device)
-        self.async_scheduling = self.device.type == "cuda" if args.async_scheduling is None else args.async_scheduling
-        self._in_flight: tuple[SchedulerOutput, ModelRunnerOutput] | None = None  # launched, tokens not read
+                                   self._eos_ids(), self.max_model_len)
+        self._in_flight: tuple[ScheduledBatch, PendingOutput] | None = None  # launched, tokens not read
         self.startup_seconds = {"total": time.perf_counter() - start, "weights": self.runner.load_seconds,
                                 "kv_sizing": profile_seconds, "cuda_graphs": graph_seconds}
         logger.info("engine ready in %.1fs (weights %.1fs, KV sizing %.1fs, CUDA graphs %.1fs): %s, %s on %s, "
@@ -131,7 +133,7 @@ class Engine:
             search, params = BeamSearch(params, self._eos_ids()), params.as_sampling_params()
         self.inputs.check_sampling_token_ids(params)
         request = Request(request_id, text, token_ids, params, self._eos_ids(), self.max_model_len, arrival_time)
-        self.forks.give_generators(request)
+        self.forks.name_samples(request)
         request.bad_word_ids = self.inputs.bad_word_ids(params.bad_words)
         if search is not None:
             search.start(request)
@@ -171,55 +173,51 @@ class Engine:
             self._in_flight = self._launch_lookahead(out, result)
         return self._finish_step(out, result)
 
-    def _launch(self, out: SchedulerOutput) -> tuple[SchedulerOutput, ModelRunnerOutput] | None:
-        if out.swap_out or out.swap_in or out.copies:  # before the forward pass writes into any of them
-            self.runner.move_blocks(out)
-        if not out.scheduled:
-            return None
+    def _launch(self, batch: ScheduledBatch) -> tuple[ScheduledBatch, PendingOutput] | None:
         try:
-            return out, self.runner.execute(out, self.kv_cache.block_tables)
+            pending = self.runner.execute(batch.message)
         except Exception as exc:
             # a failed sample or beam fails its whole request: the samples and beams not in this step too
-            ids = list(dict.fromkeys(_added_as(item.request).request_id for item in out.scheduled))
+            ids = list(dict.fromkeys(_added_as(item.request).request_id for item in batch.scheduled))
             logger.exception("forward pass failed; failing requests %s", ids)
             for request_id in ids:
                 self.abort_request(request_id, "error")
             raise StepFailedError(ids, exc) from exc
+        return None if pending is None else (batch, pending)
 
-    def _launch_lookahead(self, out: SchedulerOutput,
-                          result: ModelRunnerOutput) -> tuple[SchedulerOutput, ModelRunnerOutput] | None:
+    def _launch_lookahead(self, batch: ScheduledBatch,
+                          pending: PendingOutput) -> tuple[ScheduledBatch, PendingOutput] | None:
         """Schedule and launch the next step now, each row's input being this step's sampled id still on
         the device, when nothing needs this step's tokens on the host first: every request decodes one
         row with no beam, fork or logit control (those read the tokens). A request that then ends in
         this step wastes its lookahead row, which is dropped."""
-        sampled = result.sampler_output
-        if sampled is None or len(set(result.request_ids)) != len(result.request_ids) or any(
+        in_flight = set(pending.request_ids)
+        if not in_flight or len(in_flight) != len(pending.request_ids) or any(
                 not item.samples or item.request.beam is not None or item.request.sampling_params.controls_logits
-                for item in out.scheduled):
+                for item in batch.scheduled):
             return None
-        lookahead = self.scheduler.schedule_lookahead({rid: row for row, rid in enumerate(result.request_ids)})
+        lookahead = self.scheduler.schedule_lookahead(in_flight)
         if lookahead is None:
             return None
         try:
-            if lookahead.copies:
-                self.runner.move_blocks(lookahead)
-            return lookahead, self.runner.execute(lookahead, self.kv_cache.block_tables, sampled.token_ids)
+            launched = self.runner.execute(lookahead.message)
         except Exception:  # nothing was recorded: the next step schedules them again, synchronously
             logger.warning("a lookahead step failed to launch; continuing synchronously", exc_info=True)
             return None
+        return lookahead, launched
 
-    def _finish_step(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[RequestOutput]:
+    def _finish_step(self, batch: ScheduledBatch, pending: PendingOutput) -> list[RequestOutput]:
         """Read the step's tokens and account them: forks, beams, logprobs, stops, outputs."""
-        sampled = result.sampler_output
-        tokens = sampled.host("token_ids").tolist() if sampled is not None else []
+        result = pending.get()
+        tokens = result.sampled_token_ids
         # a parent's extra rows (parallel sampling) become its children, sharing its blocks
         rows: list[Request | None] = []  # None: a lookahead row of a request that has ended since
         first_tokens: dict[str, int] = {}
         computed = {item.request.request_id: item.request.num_computed_tokens + item.num_new_tokens
-                    for item in out.scheduled}
+                    for item in batch.scheduled}
         beam_rows: list[tuple[int, Request]] = []
         # by object, not id: a lookahead row's request may have ended and its id been added again since
-        live = {item.request.request_id: item.request for item in out.scheduled if not item.request.finished}
+        live = {item.request.request_id: item.request for item in batch.scheduled if not item.request.finished}
         for row, (request_id, token) in enumerate(zip(result.request_ids, tokens)):
             request = live.get(request_id)
             if request is None:
@@ -232,13 +230,13 @@ class Engine:
             else:
                 first_tokens[request_id] = token
             rows.append(request)
-        searches = report_beams(beam_rows, sampled)
+        searches = report_beams(beam_rows, result)
         waited = [pair for search in searches for pair in continue_beams(search, first_tokens, computed, self.forks)]
-        self.scheduler.update(out, first_tokens)
+        self.scheduler.update(batch, first_tokens)
         for beam, token in waited:
             beam.append_token(token)
-        if sampled is not None and sampled.logprobs is not None:
-            self._record_logprobs(rows, sampled)
+        if result.logprobs is not None:
+            self._record_logprobs(rows, result)
         self._record_prompt_logprobs(result.prompt_logprobs)
         families: dict[str, Request] = {}  # head of each family that produced tokens, in row order
         for request, token in zip(rows, tokens):
@@ -258,15 +256,14 @@ class Engine:
         outputs.extend(end_beams(searches, self.scheduler, self.requests, self.tokenizer))
         return outputs
 
-    def _record_logprobs(self, rows: list[Request], sampled) -> None:
-        wanted = [row for row, request in enumerate(rows) if request is not None
-                  and (request.sampling_params.logprobs is not None or request.sampling_params.ranks_samples)]
-        if not wanted:  # only beam rows asked the sampler for logprobs: they read their own rows
-            return
-        ids, values, ranks = (sampled.host(name).tolist() for name in ("logprob_token_ids", "logprobs", "sampled_ranks"))
-        for row in wanted:
-            request = rows[row]
+    def _record_logprobs(self, rows: list[Request | None], result: ModelRunnerOutput) -> None:
+        ids, values, ranks = result.logprob_token_ids, result.logprobs, result.sampled_ranks
+        for row, request in enumerate(rows):
+            if request is None or request.beam is not None:  # beam rows were read by their search
+                continue
             params = request.sampling_params
+            if params.logprobs is None and not params.ranks_samples:
+                continue
             request.cumulative_logprob += values[row][0]
             if params.logprobs is not None:
                 request.logprobs.append(self.output_processor.decode_logprobs(ids[row], values[row], ranks[row],

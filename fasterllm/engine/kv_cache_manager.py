@@ -30,6 +30,7 @@ class KVCacheManager:
         self.block_tables: dict[str, list[int]] = {}
         self.num_registered: dict[str, int] = {}  # leading blocks of each table already offered to the cache
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (source, destination) for the runner
+        self.changed_from: dict[str, int] = {}  # per table, the first index changed since the worker was told
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of which found in the cache
 
@@ -53,6 +54,15 @@ class KVCacheManager:
     def block_table(self, request_id: str) -> list[int]:
         return self.block_tables.get(request_id, [])
 
+    def take_table_change(self, request_id: str) -> tuple[int | None, list[int]]:
+        """What changed in the request's table since the last call: (first changed index, the table from it),
+        or (None, []) when nothing did."""
+        start = self.changed_from.pop(request_id, None)
+        return (None, []) if start is None else (start, self.block_tables.get(request_id, [])[start:])
+
+    def _changed(self, request_id: str, index: int) -> None:
+        self.changed_from[request_id] = min(index, self.changed_from.get(request_id, index))
+
     # ---- prefix cache ----------------------------------------------------------------------------------
     def match_prefix(self, request: Request) -> int:
         """Give a request with nothing computed the cached blocks of its longest cached prefix.
@@ -74,6 +84,7 @@ class KVCacheManager:
         for block in hits:
             self._reference(block)
         self.block_tables[request.request_id] = hits
+        self._changed(request.request_id, 0)
         self.prefix_cache_hits += len(hits) * self.block_size
         return len(hits) * self.block_size
 
@@ -135,6 +146,9 @@ class KVCacheManager:
             table[shared] = self._take_free_block()
             self.ref_counts[source] -= 1
             self.pending_copies.append((source, table[shared]))
+            self._changed(request.request_id, shared)
+        if needed > 0 or not table:
+            self._changed(request.request_id, len(table))
         table.extend(self._take_free_block() for _ in range(needed))
         return True
 
@@ -144,6 +158,7 @@ class KVCacheManager:
         for block in table:
             self._reference(block)
         self.block_tables[child.request_id] = table
+        self._changed(child.request_id, 0)
         self.num_registered[child.request_id] = self.num_registered.get(parent.request_id, 0)
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
@@ -153,6 +168,7 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Drop the request's references; its tail blocks become the first candidates for eviction."""
         self.num_registered.pop(request.request_id, None)
+        self.changed_from.pop(request.request_id, None)
         for block in reversed(self.block_tables.pop(request.request_id, [])):
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:

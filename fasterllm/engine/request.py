@@ -5,10 +5,9 @@ import enum
 import time
 from typing import TYPE_CHECKING
 
-import torch
-
 from fasterllm.outputs import RequestMetrics, SampleLogprobs
 from fasterllm.sampling_params import SamplingParams
+from fasterllm.worker.step_messages import NewRequestData
 
 if TYPE_CHECKING:
     from fasterllm.engine.beam_search import BeamSearch
@@ -24,7 +23,7 @@ class RequestStatus(enum.Enum):
 class Request:
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, eos_token_ids: list[int], max_model_len: int,
-                 arrival_time: float | None = None, generator: torch.Generator | None = None):
+                 arrival_time: float | None = None):
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
@@ -42,12 +41,13 @@ class Request:
         # parallel sampling: the parent computes the prompt once, then forks best_of - 1 children that
         # share its blocks copy-on-write; all of them are listed here, the parent first
         self.family: list[Request] = [self]
-        self.fork_generators: list[torch.Generator | None] = []
+        # the ids its extra sample rows draw for and it forks into (on the worker: their random streams)
+        self.sample_ids: list[str] = []
+        self.num_sent_tokens: int | None = None  # tokens the worker has of it; None until it is first scheduled
         self.beam: BeamSearch | None = None  # the search this request is a beam of
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
-        self.generator = generator
         self.logprobs: SampleLogprobs | None = [] if sampling_params.logprobs is not None else None
         self.prompt_logprobs: list | None = [None] if sampling_params.prompt_logprobs is not None else None
         self.cumulative_logprob = 0.0
@@ -58,6 +58,27 @@ class Request:
     def samples_to_draw(self) -> int:
         """Rows this request samples this step: best_of at the parent's first token, else one."""
         return self.sampling_params.best_of if self.family[0] is self and not self.output_token_ids else 1
+
+    def new_request_data(self) -> NewRequestData:
+        """What the worker is told when it first runs this request; a fork's seed is None: it draws from
+        the stream its parent's row for it started."""
+        seed = self.sampling_params.seed if self.family[0] is self else None
+        self.num_sent_tokens = len(self.all_token_ids)
+        return NewRequestData(self.request_id, list(self.all_token_ids), len(self.prompt_token_ids),
+                              self.sampling_params, seed, self.sample_ids, self.bad_word_ids,
+                              [*self.eos_token_ids, *self.stop_token_ids],
+                              self.beam.num_candidates if self.beam is not None else 0)
+
+    def take_new_token_ids(self) -> list[int]:
+        """Tokens appended since the worker was last told."""
+        new = self.all_token_ids[self.num_sent_tokens:]
+        self.num_sent_tokens = len(self.all_token_ids)
+        return new
+
+    @property
+    def worker_ids(self) -> list[str]:
+        """What the worker holds under this request: its own id, and its samples' until they are forked."""
+        return [self.request_id, *self.sample_ids] if len(self.family) == 1 else [self.request_id]
 
     @property
     def num_tokens(self) -> int:

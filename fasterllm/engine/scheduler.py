@@ -7,6 +7,10 @@ pool allow (new admissions keep a watermark of blocks free for the running ones)
 starts from its longest cached prefix. When blocks run out, the latest-admitted running request is
 preempted: by recompute (blocks freed, back to the front of the queue, generated tokens kept) or by
 swap (its KV copied to the CPU pool, copied back when blocks free up).
+
+schedule() returns the step twice: as the engine reads it back (its Request objects) and as the plain
+message the worker runs (worker/step_messages.py): requests it has not seen, each chunk with the tokens and
+block-table tail that changed since it last saw the request, the requests that ended, the block copies.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from dataclasses import dataclass, field
 from fasterllm.config import SchedulerConfig
 from fasterllm.engine.kv_cache_manager import KVCacheManager, SwapSpace
 from fasterllm.engine.request import Request, RequestStatus
+from fasterllm.worker.step_messages import ScheduledChunk, SchedulerOutput
 
 
 @dataclass
@@ -25,27 +30,25 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int
     # a lookahead step (asynchronous scheduling) is scheduled before the step in flight has appended its
-    # token: the one new token is that step's sampled id in row `input_row`, at position num_tokens
-    input_row: int | None = None
+    # token: its one new token is that step's sample, at position num_tokens
+    lookahead: bool = False
     start: int = field(init=False)  # position of the first new token
     samples: bool = field(init=False)  # this chunk reaches the last known token: the step yields a new one
 
     def __post_init__(self) -> None:
-        if self.input_row is None:
+        if self.lookahead:
+            self.start, self.samples = self.request.num_tokens, True
+        else:
             self.start = self.request.num_computed_tokens
             self.samples = self.start + self.num_new_tokens == self.request.num_tokens
-        else:
-            self.start, self.samples = self.request.num_tokens, True
 
 
 @dataclass
-class SchedulerOutput:
+class ScheduledBatch:
+    """One step: what the engine accounts afterwards, and the message the worker runs."""
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
-    # block copies the runner makes before the forward pass: (device block, CPU block) / (CPU, device)
-    swap_out: list[tuple[int, int]] = field(default_factory=list)
-    swap_in: list[tuple[int, int]] = field(default_factory=list)
-    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write, device to device
+    message: SchedulerOutput = field(default_factory=SchedulerOutput)
 
     @property
     def num_tokens(self) -> int:
@@ -69,6 +72,7 @@ class Scheduler:
         self.swapped: deque[Request] = deque()
         self.stats = SchedulerStats()
         self.watermark_blocks = max(1, int(config.watermark * kv_cache.num_blocks)) if config.watermark else 0
+        self.finished_ids: list[str] = []  # ended since the last message: the worker drops their state
 
     def add_request(self, request: Request) -> None:
         kv = self.kv_cache
@@ -89,8 +93,8 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
-    def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+    def schedule(self) -> ScheduledBatch:
+        out = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
         groups = _groups(self.running)
         index = 0
@@ -113,25 +117,24 @@ class Scheduler:
             budget = self._swap_in(out, budget)
             if not self.swapped:  # swapped-out requests come back before new ones start
                 self._admit_waiting(out, budget)
-        out.copies = self.kv_cache.take_pending_copies()
-        return out
+        return self._with_message(out)
 
-    def schedule_lookahead(self, rows: dict[str, int]) -> SchedulerOutput | None:
-        """The next step, scheduled while the step in flight still runs (asynchronous scheduling): each
-        running request decodes the token that step samples for it in row rows[request_id]. A request at
-        its token limit after that token is left out (it finishes). Only for a plain step: nothing queued
-        to admit or swap in, every running request in flight, and blocks for all without preempting;
-        otherwise None, and the next step is scheduled once the tokens are read."""
-        if self.waiting or self.swapped or any(r.request_id not in rows for r in self.running):
-            return None
-        going_on = [r for r in self.running if len(r.output_token_ids) + 1 < r.max_tokens]
-        if not going_on or len(going_on) > self.config.max_num_batched_tokens:
-            return None
-        for request in going_on:  # the in-flight step's tokens were allocated; one more each
-            if not self.kv_cache.allocate_slots(request, request.num_tokens - request.num_computed_tokens + 1):
-                return None  # what was taken stays in the tables: the next step needs it anyway
-        out = SchedulerOutput([ScheduledRequest(r, 1, rows[r.request_id]) for r in going_on])
-        out.copies = self.kv_cache.take_pending_copies()
+    def _with_message(self, out: ScheduledBatch) -> ScheduledBatch:
+        """Fill in the worker's message: it learns a request when first scheduled, then only what changed."""
+        message = out.message
+        message.copies = self.kv_cache.take_pending_copies()
+        message.finished_ids, self.finished_ids = self.finished_ids, []
+        for item in out.scheduled:
+            request = item.request
+            if request.num_sent_tokens is None:
+                message.new_requests.append(request.new_request_data())
+                new_token_ids = []
+            else:
+                new_token_ids = request.take_new_token_ids()
+            table_start, table_tail = self.kv_cache.take_table_change(request.request_id)
+            message.scheduled.append(ScheduledChunk(
+                request.request_id, item.start, item.num_new_tokens, request.samples_to_draw if item.samples else 0,
+                new_token_ids, table_start, table_tail))
         return out
 
     def _chunk(self, request: Request, budget: int) -> int:
@@ -139,7 +142,7 @@ class Scheduler:
         threshold = self.config.long_prefill_token_threshold
         return min(num_new, threshold) if threshold else num_new
 
-    def _swap_in(self, out: SchedulerOutput, budget: int) -> int:
+    def _swap_in(self, out: ScheduledBatch, budget: int) -> int:
         while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.swapped[0]
             num_new = self._chunk(request, budget)
@@ -147,13 +150,13 @@ class Scheduler:
                 break
             self.swapped.popleft()
             cpu_blocks = self.swap_space.release(request.request_id)
-            out.swap_in.extend(zip(cpu_blocks, self.kv_cache.block_table(request.request_id)))
+            out.message.swap_in.extend(zip(cpu_blocks, self.kv_cache.block_table(request.request_id)))
             self.stats.num_swapped_in += 1
             self._start(request, num_new, out)
             budget -= num_new
         return budget
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit_waiting(self, out: ScheduledBatch, budget: int) -> None:
         """Admit from the front of the queue; a preempted search's beams come back all together or not
         at all (half a search would hold blocks while waiting for the other half)."""
         while self.waiting and budget > 0:
@@ -179,13 +182,13 @@ class Scheduler:
                     request.metrics.first_scheduled_time = time.time()
                 self._start(request, num_new, out)
 
-    def _start(self, request: Request, num_new: int, out: SchedulerOutput) -> None:
+    def _start(self, request: Request, num_new: int, out: ScheduledBatch) -> None:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         if num_new:  # a beam admitted beyond the step's budget computes from the next step on
             out.scheduled.append(ScheduledRequest(request, num_new))
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, out: SchedulerOutput,
+    def _allocate_or_preempt(self, request: Request, num_new: int, out: ScheduledBatch,
                              groups: list[list[Request]], index: int) -> bool:
         """Allocate, preempting the latest-admitted groups while short; False if groups[index] itself went."""
         while not self.kv_cache.allocate_slots(request, num_new):
@@ -197,7 +200,7 @@ class Scheduler:
                 return False
         return True
 
-    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+    def _preempt(self, request: Request, out: ScheduledBatch) -> None:
         out.preempted.append(request)
         self.stats.num_preemptions += 1
         request.num_preemptions += 1
@@ -206,7 +209,7 @@ class Scheduler:
             request.beam.forget(request)
         elif (self.config.preemption_mode == "swap" and self.swap_space is not None
                 and self.swap_space.can_hold(len(table))):
-            out.swap_out.extend(zip(table, self.swap_space.take(request.request_id, len(table))))
+            out.message.swap_out.extend(zip(table, self.swap_space.take(request.request_id, len(table))))
             self.kv_cache.free(request)
             request.status = RequestStatus.SWAPPED
             self.stats.num_swapped_out += 1
@@ -218,7 +221,7 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
 
-    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> None:
+    def update(self, out: ScheduledBatch, sampled: dict[str, int]) -> None:
         """Account the computed tokens, append sampled ones, and release requests that hit a token stop."""
         now = time.time()
         for item in out.scheduled:
@@ -261,6 +264,27 @@ class Scheduler:
         if request in self.running:
             self.running.remove(request)
         self.kv_cache.free(request)
+        self.finished_ids.extend(request.worker_ids)
+
+
+class AsyncScheduler(Scheduler):
+    """Asynchronous scheduling: the next decode step can be scheduled while the step before it still runs."""
+
+    def schedule_lookahead(self, in_flight: set[str]) -> ScheduledBatch | None:
+        """The next step, scheduled while the step in flight still runs: each running request decodes the
+        token that step samples for it (the worker takes it from that step's samples). A request at its
+        token limit after that token is left out (it finishes). Only for a plain step: nothing queued to
+        admit or swap in, every running request in flight, and blocks for all without preempting;
+        otherwise None, and the next step is scheduled once the tokens are read."""
+        if self.waiting or self.swapped or any(r.request_id not in in_flight for r in self.running):
+            return None
+        going_on = [r for r in self.running if len(r.output_token_ids) + 1 < r.max_tokens]
+        if not going_on or len(going_on) > self.config.max_num_batched_tokens:
+            return None
+        for request in going_on:  # the in-flight step's tokens were allocated; one more each
+            if not self.kv_cache.allocate_slots(request, request.num_tokens - request.num_computed_tokens + 1):
+                return None  # what was taken stays in the tables: the next step needs it anyway
+        return self._with_message(ScheduledBatch([ScheduledRequest(r, 1, lookahead=True) for r in going_on]))
 
 
 def _groups(requests) -> list[list[Request]]:

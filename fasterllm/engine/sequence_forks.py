@@ -2,43 +2,32 @@
 an n / best_of request (forked once its prompt is computed) and the beams a search chooses more than once."""
 from __future__ import annotations
 
-import torch
-
 from fasterllm.engine.kv_cache_manager import KVCacheManager
 from fasterllm.engine.output_processor import OutputProcessor
 from fasterllm.engine.request import Request
 from fasterllm.engine.scheduler import Scheduler
-from fasterllm.sampling_params import SamplingParams
 
 
 class SequenceForks:
     def __init__(self, requests: dict[str, Request], kv_cache: KVCacheManager, scheduler: Scheduler,
-                 output_processor: OutputProcessor, eos_token_ids: list[int], max_model_len: int,
-                 device: torch.device):
+                 output_processor: OutputProcessor, eos_token_ids: list[int], max_model_len: int):
         self.requests = requests  # the engine's: a fork is registered there
         self.kv_cache, self.scheduler, self.output_processor = kv_cache, scheduler, output_processor
-        self.eos_token_ids, self.max_model_len, self.device = eos_token_ids, max_model_len, device
+        self.eos_token_ids, self.max_model_len = eos_token_ids, max_model_len
 
-    def generator(self, params: SamplingParams, sample_index: int) -> torch.Generator | None:
-        """Sample i of a seeded request draws from its own stream, the same whatever else runs."""
-        if params.seed is None:
-            return None
-        return torch.Generator(device=self.device).manual_seed(params.seed + 1_000_003 * sample_index)
+    @staticmethod
+    def name_samples(request: Request) -> None:
+        """The ids of the samples a best_of request will fork: its extra rows draw for them from the first token
+        on (a seeded sample i draws from its own stream, the same whatever else runs)."""
+        request.sample_ids = [f"{request.request_id}#{index}" for index in range(1, request.sampling_params.best_of)]
 
-    def give_generators(self, request: Request) -> None:
-        """A new request's own stream, and one for each sample it will fork."""
-        params = request.sampling_params
-        request.generator = self.generator(params, 0)
-        request.fork_generators = [self.generator(params, i) for i in range(1, params.best_of)]
-
-    def fork(self, parent: Request, child_id: str, first_token: int, num_computed_tokens: int,
-             generator: torch.Generator | None = None) -> Request:
+    def fork(self, parent: Request, child_id: str, first_token: int, num_computed_tokens: int) -> Request:
         """A request continuing the parent's tokens with first_token, sharing its blocks copy-on-write.
 
         Called before the step's bookkeeping, so num_computed_tokens is the parent's after this step.
         """
         child = Request(child_id, parent.prompt, parent.prompt_token_ids, parent.sampling_params, self.eos_token_ids,
-                        self.max_model_len, parent.metrics.arrival_time, generator)
+                        self.max_model_len, parent.metrics.arrival_time)
         child.output_token_ids = list(parent.output_token_ids)
         child.all_token_ids = list(parent.all_token_ids)
         child.bad_word_ids = parent.bad_word_ids
@@ -52,9 +41,7 @@ class SequenceForks:
 
     def fork_sample(self, parent: Request, first_token: int, num_computed_tokens: int) -> Request:
         """Sample i of a parallel-sampling request, forked after the prompt step."""
-        index = len(parent.family)
-        child = self.fork(parent, f"{parent.request_id}#{index}", first_token, num_computed_tokens,
-                          parent.fork_generators[index - 1])
+        child = self.fork(parent, parent.sample_ids[len(parent.family) - 1], first_token, num_computed_tokens)
         child.family = parent.family
         parent.family.append(child)
         self.output_processor.add_request(child)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fasterllm.engine.request import Request
 from fasterllm.worker.input_buffers import host_to_device
+from fasterllm.worker.request_states import RequestState
 
 
 @dataclass
@@ -28,7 +28,8 @@ class LogitControls:
     banned: torch.Tensor  # [S, V] bool
 
     @staticmethod
-    def build(requests: list[Request], vocab_size: int, device: torch.device) -> "LogitControls | None":
+    def build(requests: list[RequestState], vocab_size: int, device: torch.device) -> "LogitControls | None":
+        """One row per sampled row: the state of the request it samples for."""
         if not any(r.sampling_params.controls_logits for r in requests):
             return None
         rows = len(requests)
@@ -70,7 +71,7 @@ class LogitControls:
             presence=per_row([p.presence_penalty for p in params]),
             frequency=per_row([p.frequency_penalty for p in params]),
             output_counts=scatter([r.output_token_ids for r in requests], torch.float32),
-            seen=scatter([r.all_token_ids for r in requests], torch.int32) > 0,
+            seen=scatter([r.token_ids for r in requests], torch.int32) > 0,
             bias=bias[:, :vocab_size], banned=banned)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -80,12 +81,9 @@ class LogitControls:
         return (logits + self.bias).masked_fill(self.banned, float("-inf"))
 
 
-def _banned_ids(request: Request) -> list[int]:
-    p = request.sampling_params
-    banned = []
-    if len(request.output_token_ids) < p.min_tokens:
-        banned.extend(request.eos_token_ids + request.stop_token_ids)
+def _banned_ids(request: RequestState) -> list[int]:
     output = request.output_token_ids
+    banned = list(request.early_banned_ids) if len(output) < request.sampling_params.min_tokens else []
     for word in request.bad_word_ids:
         prefix = word[:-1]
         # a one-token word is always banned; a longer one only as the token that would complete it

@@ -1,33 +1,47 @@
-"""The device side: holds the model and the KV cache, turns a SchedulerOutput into one forward pass."""
+"""The device side: holds the model and the KV cache, turns a step message into one forward pass.
+
+It reads nothing of the engine's: each SchedulerOutput updates its own copy of the requests
+(worker/request_states.py), and it answers with a plain ModelRunnerOutput (worker/step_messages.py).
+"""
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 
 import torch
 
 from fasterllm.config import CacheConfig, ModelConfig, SchedulerConfig
-from fasterllm.engine.request import Request
-from fasterllm.engine.scheduler import SchedulerOutput
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.worker.cuda_graphs import DecodeGraphs
 from fasterllm.worker.decoder_builder import build_decoder
 from fasterllm.worker.input_buffers import InputBuffers, host_to_device
 from fasterllm.worker.logit_controls import LogitControls
+from fasterllm.worker.request_states import RequestState, RequestStates
 from fasterllm.worker.sampler import SamplerOutput, SamplingMetadata, sample
+from fasterllm.worker.step_messages import ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class ModelRunnerOutput:
-    request_ids: list[str]  # the requests that sampled, in row order
-    sampler_output: SamplerOutput | None
-    # request id -> (first prompt position, [ids per position: actual next token first, then the top-n],
-    #                [their logprobs], [rank of the actual token])
-    prompt_logprobs: dict[str, tuple[int, list[list[int]], list[list[float]], list[int]]] = field(default_factory=dict)
+class PendingOutput:
+    """A launched step's output: get() waits for its samples to reach the host and returns them as plain lists.
+    On a GPU the copy was queued right behind the step's sampling, so get() waits for that step only, not for
+    a step launched after it."""
+
+    def __init__(self, request_ids: list[str], sampled: SamplerOutput | None, prompt_logprobs: dict):
+        self.request_ids, self.sampled, self.prompt_logprobs = request_ids, sampled, prompt_logprobs
+
+    def get(self) -> ModelRunnerOutput:
+        sampled = self.sampled
+        if sampled is None:
+            return ModelRunnerOutput([], [], prompt_logprobs=self.prompt_logprobs)
+        output = ModelRunnerOutput(self.request_ids, sampled.host("token_ids").tolist(),
+                                   prompt_logprobs=self.prompt_logprobs)
+        if sampled.logprobs is not None:
+            output.logprob_token_ids, output.logprobs, output.sampled_ranks = (
+                sampled.host(name).tolist() for name in ("logprob_token_ids", "logprobs", "sampled_ranks"))
+        return output
 
 
 class ModelRunner:
@@ -48,6 +62,10 @@ class ModelRunner:
         self.block_size = 0
         self.buffers: InputBuffers | None = None  # GPU: fixed input buffers, filled from pinned memory
         self.graphs: DecodeGraphs | None = None
+        self.requests = RequestStates(device)
+        # the last step's sampled ids, still on the device, and each request's row in them: a step scheduled
+        # before the engine read them (asynchronous scheduling) takes a request's next input token from here
+        self.previous_samples: tuple[torch.Tensor, dict[str, int]] | None = None
 
     def prepare_inputs(self, block_size: int, sched: SchedulerConfig) -> None:
         """On a GPU, the fixed buffers every step's inputs are staged into (the Triton kernels' path)."""
@@ -126,50 +144,65 @@ class ModelRunner:
             self.kv_caches[:, :, device_blocks.to(self.device)] = self.swap_caches[:, :, cpu_blocks].to(self.device)
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, block_tables: dict[str, list[int]],
-                previous_tokens: torch.Tensor | None = None) -> ModelRunnerOutput:
-        """One step. previous_tokens: the sampled ids of the step still in flight, which a lookahead step's
-        rows take their input token from (on the device: the host has not read them yet)."""
+    def execute(self, message: SchedulerOutput) -> PendingOutput | None:
+        """One step: take in the message, make its block copies, run the scheduled chunks and sample.
+        None when nothing was scheduled."""
+        self.requests.update(message)
+        if message.swap_out or message.swap_in or message.copies:  # before the forward pass writes into any
+            self.move_blocks(message)
+        if not message.scheduled:
+            return None
         token_ids: list[int] = []
         query_lens, seq_lens, tables = [], [], []
         logits_rows: list[int] = []
-        sampling = []
-        prompt_rows: list[tuple[Request, int, int, int]] = []  # request, first position, first row, count
-        carried: list[tuple[int, int]] = []  # (token row, row of previous_tokens) for lookahead rows
-        for item in out.scheduled:
-            request, start = item.request, item.start
-            end = start + item.num_new_tokens
-            if item.input_row is None:
-                token_ids.extend(request.all_token_ids[start:end])
-            else:
-                carried.append((len(token_ids), item.input_row))
+        sampling: list[str] = []  # the request of each sampled row
+        prompt_rows: list[tuple[str, RequestState, int, int, int]] = []  # id, state, first position, first row, count
+        carried: list[tuple[int, int]] = []  # (token row, row of the previous step's samples)
+        for chunk in message.scheduled:
+            state, start = self.requests[chunk.request_id], chunk.start
+            end = start + chunk.num_new_tokens
+            token_ids.extend(state.token_ids[start:end])
+            if end > len(state.token_ids):  # the previous step's sample, not read by the engine yet
+                carried.append((len(token_ids), self.previous_samples[1][chunk.request_id]))
                 token_ids.append(0)  # replaced on the device
-            query_lens.append(item.num_new_tokens)
+            query_lens.append(chunk.num_new_tokens)
             seq_lens.append(end)
-            tables.append(block_tables[request.request_id])
-            scored_end = min(end, len(request.prompt_token_ids) - 1)  # positions that predict a prompt token
-            if request.prompt_logprobs is not None and start < scored_end:
-                prompt_rows.append((request, start, len(token_ids) - (end - start), scored_end - start))
-            if item.samples:
-                logits_rows.extend([len(token_ids) - 1] * request.samples_to_draw)
-                sampling.extend([request] * request.samples_to_draw)
-        device = self.device
-        for _, _, first_row, count in prompt_rows:  # prompt-scoring rows go after the sampling rows
+            tables.append(state.block_table)
+            scored_end = min(end, state.num_prompt_tokens - 1)  # positions that predict a prompt token
+            if state.sampling_params.prompt_logprobs is not None and start < scored_end:
+                prompt_rows.append((chunk.request_id, state, start, len(token_ids) - (end - start), scored_end - start))
+            logits_rows.extend([len(token_ids) - 1] * chunk.num_samples)
+            sampling.extend([chunk.request_id] * chunk.num_samples)
+        for *_, first_row, count in prompt_rows:  # prompt-scoring rows go after the sampling rows
             logits_rows.extend(range(first_row, first_row + count))
-        logits = self._forward(token_ids, query_lens, seq_lens, tables, logits_rows,
-                               _carried_inputs(carried, previous_tokens, self.device))
+        logits = self._forward(token_ids, query_lens, seq_lens, tables, logits_rows, self._carried_inputs(carried))
         prompt_logprobs = self._prompt_logprobs(logits[len(sampling):], prompt_rows)
         if not sampling:
-            return ModelRunnerOutput([], None, prompt_logprobs)
-        logits = logits[:len(sampling)]
-        vocab = logits.shape[-1]
-        beam_candidates = max((r.beam.num_candidates for r in sampling if r.beam is not None), default=0)
-        md = SamplingMetadata.build([r.sampling_params for r in sampling], _row_generators(sampling), vocab,
-                                    device, LogitControls.build(sampling, vocab, device), beam_candidates)
-        sampled = sample(logits, md)
+            return PendingOutput([], None, prompt_logprobs)
+        sampled = self._sample(logits[:len(sampling)], sampling)
         if self.device.type == "cuda":
             sampled.copy_to_host_async()
-        return ModelRunnerOutput([r.request_id for r in sampling], sampled, prompt_logprobs)
+        rows: dict[str, int] = {}
+        for row, request_id in enumerate(sampling):
+            rows.setdefault(request_id, row)
+        self.previous_samples = (sampled.token_ids, rows)
+        return PendingOutput(sampling, sampled, prompt_logprobs)
+
+    def _sample(self, logits: torch.Tensor, sampling: list[str]) -> SamplerOutput:
+        states = [self.requests[request_id] for request_id in sampling]
+        vocab = logits.shape[-1]
+        md = SamplingMetadata.build([s.sampling_params for s in states], self.requests.row_generators(sampling),
+                                    vocab, self.device, LogitControls.build(states, vocab, self.device),
+                                    max(s.num_top_logprobs for s in states))
+        return sample(logits, md)
+
+    def _carried_inputs(self, carried: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Rows whose input is the previous step's sample: (their token rows, the ids gathered on the device)."""
+        if not carried:
+            return None
+        token_rows, source_rows = zip(*carried)
+        ids = self.previous_samples[0][host_to_device(list(source_rows), torch.long, self.device)]
+        return host_to_device(list(token_rows), torch.long, self.device), ids
 
     def _forward(self, token_ids: list[int], query_lens: list[int], seq_lens: list[int], tables: list[list[int]],
                  logits_rows: list[int], carried: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -194,40 +227,20 @@ class ModelRunner:
             return self.graphs.replay(size, num_seqs)
         return self.model(batch.input_ids, batch.meta.positions, self.kv_caches, batch.meta, batch.logits_indices)
 
-    def _prompt_logprobs(self, logits: torch.Tensor, prompt_rows: list[tuple[Request, int, int, int]]):
+    def _prompt_logprobs(self, logits: torch.Tensor, prompt_rows: list[tuple[str, RequestState, int, int, int]]):
         """Each scored position's logprob of the actual next prompt token, its rank and the top-n."""
         if not prompt_rows:
             return {}
-        targets = torch.tensor([t for request, start, _, count in prompt_rows
-                                for t in request.prompt_token_ids[start + 1:start + 1 + count]], device=self.device)
+        targets = torch.tensor([t for _, state, start, _, count in prompt_rows
+                                for t in state.prompt_token_ids[start + 1:start + 1 + count]], device=self.device)
         logprobs = logits.log_softmax(dim=-1)
         actual = logprobs.gather(-1, targets[:, None])
         ranks = ((logprobs > actual).sum(dim=-1) + 1).tolist()
-        top = logprobs.topk(max(r.sampling_params.prompt_logprobs for r, *_ in prompt_rows), dim=-1)
+        top = logprobs.topk(max(state.sampling_params.prompt_logprobs for _, state, *_ in prompt_rows), dim=-1)
         ids = torch.cat([targets[:, None], top.indices], dim=1).tolist()
         values = torch.cat([actual, top.values], dim=1).tolist()
         result, row = {}, 0
-        for request, start, _, count in prompt_rows:
-            result[request.request_id] = (start, ids[row:row + count], values[row:row + count], ranks[row:row + count])
+        for request_id, _, start, _, count in prompt_rows:
+            result[request_id] = (start, ids[row:row + count], values[row:row + count], ranks[row:row + count])
             row += count
         return result
-
-
-def _carried_inputs(carried: list[tuple[int, int]], previous_tokens: torch.Tensor | None,
-                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Lookahead rows' input ids, gathered from the previous step's sampled ids without reading them."""
-    if not carried:
-        return None
-    token_rows, source_rows = zip(*carried)
-    ids = previous_tokens[host_to_device(list(source_rows), torch.long, device)]
-    return host_to_device(list(token_rows), torch.long, device), ids
-
-
-def _row_generators(sampling: list[Request]) -> list[torch.Generator | None]:
-    """A request's own generator on its row; a parent's extra rows use its children's generators."""
-    generators, seen = [], {}
-    for request in sampling:
-        index = seen.get(request.request_id, 0)
-        seen[request.request_id] = index + 1
-        generators.append(request.generator if index == 0 else request.fork_generators[index - 1])
-    return generators

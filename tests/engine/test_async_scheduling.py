@@ -28,8 +28,8 @@ def lookahead_count(monkeypatch, llm) -> list[int]:
     scheduler = llm.engine.scheduler
     original = scheduler.schedule_lookahead
 
-    def spy(rows):
-        out = original(rows)
+    def spy(in_flight):
+        out = original(in_flight)
         launched[0] += out is not None
         return out
     monkeypatch.setattr(scheduler, "schedule_lookahead", spy)

@@ -43,7 +43,7 @@ def test_beams_share_the_prompt_blocks_and_copy_the_block_they_write(llm, alone)
     assert used == full_prompt_blocks + 1  # one copy of the prompt, not four
     copies = []
     schedule = engine.scheduler.schedule
-    engine.scheduler.schedule = lambda: (lambda out: copies.append(len(out.copies)) or out)(schedule())
+    engine.scheduler.schedule = lambda: (lambda out: copies.append(len(out.message.copies)) or out)(schedule())
     try:
         engine.step()
     finally:

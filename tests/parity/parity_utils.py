@@ -137,15 +137,15 @@ def watch_steps(monkeypatch, engine) -> StepLog:
     runner = engine.runner
     execute = runner.execute
 
-    def spy(out, block_tables):
+    def spy(message):
         items = []
-        for item in out.scheduled:
-            r = item.request
-            start = r.num_computed_tokens
-            decode = item.num_new_tokens == 1 and start == r.num_tokens - 1 and start >= len(r.prompt_token_ids)
-            items.append(ScheduledItem(r.request_id, start, item.num_new_tokens, len(r.prompt_token_ids), decode))
+        for chunk in message.scheduled:
+            r = engine.requests[chunk.request_id]
+            start = chunk.start
+            decode = chunk.num_new_tokens == 1 and start == r.num_tokens - 1 and start >= len(r.prompt_token_ids)
+            items.append(ScheduledItem(r.request_id, start, chunk.num_new_tokens, len(r.prompt_token_ids), decode))
         log.steps.append(items)
-        return execute(out, block_tables)
+        return execute(message)
 
     monkeypatch.setattr(runner, "execute", spy)
     return log

@@ -5,6 +5,8 @@ import torch
 from fasterllm.engine.request import Request
 from fasterllm.sampling_params import SamplingParams
 from fasterllm.worker.logit_controls import LogitControls
+from fasterllm.worker.request_states import RequestStates
+from fasterllm.worker.step_messages import SchedulerOutput
 
 VOCAB = 10
 LOGITS = torch.tensor([[2.0, -1.0, 0.5, -0.5, 1.5, 0.0, 3.0, -2.0, 1.0, -3.0]])
@@ -18,10 +20,13 @@ def device(request) -> torch.device:
 
 
 def request(prompt, output, **params):
+    """The worker's state of a request with these tokens, as the engine's message describes it."""
     r = Request("r", None, list(prompt), SamplingParams(max_tokens=50, **params), [EOS], 1024)
     for token in output:
         r.append_token(token)
-    return r
+    worker = RequestStates(torch.device("cpu"))
+    worker.update(SchedulerOutput(new_requests=[r.new_request_data()]))
+    return worker["r"]
 
 
 def controlled(req, device):

@@ -1,0 +1,75 @@
+"""The two messages of a step between the engine and the worker: plain, picklable data.
+
+The engine sends a SchedulerOutput: requests the worker has not seen, then every scheduled request's
+chunk with what changed since the worker last saw it (tokens appended, the tail of its block table),
+the ids of requests that ended, and the block copies to make first. The worker keeps its own state
+per request (tokens, random streams, block tables) from the first message naming it until one lists
+it as finished, and returns a ModelRunnerOutput. This module imports nothing else from the package,
+so a worker in another process needs only it and the SamplingParams it carries.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fasterllm.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    request_id: str
+    token_ids: list[int]  # the prompt and any tokens generated before the worker saw it (a fork's)
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    # random streams: with a seed, one for this request and one for each id in sample_ids, the parallel
+    # samples its extra rows draw for and that it forks into later (a fork adopts the stream of its id)
+    seed: int | None
+    sample_ids: list[str]
+    bad_word_ids: list[list[int]]  # bad words as token sequences
+    early_banned_ids: list[int]  # ids banned while fewer than min_tokens were generated (eos, stop ids)
+    num_top_logprobs: int  # top logprobs its rows must return beside the sample (a beam's candidates), or 0
+
+
+@dataclass
+class ScheduledChunk:
+    """One request's part of the step: tokens [start, start + num_new_tokens) are computed. The last one
+    may be the token the previous step sampled for it and the engine has not read yet (asynchronous
+    scheduling): the worker takes it from that step's samples."""
+    request_id: str
+    start: int
+    num_new_tokens: int
+    num_samples: int  # rows sampled after the chunk: 0 (a prompt chunk short of the end), 1, or best_of
+    new_token_ids: list[int]  # its tokens appended since the worker last saw it
+    # the block table from index block_table_start on, when it changed (grown, copied on write, new)
+    block_table_start: int | None = None
+    block_table_tail: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SchedulerOutput:
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    scheduled: list[ScheduledChunk] = field(default_factory=list)
+    finished_ids: list[str] = field(default_factory=list)  # dropped before anything else is read
+    # block copies made before the forward pass: (device block, CPU block) / (CPU, device) / (device, device)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(chunk.num_new_tokens for chunk in self.scheduled)
+
+
+@dataclass
+class ModelRunnerOutput:
+    request_ids: list[str]  # the request of each sampled row, in row order (best_of rows repeat it)
+    sampled_token_ids: list[int]
+    # when a row asked for logprobs: per row the ids (the sampled one first, then the top ones), their
+    # logprobs, and the sampled token's rank
+    logprob_token_ids: list[list[int]] | None = None
+    logprobs: list[list[float]] | None = None
+    sampled_ranks: list[int] | None = None
+    # request id -> (first prompt position, [ids per position: actual next token first, then the top-n],
+    #                [their logprobs], [rank of the actual token])
+    prompt_logprobs: dict[str, tuple[int, list[list[int]], list[list[float]], list[int]]] = field(default_factory=dict)
