@@ -70,7 +70,7 @@ def test_a_shared_prefix_is_computed_once():
     execute = engine.runner.execute
 
     def counting_execute(message):
-        computed.append({chunk.request_id: chunk.num_new_tokens for chunk in message.scheduled})
+        computed.append(dict(zip(message.request_ids, message.num_new_tokens)))
         return execute(message)
 
     engine.runner.execute = counting_execute

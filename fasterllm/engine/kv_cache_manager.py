@@ -54,11 +54,14 @@ class KVCacheManager:
     def block_table(self, request_id: str) -> list[int]:
         return self.block_tables.get(request_id, [])
 
-    def take_table_change(self, request_id: str) -> tuple[int | None, list[int]]:
-        """What changed in the request's table since the last call: (first changed index, the table from it),
-        or (None, []) when nothing did."""
-        start = self.changed_from.pop(request_id, None)
-        return (None, []) if start is None else (start, self.block_tables.get(request_id, [])[start:])
+    def take_table_changes(self, request_ids: set[str]) -> dict[str, tuple[int, list[int]]]:
+        """For those of the requests whose table changed since the last call: (first changed index, the table
+        from there on). Others' changes wait for the step that schedules them."""
+        changes = {}
+        for request_id in [r for r in self.changed_from if r in request_ids]:  # few: tables grow every block
+            start = self.changed_from.pop(request_id)
+            changes[request_id] = (start, self.block_tables.get(request_id, [])[start:])
+        return changes
 
     def _changed(self, request_id: str, index: int) -> None:
         self.changed_from[request_id] = min(index, self.changed_from.get(request_id, index))

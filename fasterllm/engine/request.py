@@ -69,12 +69,6 @@ class Request:
                               [*self.eos_token_ids, *self.stop_token_ids],
                               self.beam.num_candidates if self.beam is not None else 0)
 
-    def take_new_token_ids(self) -> list[int]:
-        """Tokens appended since the worker was last told."""
-        new = self.all_token_ids[self.num_sent_tokens:]
-        self.num_sent_tokens = len(self.all_token_ids)
-        return new
-
     @property
     def worker_ids(self) -> list[str]:
         """What the worker holds under this request: its own id, and its samples' until they are forked."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from fasterllm.config import SchedulerConfig
 from fasterllm.engine.kv_cache_manager import KVCacheManager, SwapSpace
 from fasterllm.engine.request import Request, RequestStatus
-from fasterllm.worker.step_messages import ScheduledChunk, SchedulerOutput
+from fasterllm.worker.step_messages import SchedulerOutput
 
 
 @dataclass
@@ -124,17 +124,22 @@ class Scheduler:
         message = out.message
         message.copies = self.kv_cache.take_pending_copies()
         message.finished_ids, self.finished_ids = self.finished_ids, []
-        for item in out.scheduled:
+        ids, starts, num_new, num_samples, new_token_ids = (message.request_ids, message.starts, message.num_new_tokens,
+                                                            message.num_samples, message.new_token_ids)
+        for item in out.scheduled:  # the hot loop of a large batch's host work: kept lean
             request = item.request
-            if request.num_sent_tokens is None:
+            sent = request.num_sent_tokens
+            if sent is None:
                 message.new_requests.append(request.new_request_data())
-                new_token_ids = []
+                new_token_ids.append([])
             else:
-                new_token_ids = request.take_new_token_ids()
-            table_start, table_tail = self.kv_cache.take_table_change(request.request_id)
-            message.scheduled.append(ScheduledChunk(
-                request.request_id, item.start, item.num_new_tokens, request.samples_to_draw if item.samples else 0,
-                new_token_ids, table_start, table_tail))
+                new_token_ids.append(request.all_token_ids[sent:])
+                request.num_sent_tokens = len(request.all_token_ids)
+            ids.append(request.request_id)
+            starts.append(item.start)
+            num_new.append(item.num_new_tokens)
+            num_samples.append(request.samples_to_draw if item.samples else 0)
+        message.table_changes = self.kv_cache.take_table_changes(set(ids))
         return out
 
     def _chunk(self, request: Request, budget: int) -> int:

@@ -150,7 +150,7 @@ class ModelRunner:
         self.requests.update(message)
         if message.swap_out or message.swap_in or message.copies:  # before the forward pass writes into any
             self.move_blocks(message)
-        if not message.scheduled:
+        if not message.request_ids:
             return None
         token_ids: list[int] = []
         query_lens, seq_lens, tables = [], [], []
@@ -158,21 +158,27 @@ class ModelRunner:
         sampling: list[str] = []  # the request of each sampled row
         prompt_rows: list[tuple[str, RequestState, int, int, int]] = []  # id, state, first position, first row, count
         carried: list[tuple[int, int]] = []  # (token row, row of the previous step's samples)
-        for chunk in message.scheduled:
-            state, start = self.requests[chunk.request_id], chunk.start
-            end = start + chunk.num_new_tokens
+        states = self.requests.states
+        for request_id, start, num_new, num_samples in zip(message.request_ids, message.starts,
+                                                          message.num_new_tokens, message.num_samples):
+            state = states[request_id]
+            end = start + num_new
             token_ids.extend(state.token_ids[start:end])
             if end > len(state.token_ids):  # the previous step's sample, not read by the engine yet
-                carried.append((len(token_ids), self.previous_samples[1][chunk.request_id]))
+                carried.append((len(token_ids), self.previous_samples[1][request_id]))
                 token_ids.append(0)  # replaced on the device
-            query_lens.append(chunk.num_new_tokens)
+            query_lens.append(num_new)
             seq_lens.append(end)
             tables.append(state.block_table)
             scored_end = min(end, state.num_prompt_tokens - 1)  # positions that predict a prompt token
             if state.sampling_params.prompt_logprobs is not None and start < scored_end:
-                prompt_rows.append((chunk.request_id, state, start, len(token_ids) - (end - start), scored_end - start))
-            logits_rows.extend([len(token_ids) - 1] * chunk.num_samples)
-            sampling.extend([chunk.request_id] * chunk.num_samples)
+                prompt_rows.append((request_id, state, start, len(token_ids) - num_new, scored_end - start))
+            if num_samples == 1:
+                logits_rows.append(len(token_ids) - 1)
+                sampling.append(request_id)
+            elif num_samples:
+                logits_rows.extend([len(token_ids) - 1] * num_samples)
+                sampling.extend([request_id] * num_samples)
         for *_, first_row, count in prompt_rows:  # prompt-scoring rows go after the sampling rows
             logits_rows.extend(range(first_row, first_row + count))
         logits = self._forward(token_ids, query_lens, seq_lens, tables, logits_rows, self._carried_inputs(carried))
@@ -182,14 +188,12 @@ class ModelRunner:
         sampled = self._sample(logits[:len(sampling)], sampling)
         if self.device.type == "cuda":
             sampled.copy_to_host_async()
-        rows: dict[str, int] = {}
-        for row, request_id in enumerate(sampling):
-            rows.setdefault(request_id, row)
-        self.previous_samples = (sampled.token_ids, rows)
+        # a request's row (its last, where best_of gives it several: such a step is never looked ahead of)
+        self.previous_samples = (sampled.token_ids, {request_id: row for row, request_id in enumerate(sampling)})
         return PendingOutput(sampling, sampled, prompt_logprobs)
 
     def _sample(self, logits: torch.Tensor, sampling: list[str]) -> SamplerOutput:
-        states = [self.requests[request_id] for request_id in sampling]
+        states = [self.requests.states[request_id] for request_id in sampling]
         vocab = logits.shape[-1]
         md = SamplingMetadata.build([s.sampling_params for s in states], self.requests.row_generators(sampling),
                                     vocab, self.device, LogitControls.build(states, vocab, self.device),

@@ -43,23 +43,22 @@ class RequestStates:
         self.states: dict[str, RequestState] = {}
         self.generators: dict[str, torch.Generator] = {}  # sample id -> its random stream
 
-    def __getitem__(self, request_id: str) -> RequestState:
-        return self.states[request_id]
-
     def update(self, message: SchedulerOutput) -> None:
         """Finished requests go first (an id may come back as a new request in the same message), then new
-        ones, then each scheduled request's appended tokens and changed block-table tail."""
+        ones, then the scheduled requests' appended tokens and changed block-table tails."""
         for request_id in message.finished_ids:
             self.states.pop(request_id, None)
             self.generators.pop(request_id, None)
         for new in message.new_requests:
             self._add(new)
-        for chunk in message.scheduled:
-            state = self.states[chunk.request_id]
-            state.token_ids.extend(chunk.new_token_ids)
-            if chunk.block_table_start is not None:
-                del state.block_table[chunk.block_table_start:]
-                state.block_table.extend(chunk.block_table_tail)
+        states = self.states
+        for request_id, new_token_ids in zip(message.request_ids, message.new_token_ids):
+            if new_token_ids:
+                states[request_id].token_ids.extend(new_token_ids)
+        for request_id, (start, tail) in message.table_changes.items():
+            table = states[request_id].block_table
+            del table[start:]
+            table.extend(tail)
 
     def _add(self, new: NewRequestData) -> None:
         self.states[new.request_id] = RequestState(
@@ -72,6 +71,8 @@ class RequestStates:
 
     def row_generators(self, request_ids: list[str]) -> list[torch.Generator | None]:
         """The stream of each sampled row: a request's own on its first row, its samples' on the rows after."""
+        if not self.generators:
+            return [None] * len(request_ids)
         generators, seen = [], {}
         for request_id in request_ids:
             index = seen.get(request_id, 0)

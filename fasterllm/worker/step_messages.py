@@ -32,24 +32,21 @@ class NewRequestData:
 
 
 @dataclass
-class ScheduledChunk:
-    """One request's part of the step: tokens [start, start + num_new_tokens) are computed. The last one
-    may be the token the previous step sampled for it and the engine has not read yet (asynchronous
-    scheduling): the worker takes it from that step's samples."""
-    request_id: str
-    start: int
-    num_new_tokens: int
-    num_samples: int  # rows sampled after the chunk: 0 (a prompt chunk short of the end), 1, or best_of
-    new_token_ids: list[int]  # its tokens appended since the worker last saw it
-    # the block table from index block_table_start on, when it changed (grown, copied on write, new)
-    block_table_start: int | None = None
-    block_table_tail: list[int] = field(default_factory=list)
-
-
-@dataclass
 class SchedulerOutput:
     new_requests: list[NewRequestData] = field(default_factory=list)
-    scheduled: list[ScheduledChunk] = field(default_factory=list)
+    # the scheduled chunks, one entry per request in parallel lists (no object per request per step: this is
+    # the host work of every step). Request i computes tokens [starts[i], starts[i] + num_new_tokens[i]); the
+    # last one may be the token the previous step sampled for it, not yet read by the engine (asynchronous
+    # scheduling): the worker takes it from that step's samples. num_samples[i]: rows sampled after the
+    # chunk (0: a prompt chunk short of the end, 1, or best_of); new_token_ids[i]: its tokens appended since
+    # the worker last saw it.
+    request_ids: list[str] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    num_samples: list[int] = field(default_factory=list)
+    new_token_ids: list[list[int]] = field(default_factory=list)
+    # request id -> (first changed index, its block table from there on), for tables grown, copied on write or new
+    table_changes: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
     finished_ids: list[str] = field(default_factory=list)  # dropped before anything else is read
     # block copies made before the forward pass: (device block, CPU block) / (CPU, device) / (device, device)
     swap_out: list[tuple[int, int]] = field(default_factory=list)
@@ -58,7 +55,7 @@ class SchedulerOutput:
 
     @property
     def num_tokens(self) -> int:
-        return sum(chunk.num_new_tokens for chunk in self.scheduled)
+        return sum(self.num_new_tokens)
 
 
 @dataclass

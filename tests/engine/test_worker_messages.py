@@ -27,10 +27,10 @@ def step(scheduler: Scheduler, worker: RequestStates, token: int) -> list[str]:
     out = scheduler.schedule()
     message = pickle.loads(pickle.dumps(out.message))
     worker.update(message)
-    for item, chunk in zip(out.scheduled, message.scheduled):
-        request, state = item.request, worker[chunk.request_id]
-        assert (chunk.request_id, chunk.start, chunk.num_new_tokens) == (
-            request.request_id, request.num_computed_tokens, item.num_new_tokens)
+    assert message.request_ids == [item.request.request_id for item in out.scheduled]
+    for item, start, num_new in zip(out.scheduled, message.starts, message.num_new_tokens):
+        request, state = item.request, worker.states[item.request.request_id]
+        assert (start, num_new) == (request.num_computed_tokens, item.num_new_tokens)
         assert state.token_ids == request.all_token_ids
         assert state.num_prompt_tokens == len(request.prompt_token_ids)
         assert state.block_table == scheduler.kv_cache.block_table(request.request_id)

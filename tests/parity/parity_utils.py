@@ -139,11 +139,10 @@ def watch_steps(monkeypatch, engine) -> StepLog:
 
     def spy(message):
         items = []
-        for chunk in message.scheduled:
-            r = engine.requests[chunk.request_id]
-            start = chunk.start
-            decode = chunk.num_new_tokens == 1 and start == r.num_tokens - 1 and start >= len(r.prompt_token_ids)
-            items.append(ScheduledItem(r.request_id, start, chunk.num_new_tokens, len(r.prompt_token_ids), decode))
+        for request_id, start, num_new in zip(message.request_ids, message.starts, message.num_new_tokens):
+            r = engine.requests[request_id]
+            decode = num_new == 1 and start == r.num_tokens - 1 and start >= len(r.prompt_token_ids)
+            items.append(ScheduledItem(request_id, start, num_new, len(r.prompt_token_ids), decode))
         log.steps.append(items)
         return execute(message)
 

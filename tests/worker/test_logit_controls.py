@@ -26,7 +26,7 @@ def request(prompt, output, **params):
         r.append_token(token)
     worker = RequestStates(torch.device("cpu"))
     worker.update(SchedulerOutput(new_requests=[r.new_request_data()]))
-    return worker["r"]
+    return worker.states["r"]
 
 
 def controlled(req, device):
