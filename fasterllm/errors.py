@@ -1,4 +1,4 @@
-"""The error a bad input raises, carrying the name of the field it is about."""
+"""Typed errors: a bad input, carrying the name of the field it is about; a failed step, naming the requests it failed."""
 from __future__ import annotations
 
 
@@ -10,3 +10,12 @@ class InvalidInputError(ValueError):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+
+class StepFailedError(RuntimeError):
+    """The forward pass failed; request_ids are the requests (as added) it failed, whole: their
+    parallel samples and beams too. The engine goes on with the others."""
+
+    def __init__(self, request_ids: list[str], cause: Exception):
+        super().__init__(f"the forward pass failed for requests {request_ids}: {cause!r}")
+        self.request_ids = request_ids

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fasterllm.engine.request import Request
+from fasterllm.engine.request import Request, SequenceGroup
 from fasterllm.loader.tokenizer import TokenizerWrapper
 from fasterllm.outputs import CompletionOutput, RequestOutput
 from fasterllm.sampling_params import BeamSearchParams
@@ -41,13 +41,14 @@ class Continuation:
     cumulative_logprob: float
 
 
-class BeamSearch:
+class BeamSearch(SequenceGroup):
     """The state of one prompt's search: its live beams, their reported candidates, its hypotheses."""
 
     def __init__(self, params: BeamSearchParams, eos_token_ids: list[int]):
         self.params = params
+        self.width = params.beam_width
         self.eos_token_ids = frozenset(() if params.ignore_eos else eos_token_ids)
-        self.num_candidates = max(2, 1 + len(self.eos_token_ids)) * params.beam_width
+        self.num_candidates = self.num_top_logprobs = max(2, 1 + len(self.eos_token_ids)) * params.beam_width
         self.max_new_tokens = params.max_tokens
         self.head: Request | None = None  # the request the search was asked as; its id names the output
         self.beams: list[Request] = []  # live, best first
@@ -59,9 +60,13 @@ class BeamSearch:
 
     def start(self, head: Request) -> None:
         """The prompt's request is the first beam; the context's room may lower the token limit."""
-        head.beam = self
+        head.group = self
         self.head, self.beams = head, [head]
         self.max_new_tokens = head.max_tokens
+
+    @property
+    def members(self) -> list[Request]:
+        return self.beams
 
     def next_beam_id(self) -> str:
         return f"{self.head.request_id}#beam{next(self._beam_ids)}"
@@ -122,8 +127,8 @@ def report_beams(beam_rows: list[tuple[int, Request]], result: ModelRunnerOutput
     """Give each beam its row's top candidates; returns the searches whose every beam has reported."""
     ready: dict[int, BeamSearch] = {}
     for row, beam in beam_rows:  # column 0 is the sampled token, the top candidates follow
-        if beam.beam.report(beam, result.logprob_token_ids[row][1:], result.logprobs[row][1:]):
-            ready[id(beam.beam)] = beam.beam
+        if beam.group.report(beam, result.logprob_token_ids[row][1:], result.logprobs[row][1:]):
+            ready[id(beam.group)] = beam.group
     return list(ready.values())
 
 

@@ -11,27 +11,19 @@ from fasterllm.config import CacheConfig, EngineArgs, SchedulerConfig
 from fasterllm.engine.beam_search import BeamSearch, continue_beams, end_beams, report_beams
 from fasterllm.engine.kv_cache_manager import KVCacheManager, SwapSpace
 from fasterllm.engine.input_processor import InputProcessor
-from fasterllm.engine.limits import resolve_max_model_len
+from fasterllm.engine.limits import check_kv_cache_fits, resolve_max_model_len
 from fasterllm.engine.output_processor import OutputProcessor
 from fasterllm.engine.request import Request
 from fasterllm.engine.scheduler import AsyncScheduler, ScheduledBatch, Scheduler
 from fasterllm.engine.sequence_forks import SequenceForks
+from fasterllm.engine.stop_checker import check_stop
+from fasterllm.errors import StepFailedError
 from fasterllm.loader.checkpoint import open_checkpoint
 from fasterllm.outputs import RequestOutput
 from fasterllm.sampling_params import BeamSearchParams, SamplingParams
 from fasterllm.worker.model_runner import ModelRunner, PendingOutput
-from fasterllm.worker.step_messages import ModelRunnerOutput
 
 logger = logging.getLogger("fasterllm")
-
-
-class StepFailedError(RuntimeError):
-    """The forward pass failed; request_ids are the requests (as added) it failed, whole: their
-    parallel samples and beams too. The engine goes on with the others."""
-
-    def __init__(self, request_ids: list[str], cause: Exception):
-        super().__init__(f"the forward pass failed for requests {request_ids}: {cause!r}")
-        self.request_ids = request_ids
 
 
 @dataclass
@@ -81,7 +73,7 @@ class Engine:
         profile_start = time.perf_counter()
         cache.num_blocks = args.num_kv_blocks or self.runner.determine_num_blocks(
             cache, self.scheduler_config, args.gpu_memory_utilization, args.cpu_kv_cache_gib)
-        self._check_fits(cache)
+        check_kv_cache_fits(cache, self.max_model_len, self.device)
         self.runner.allocate_kv_cache(cache.num_blocks, cache.block_size)
         profile_seconds = time.perf_counter() - profile_start
         graph_seconds = 0.0
@@ -108,17 +100,6 @@ class Engine:
                     self.runner.load_seconds, profile_seconds, graph_seconds, self.model_name,
                     str(self.dtype).removeprefix("torch."), self.device, cache.num_blocks, cache.block_size,
                     self.max_model_len)
-
-    def _check_fits(self, cache: CacheConfig) -> None:
-        needed = -(-self.max_model_len // cache.block_size)
-        if cache.num_blocks >= needed:
-            return
-        fix = ("raise gpu_memory_utilization" if self.device.type == "cuda"
-               else "raise cpu_kv_cache_gib (--cpu-kv-cache-gib)")
-        raise ValueError(
-            f"The KV cache has {cache.num_blocks} blocks ({cache.num_blocks * cache.block_size} tokens) but one request "
-            f"of max_model_len={self.max_model_len} needs {needed} blocks. Lower max_model_len (--max-model-len) "
-            f"to at most {cache.num_blocks * cache.block_size}, or {fix}.")
 
     # ---- requests -------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | BeamSearchParams,
@@ -149,7 +130,7 @@ class Engine:
     def abort_request(self, request_id: str, reason: str = "abort") -> None:
         """End a request as added (with its parallel samples or beams) and free its blocks."""
         request = self.requests.get(request_id)
-        members = [] if request is None else [request, *request.beam.beams] if request.beam else request.family
+        members = [] if request is None else [request, *request.group.members] if request.group else request.family
         for member in members:
             self.scheduler.finish_request(member, reason)
             self.requests.pop(member.request_id, None)
@@ -188,15 +169,9 @@ class Engine:
     def _launch_lookahead(self, batch: ScheduledBatch,
                           pending: PendingOutput) -> tuple[ScheduledBatch, PendingOutput] | None:
         """Schedule and launch the next step now, each row's input being this step's sampled id still on
-        the device, when nothing needs this step's tokens on the host first: every request decodes one
-        row with no beam, fork or logit control (those read the tokens). A request that then ends in
-        this step wastes its lookahead row, which is dropped."""
-        in_flight = set(pending.request_ids)
-        if not in_flight or len(in_flight) != len(pending.request_ids) or any(
-                not item.samples or item.request.beam is not None or item.request.sampling_params.controls_logits
-                for item in batch.scheduled):
-            return None
-        lookahead = self.scheduler.schedule_lookahead(in_flight)
+        the device, where the scheduler finds nothing needs this step's tokens on the host first. A request
+        that then ends in this step wastes its lookahead row, which is dropped."""
+        lookahead = self.scheduler.schedule_lookahead(batch, pending.request_ids)
         if lookahead is None:
             return None
         try:
@@ -223,9 +198,9 @@ class Engine:
             if request is None:
                 rows.append(None)
                 continue
-            if request.beam is not None:
+            if request.group is not None:
                 beam_rows.append((row, request))
-            elif request_id in first_tokens:  # forked before update() can release the parent's blocks
+            elif request_id in first_tokens:  # an extra row: a child continuing the parent's step
                 request = self.forks.fork_sample(request, token, computed[request_id])
             else:
                 first_tokens[request_id] = token
@@ -235,16 +210,15 @@ class Engine:
         self.scheduler.update(batch, first_tokens)
         for beam, token in waited:
             beam.append_token(token)
-        if result.logprobs is not None:
-            self._record_logprobs(rows, result)
-        self._record_prompt_logprobs(result.prompt_logprobs)
+        self.output_processor.record_logprobs(rows, result)
+        self.output_processor.record_prompt_logprobs(self.requests, result.prompt_logprobs)
         families: dict[str, Request] = {}  # head of each family that produced tokens, in row order
-        for request, token in zip(rows, tokens):
-            if request is None or request.beam is not None:
+        for request in rows:
+            if request is None or request.group is not None:
                 continue
-            stop = self.output_processor.new_tokens(request, [token])
+            stop = check_stop(request, self.output_processor)
             if stop is not None:
-                self.scheduler.finish_request(request, "stop", stop)
+                self.scheduler.finish_request(request, *stop)
             families.setdefault(request.family[0].request_id, request.family[0])
         outputs = []
         for head in families.values():
@@ -256,28 +230,6 @@ class Engine:
         outputs.extend(end_beams(searches, self.scheduler, self.requests, self.tokenizer))
         return outputs
 
-    def _record_logprobs(self, rows: list[Request | None], result: ModelRunnerOutput) -> None:
-        ids, values, ranks = result.logprob_token_ids, result.logprobs, result.sampled_ranks
-        for row, request in enumerate(rows):
-            if request is None or request.beam is not None:  # beam rows were read by their search
-                continue
-            params = request.sampling_params
-            if params.logprobs is None and not params.ranks_samples:
-                continue
-            request.cumulative_logprob += values[row][0]
-            if params.logprobs is not None:
-                request.logprobs.append(self.output_processor.decode_logprobs(ids[row], values[row], ranks[row],
-                                                                              params.logprobs))
-
-    def _record_prompt_logprobs(self, scored: dict) -> None:
-        for request_id, (start, ids, values, ranks) in scored.items():
-            request = self.requests[request_id]
-            wanted = request.sampling_params.prompt_logprobs
-            for offset, (row_ids, row_values, rank) in enumerate(zip(ids, values, ranks)):
-                if len(request.prompt_logprobs) == start + offset + 1:  # a recompute scores positions again
-                    request.prompt_logprobs.append(
-                        self.output_processor.decode_logprobs(row_ids, row_values, rank, wanted))
-
     def stats(self) -> EngineStats:
         kv, sched = self.kv_cache, self.scheduler
         return EngineStats(len(sched.running), len(sched.waiting), len(sched.swapped), kv.usage, kv.num_blocks,
@@ -287,4 +239,4 @@ class Engine:
 
 def _added_as(request: Request) -> Request:
     """The request as added to the engine: a parallel sample's parent, a beam's search head, or itself."""
-    return request.beam.head if request.beam is not None else request.family[0]
+    return request.group.head if request.group is not None else request.family[0]

@@ -1,4 +1,4 @@
-"""Token ids -> text, incrementally; stop strings; RequestOutputs.
+"""Token ids -> text, incrementally; stop strings; logprobs; RequestOutputs.
 
 Decoding a growing token list one token at a time must not split a multi-byte character, and
 must keep the spaces that tokenizers drop at the start of a decode. Each step decodes a short
@@ -10,6 +10,7 @@ from __future__ import annotations
 from fasterllm.engine.request import Request
 from fasterllm.loader.tokenizer import TokenizerWrapper
 from fasterllm.outputs import CompletionOutput, Logprob, RequestOutput
+from fasterllm.worker.step_messages import ModelRunnerOutput
 
 _CONTEXT_TOKENS = 6
 _INCOMPLETE = "\ufffd"
@@ -80,10 +81,7 @@ class OutputProcessor:
 
     def new_tokens(self, request: Request, token_ids: list[int]) -> str | None:
         """Detokenize a request's new tokens; returns a stop string if one was found."""
-        detok = self.detokenizers[request.request_id]
-        if request.finish_reason == "stop" and request.stop_reason is None and token_ids:
-            token_ids = token_ids[:-1] if token_ids[-1] in request.eos_token_ids else token_ids
-        return detok.add_tokens(token_ids)
+        return self.detokenizers[request.request_id].add_tokens(token_ids)
 
     def make_output(self, head: Request) -> RequestOutput:
         """The output of a request and its parallel samples (head.family), under the head's id."""
@@ -105,6 +103,32 @@ class OutputProcessor:
                     completion.index = index
         return RequestOutput(head.request_id, head.prompt, head.prompt_token_ids, completions,
                              finished, head.metrics, head.prompt_logprobs)
+
+    def record_logprobs(self, rows: list[Request | None], result: ModelRunnerOutput) -> None:
+        """Each sampled row's logprobs into its request (rows: the request of each row; None or a group member
+        skipped: a beam's row was read by its search)."""
+        if result.logprobs is None:
+            return
+        ids, values, ranks = result.logprob_token_ids, result.logprobs, result.sampled_ranks
+        for row, request in enumerate(rows):
+            if request is None or request.group is not None:
+                continue
+            params = request.sampling_params
+            if params.logprobs is None and not params.ranks_samples:
+                continue
+            request.cumulative_logprob += values[row][0]
+            if params.logprobs is not None:
+                request.logprobs.append(self.decode_logprobs(ids[row], values[row], ranks[row], params.logprobs))
+
+    def record_prompt_logprobs(self, requests: dict[str, Request], scored: dict) -> None:
+        """The scored prompt positions of the step into their requests; a recompute scores positions again, and
+        only the first scoring is kept."""
+        for request_id, (start, ids, values, ranks) in scored.items():
+            request = requests[request_id]
+            wanted = request.sampling_params.prompt_logprobs
+            for offset, (row_ids, row_values, rank) in enumerate(zip(ids, values, ranks)):
+                if len(request.prompt_logprobs) == start + offset + 1:
+                    request.prompt_logprobs.append(self.decode_logprobs(row_ids, row_values, rank, wanted))
 
     def remove(self, request_id: str) -> None:
         self.detokenizers.pop(request_id, None)

@@ -3,21 +3,32 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import TYPE_CHECKING
 
 from fasterllm.outputs import RequestMetrics, SampleLogprobs
 from fasterllm.sampling_params import SamplingParams
 from fasterllm.worker.step_messages import NewRequestData
-
-if TYPE_CHECKING:
-    from fasterllm.engine.beam_search import BeamSearch
-
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     SWAPPED = "swapped"  # preempted with its KV copied to the CPU pool
     FINISHED = "finished"
+
+
+class SequenceGroup:
+    """Sequences that run, wait and are preempted together (the beams of one search). The scheduler and the
+    worker see only this: how many sequences it may hold, the top logprobs each member's row returns, and that
+    a preempted member forgets what it reported and computes again."""
+    width: int
+    num_top_logprobs: int
+    head: Request  # the request the group was asked as
+
+    @property
+    def members(self) -> list[Request]:
+        raise NotImplementedError
+
+    def forget(self, member: Request) -> None:
+        raise NotImplementedError
 
 
 class Request:
@@ -44,7 +55,7 @@ class Request:
         # the ids its extra sample rows draw for and it forks into (on the worker: their random streams)
         self.sample_ids: list[str] = []
         self.num_sent_tokens: int | None = None  # tokens the worker has of it; None until it is first scheduled
-        self.beam: BeamSearch | None = None  # the search this request is a beam of
+        self.group: SequenceGroup | None = None  # the group (a beam search) it is a member of
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
@@ -67,7 +78,7 @@ class Request:
         return NewRequestData(self.request_id, list(self.all_token_ids), len(self.prompt_token_ids),
                               self.sampling_params, seed, self.sample_ids, self.bad_word_ids,
                               [*self.eos_token_ids, *self.stop_token_ids],
-                              self.beam.num_candidates if self.beam is not None else 0)
+                              self.group.num_top_logprobs if self.group is not None else 0)
 
     @property
     def worker_ids(self) -> list[str]:
@@ -85,17 +96,6 @@ class Request:
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
-
-    def check_token_stop(self) -> bool:
-        """Stop on eos, a stop token id, or the token limit; stop strings are found by the detokenizer."""
-        last = self.output_token_ids[-1]
-        if last in self.eos_token_ids:
-            self.finish("stop")
-        elif last in self.stop_token_ids:
-            self.finish("stop", last)
-        elif len(self.output_token_ids) >= self.max_tokens:
-            self.finish("length")
-        return self.finished
 
     def finish(self, reason: str, stop_reason: int | str | None = None) -> None:
         self.status = RequestStatus.FINISHED

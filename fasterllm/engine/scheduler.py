@@ -77,10 +77,10 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         kv = self.kv_cache
         needed = kv.blocks_for_tokens(len(request.prompt_token_ids) + request.max_tokens)
-        # parallel samples and beams share the prompt; each extra one needs its own tail
-        width = request.beam.params.beam_width if request.beam else request.sampling_params.best_of
+        # parallel samples and a group's members share the prompt; each extra one needs its own tail
+        width = request.group.width if request.group else request.sampling_params.best_of
         needed += (width - 1) * (kv.blocks_for_tokens(request.max_tokens) + 1)
-        if request.beam and width > self.config.max_num_seqs:
+        if request.group and width > self.config.max_num_seqs:
             raise ValueError(f"beam_width={width} is more than max_num_seqs={self.config.max_num_seqs}, and a "
                              "search's beams run together; lower beam_width or raise max_num_seqs")
         if needed > kv.num_blocks:
@@ -102,7 +102,7 @@ class Scheduler:
             scheduled = []
             for request in groups[index]:
                 num_new = self._chunk(request, budget)
-                if num_new == 0:  # a beam that waits for the rest of its search to report, or no budget
+                if num_new == 0:  # a member that waits for the rest of its group (a beam search), or no budget
                     continue
                 if not self._allocate_or_preempt(request, num_new, out, groups, index):
                     break
@@ -162,11 +162,11 @@ class Scheduler:
         return budget
 
     def _admit_waiting(self, out: ScheduledBatch, budget: int) -> None:
-        """Admit from the front of the queue; a preempted search's beams come back all together or not
-        at all (half a search would hold blocks while waiting for the other half)."""
+        """Admit from the front of the queue; a preempted group's members (a search's beams) come back all
+        together or not at all (half a group would hold blocks while waiting for the other half)."""
         while self.waiting and budget > 0:
             head = self.waiting[0]
-            group = list(itertools.takewhile(lambda r: r.beam is head.beam, self.waiting)) if head.beam else [head]
+            group = list(itertools.takewhile(lambda r: r.group is head.group, self.waiting)) if head.group else [head]
             if len(self.running) + len(group) > self.config.max_num_seqs:
                 return
             admitted: list[tuple[Request, int, int]] = []  # request, new tokens, prefix-cache hit tokens
@@ -190,7 +190,7 @@ class Scheduler:
     def _start(self, request: Request, num_new: int, out: ScheduledBatch) -> None:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
-        if num_new:  # a beam admitted beyond the step's budget computes from the next step on
+        if num_new:  # a group member admitted beyond the step's budget computes from the next step on
             out.scheduled.append(ScheduledRequest(request, num_new))
 
     def _allocate_or_preempt(self, request: Request, num_new: int, out: ScheduledBatch,
@@ -210,8 +210,8 @@ class Scheduler:
         self.stats.num_preemptions += 1
         request.num_preemptions += 1
         table = self.kv_cache.block_table(request.request_id)
-        if request.beam is not None:  # its candidates are computed again, so it preempts by recompute
-            request.beam.forget(request)
+        if request.group is not None:  # what it reported is computed again, so it preempts by recompute
+            request.group.forget(request)
         elif (self.config.preemption_mode == "swap" and self.swap_space is not None
                 and self.swap_space.can_hold(len(table))):
             out.message.swap_out.extend(zip(table, self.swap_space.take(request.request_id, len(table))))
@@ -227,7 +227,7 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     def update(self, out: ScheduledBatch, sampled: dict[str, int]) -> None:
-        """Account the computed tokens, append sampled ones, and release requests that hit a token stop."""
+        """Account the computed tokens and append the sampled ones (whether they stop is check_stop's to say)."""
         now = time.time()
         for item in out.scheduled:
             request = item.request
@@ -241,8 +241,6 @@ class Scheduler:
             request.append_token(token)
             request.metrics.first_token_time = request.metrics.first_token_time or now
             request.metrics.last_token_time = now
-            if request.check_token_stop():
-                self._release(request)
 
     def add_forked(self, child: Request, first_token: int) -> None:
         """A parallel sample forked from its parent after the prompt: running, with its first token."""
@@ -250,11 +248,9 @@ class Scheduler:
         self.running.append(child)
         child.append_token(first_token)
         child.metrics.first_token_time = child.metrics.last_token_time = time.time()
-        if child.check_token_stop():
-            self._release(child)
 
     def finish_request(self, request: Request, reason: str, stop_reason: int | str | None = None) -> None:
-        """End a request early (a stop string, an abort): it leaves its queue and frees its blocks."""
+        """End a request (a stop, an abort, an error): it leaves its queue and frees its blocks."""
         if request.finished:
             return
         request.finish(reason, stop_reason)
@@ -275,13 +271,20 @@ class Scheduler:
 class AsyncScheduler(Scheduler):
     """Asynchronous scheduling: the next decode step can be scheduled while the step before it still runs."""
 
-    def schedule_lookahead(self, in_flight: set[str]) -> ScheduledBatch | None:
+    def schedule_lookahead(self, in_flight: ScheduledBatch, sampled_ids: list[str]) -> ScheduledBatch | None:
         """The next step, scheduled while the step in flight still runs: each running request decodes the
-        token that step samples for it (the worker takes it from that step's samples). A request at its
-        token limit after that token is left out (it finishes). Only for a plain step: nothing queued to
-        admit or swap in, every running request in flight, and blocks for all without preempting;
-        otherwise None, and the next step is scheduled once the tokens are read."""
-        if self.waiting or self.swapped or any(r.request_id not in in_flight for r in self.running):
+        token that step samples for it (sampled_ids: the request of each sampled row; the worker takes the
+        token from that step's samples). A request at its token limit after that token is left out (it
+        finishes). Only where nothing needs the in-flight tokens on the host first (every request samples
+        one row, none is in a group or has logit controls: those read the tokens) and for a plain step:
+        nothing queued to admit or swap in, every running request in flight, and blocks for all without
+        preempting; otherwise None, and the next step is scheduled once the tokens are read."""
+        flying = set(sampled_ids)
+        if not flying or len(flying) != len(sampled_ids) or any(
+                not item.samples or item.request.group is not None or item.request.sampling_params.controls_logits
+                for item in in_flight.scheduled):
+            return None
+        if self.waiting or self.swapped or any(r.request_id not in flying for r in self.running):
             return None
         going_on = [r for r in self.running if len(r.output_token_ids) + 1 < r.max_tokens]
         if not going_on or len(going_on) > self.config.max_num_batched_tokens:
@@ -293,16 +296,16 @@ class AsyncScheduler(Scheduler):
 
 
 def _groups(requests) -> list[list[Request]]:
-    """Requests in order, the beams of one search gathered into one group (they run and are preempted
-    together); any other request is a group of its own."""
+    """Requests in order, the members of one sequence group gathered (they run and are preempted together);
+    any other request is a group of its own."""
     groups: list[list[Request]] = []
-    by_search: dict[int, list[Request]] = {}
+    by_group: dict[int, list[Request]] = {}
     for request in requests:
-        if request.beam is None:
+        if request.group is None:
             groups.append([request])
-        elif id(request.beam) in by_search:
-            by_search[id(request.beam)].append(request)
+        elif id(request.group) in by_group:
+            by_group[id(request.group)].append(request)
         else:
-            by_search[id(request.beam)] = [request]
-            groups.append(by_search[id(request.beam)])
+            by_group[id(request.group)] = [request]
+            groups.append(by_group[id(request.group)])
     return groups

@@ -31,7 +31,7 @@ class SequenceForks:
         child.output_token_ids = list(parent.output_token_ids)
         child.all_token_ids = list(parent.all_token_ids)
         child.bad_word_ids = parent.bad_word_ids
-        child.beam = parent.beam
+        child.group = parent.group
         child.num_computed_tokens = num_computed_tokens
         child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
         self.kv_cache.fork(parent, child)

@@ -28,8 +28,8 @@ def lookahead_count(monkeypatch, llm) -> list[int]:
     scheduler = llm.engine.scheduler
     original = scheduler.schedule_lookahead
 
-    def spy(in_flight):
-        out = original(in_flight)
+    def spy(in_flight, sampled_ids):
+        out = original(in_flight, sampled_ids)
         launched[0] += out is not None
         return out
     monkeypatch.setattr(scheduler, "schedule_lookahead", spy)

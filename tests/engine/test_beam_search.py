@@ -37,7 +37,7 @@ def test_beams_share_the_prompt_blocks_and_copy_the_block_they_write(llm, alone)
     assert len(prompt) % 16 not in (0, 15)  # the last prompt block is partly full: shared, then copied
     engine.add_request("b", prompt, PARAMS)
     engine.step()  # the prompt step: four beams chosen from one row of candidates
-    beams = engine.requests["b"].beam.beams
+    beams = engine.requests["b"].group.beams
     assert len(beams) == 4
     used = engine.kv_cache.num_blocks - engine.kv_cache.num_free_blocks
     assert used == full_prompt_blocks + 1  # one copy of the prompt, not four
@@ -49,7 +49,7 @@ def test_beams_share_the_prompt_blocks_and_copy_the_block_they_write(llm, alone)
     finally:
         engine.scheduler.schedule = schedule
     assert copies == [3]  # three beams copy the shared last block before writing; the last keeps it
-    tables = [engine.kv_cache.block_table(b.request_id) for b in engine.requests["b"].beam.beams]
+    tables = [engine.kv_cache.block_table(b.request_id) for b in engine.requests["b"].group.beams]
     for block in tables[0][:full_prompt_blocks]:
         assert all(block == t[tables[0].index(block)] for t in tables)
         assert engine.kv_cache.ref_counts[block] == len(tables)
@@ -86,7 +86,7 @@ def test_abort_frees_every_beam(llm):
     engine.add_request("b", PROMPT, PARAMS)
     for _ in range(3):
         engine.step()
-    assert len(engine.requests["b"].beam.beams) == 4
+    assert len(engine.requests["b"].group.beams) == 4
     engine.abort_request("b")
     assert not engine.has_unfinished_requests() and not engine.requests
     assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
@@ -118,7 +118,7 @@ def test_a_search_that_cannot_fit_the_pool_is_refused(llm):
 
 
 def test_a_failed_forward_pass_fails_the_whole_search(llm):
-    from fasterllm.engine.engine import StepFailedError
+    from fasterllm.errors import StepFailedError
 
     engine = llm.engine
     engine.add_request("b", PROMPT, PARAMS)

@@ -4,6 +4,7 @@ from fasterllm.config import SchedulerConfig
 from fasterllm.engine.kv_cache_manager import KVCacheManager
 from fasterllm.engine.request import Request, RequestStatus
 from fasterllm.engine.scheduler import Scheduler
+from fasterllm.engine.stop_checker import check_stop
 from fasterllm.sampling_params import SamplingParams
 
 
@@ -19,9 +20,13 @@ def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_
 
 
 def run_step(scheduler: Scheduler, token: int = 7):
-    """Schedule, pretend the model sampled `token` for every request that samples, update."""
+    """Schedule, pretend the model sampled `token` for every request that samples, update, and end the requests
+    that stop (as the engine's step does)."""
     out = scheduler.schedule()
     scheduler.update(out, {s.request.request_id: token for s in out.scheduled if s.samples})
+    for s in out.scheduled:
+        if s.samples and (stop := check_stop(s.request, None)) is not None:
+            scheduler.finish_request(s.request, *stop)
     return out
 
 

@@ -12,6 +12,7 @@ from fasterllm.config import SchedulerConfig
 from fasterllm.engine.kv_cache_manager import KVCacheManager
 from fasterllm.engine.request import Request, RequestStatus
 from fasterllm.engine.scheduler import Scheduler
+from fasterllm.engine.stop_checker import check_stop
 from fasterllm.sampling_params import SamplingParams
 from fasterllm.worker.request_states import RequestStates
 
@@ -35,6 +36,9 @@ def step(scheduler: Scheduler, worker: RequestStates, token: int) -> list[str]:
         assert state.num_prompt_tokens == len(request.prompt_token_ids)
         assert state.block_table == scheduler.kv_cache.block_table(request.request_id)
     scheduler.update(out, {s.request.request_id: token for s in out.scheduled if s.samples})
+    for item in out.scheduled:
+        if item.samples and (stop := check_stop(item.request, None)) is not None:
+            scheduler.finish_request(item.request, *stop)
     return [item.request.request_id for item in out.scheduled]
 
 
@@ -53,7 +57,7 @@ def test_the_worker_state_follows_chunks_preemption_forks_and_finishes():
     child.num_computed_tokens = b.num_computed_tokens
     child.family = b.family = [b, child]
     scheduler.kv_cache.fork(b, child)
-    scheduler.add_forked(child, 99)
+    scheduler.add_forked(child, 99)  # its first token stops nothing: it has 10 to go
     for token in range(13, 30):
         step(scheduler, worker, token)
         if not scheduler.has_unfinished_requests():

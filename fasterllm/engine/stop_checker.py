@@ -1,0 +1,20 @@
+"""Whether a sequence stops after its new token, decided in one place: eos (unless ignore_eos), a stop token id,
+the token limit, or a stop string in the text (the detokenizer finds it; an eos that ends the sequence is not
+detokenized). A token rule wins over a stop string the same token completes. The members of a sequence group
+(the beams of a search) are not checked here: their search decides when they end."""
+from __future__ import annotations
+
+from fasterllm.engine.output_processor import OutputProcessor
+from fasterllm.engine.request import Request
+
+
+def check_stop(request: Request, output_processor: OutputProcessor | None) -> tuple[str, int | str | None] | None:
+    """The (finish_reason, stop_reason) that ends the request after its last token, or None. Detokenizes that
+    token (output_processor None: token rules only, for the scheduler's unit tests)."""
+    last = request.output_token_ids[-1]
+    if last in request.eos_token_ids:
+        return "stop", None
+    stop = ("stop", last) if last in request.stop_token_ids else (
+        ("length", None) if len(request.output_token_ids) >= request.max_tokens else None)
+    stop_string = output_processor.new_tokens(request, [last]) if output_processor is not None else None
+    return stop or (("stop", stop_string) if stop_string is not None else None)
