@@ -212,12 +212,12 @@ def run_server(engine_args: EngineArgs, host: str = "127.0.0.1", port: int = 800
     if embedding_quantization is not None and embedding_model is None:
         raise ValueError(f"embedding_quantization={embedding_quantization!r} has no model to quantize; give "
                          "--embedding-model too, or leave --embedding-quantization out")
-    llm = AsyncLLM.from_engine_args(engine_args)
     embedding_engine = None
-    if embedding_model is not None:
+    if embedding_model is not None:  # first: a bad embedding setting fails in seconds, before the big model loads
         embedding_engine = EmbeddingEngine(EngineArgs(model=None if embedding_model == "default" else embedding_model,
                                                       task="embed", device=engine_args.device,
                                                       dtype=engine_args.dtype, quantization=embedding_quantization))
+    llm = AsyncLLM.from_engine_args(engine_args)
     app = build_app(llm, served_model_name, api_key, embedding_engine)
     logger.warning("serving %s on http://%s:%d/v1", served_model_name or llm.model_name, host, port)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",
