@@ -48,6 +48,7 @@ class ModelConfig:
     attention_bias: bool = False  # q/k/v biases
     o_proj_bias: bool = False
     mlp_bias: bool = False
+    qk_norm: bool = False  # an RMSNorm over each head's query and key before RoPE (Qwen3)
     sliding_window: int | None = None  # attend to at most this many most recent tokens
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
@@ -62,7 +63,7 @@ class ModelConfig:
 
 
 # the Hugging Face decoder architectures models/registry.py runs (all through models/llama.py)
-DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 
 def check_architecture(architecture: str) -> None:

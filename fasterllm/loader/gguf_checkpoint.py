@@ -17,6 +17,7 @@ _ARCHITECTURES = {
     "llama": ("LlamaForCausalLM", True),
     "mistral": ("MistralForCausalLM", True),
     "qwen2": ("Qwen2ForCausalLM", False),
+    "qwen3": ("Qwen3ForCausalLM", False),
 }
 
 _TENSOR_NAMES = {
@@ -31,6 +32,8 @@ _LAYER_TENSOR_NAMES = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
@@ -101,6 +104,7 @@ class GGUFFile:
             tie_word_embeddings="output.weight" not in names,
             attention_bias="blk.0.attn_q.bias" in names,
             o_proj_bias="blk.0.attn_output.bias" in names,
+            qk_norm="blk.0.attn_q_norm.weight" in names,
             sliding_window=meta.get(f"{arch}.attention.sliding_window"),
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=[] if eos is None else [eos],

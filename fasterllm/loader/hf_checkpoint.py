@@ -57,6 +57,7 @@ def load_hf_config(model_dir: Path) -> ModelConfig:
         o_proj_bias=raw.get("attention_bias", False) and not qwen2,
         sliding_window=raw.get("sliding_window") if raw.get("use_sliding_window", not qwen2) else None,
         mlp_bias=raw.get("mlp_bias", False),
+        qk_norm=architectures[0] == "Qwen3ForCausalLM",
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
     )

@@ -1,4 +1,4 @@
-"""The LLaMA family (Llama 2/3/3.1, Mistral, Qwen2, SmolLM2): one implementation over a flat token batch.
+"""The LLaMA family (Llama 2/3/3.1, Mistral, Qwen2, Qwen3, SmolLM2): one implementation over a flat token batch.
 
 Q/K/V are fused into one projection and gate/up into another at load time; the batch is the
 concatenation of every scheduled sequence's new tokens (no padding, no prefill/decode split).
@@ -29,6 +29,11 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
         self.qkv_shape = (heads, cfg.head_dim)
+        self.num_q_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        if cfg.qk_norm:  # Qwen3: each head's query and key normalised before RoPE
+            self.q_norm, self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps), RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
         self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.sliding_window)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -41,9 +46,19 @@ class DecoderLayer(nn.Module):
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         hidden, residual = self.input_layernorm(hidden, residual)  # W8A8 / FP8: quantized rows, not a tensor
         qkv = self.qkv_proj(hidden).view(-1, *self.qkv_shape)
+        if self.q_norm is not None:
+            qkv = self._norm_heads(qkv)
         attention = self.attn(qkv, rope, kv_cache, meta)
         hidden, residual = self.post_attention_layernorm(self.o_proj(attention), residual)
         return self.down_proj(self.act(self.gate_up_proj(hidden))), residual
+
+    def _norm_heads(self, qkv: torch.Tensor) -> torch.Tensor:
+        """The query heads through q_norm and the key heads through k_norm, the value heads as they are."""
+        q, k, v = qkv.split([self.num_q_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
+        head_dim = qkv.shape[-1]
+        q = self.q_norm(q.reshape(-1, head_dim))[0].view(q.shape)
+        k = self.k_norm(k.reshape(-1, head_dim))[0].view(k.shape)
+        return torch.cat([q, k, v], dim=1)
 
 
 class LlamaForCausalLM(nn.Module):

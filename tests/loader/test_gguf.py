@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFWriter, quants
-from transformers import LlamaConfig, LlamaForCausalLM
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, quants
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from fasterllm import LLM
@@ -12,20 +12,27 @@ HEADS, KV_HEADS, HIDDEN, LAYERS, VOCAB, FFN = 4, 2, 64, 2, 128, 128
 EOS = VOCAB - 1
 GGUF_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
               "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+              "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+PERMUTED_ARCHS = ("llama", "mistral")  # llama.cpp's converter reorders Q/K rows for these, not for Qwen
+
+
+def randomized(model):
+    with torch.no_grad():  # weights big enough that attention is far from uniform
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if p.dim() > 1 else 1.0) + (1.0 if p.dim() == 1 else 0.0))
+    return model.eval()
+
+
+SHAPE = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+             num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=256,
+             rms_norm_eps=1e-5, tie_word_embeddings=False, eos_token_id=EOS)
 
 
 @pytest.fixture(scope="module")
 def tiny_llama():
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=256,
-                         rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, eos_token_id=EOS)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # weights big enough that attention is far from uniform
-        for p in model.parameters():
-            p.copy_(torch.randn_like(p) * (0.3 if p.dim() > 1 else 1.0) + (1.0 if p.dim() == 1 else 0.0))
-    return model
+    return randomized(LlamaForCausalLM(LlamaConfig(**SHAPE, rope_theta=10000.0)))
 
 
 def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -63,16 +70,15 @@ def write_gguf(path, model, qtype, arch="llama"):
             parts = name.split(".")  # model.layers.N.<module...>.weight
             gguf_name = f"blk.{parts[2]}.{GGUF_NAMES['.'.join(parts[3:-1])]}.{parts[-1]}"
         stored = data
-        if "attn_q" in gguf_name:
-            stored = llama_cpp_permute(data, HEADS)
-        elif "attn_k" in gguf_name:
-            stored = llama_cpp_permute(data, KV_HEADS)
+        module = gguf_name.split(".")[2] if gguf_name.startswith("blk.") else ""
+        if arch in PERMUTED_ARCHS and module in ("attn_q", "attn_k"):
+            stored = llama_cpp_permute(data, HEADS if module == "attn_q" else KV_HEADS)
         kind = qtype if data.ndim == 2 else GGMLQuantizationType.F32
         packed = quants.quantize(stored, kind)
         writer.add_tensor(gguf_name, packed, raw_dtype=kind)
         restored = quants.dequantize(packed, kind).reshape(stored.shape)
-        if "attn_q" in gguf_name or "attn_k" in gguf_name:  # back to HF order for the reference model
-            n = HEADS if "attn_q" in gguf_name else KV_HEADS
+        if stored is not data:  # back to HF order for the reference model
+            n = HEADS if module == "attn_q" else KV_HEADS
             restored = restored.reshape(n, -1, 2, *restored.shape[1:]).swapaxes(1, 2).reshape(restored.shape)
         reference[name] = torch.from_numpy(np.ascontiguousarray(restored))
     writer.write_header_to_file()
@@ -85,9 +91,24 @@ def write_gguf(path, model, qtype, arch="llama"):
 @pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"])
 def test_gguf_types_and_qk_permutation_give_the_reference_logits(tmp_path, tiny_llama, qtype):
     path = tmp_path / f"tiny-{qtype}.gguf"
-    reference_weights = write_gguf(path, tiny_llama, GGMLQuantizationType[qtype])
     reference = LlamaForCausalLM(tiny_llama.config).eval()
-    reference.load_state_dict(reference_weights)
+    reference.load_state_dict(write_gguf(path, tiny_llama, GGMLQuantizationType[qtype]))
+    assert_generates_as(path, reference)
+
+
+def test_a_qwen3_gguf_runs_its_query_and_key_norms(tmp_path):
+    torch.manual_seed(0)
+    model = randomized(Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=HIDDEN // HEADS,  # the base write_gguf writes
+                                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})))
+    path = tmp_path / "tiny-qwen3.gguf"
+    reference = Qwen3ForCausalLM(model.config).eval()
+    reference.load_state_dict(write_gguf(path, model, GGMLQuantizationType.F16, arch="qwen3"))
+    assert "blk.0.attn_q_norm.weight" in {t.name for t in GGUFReader(str(path)).tensors}
+    assert_generates_as(path, reference)
+
+
+def assert_generates_as(path, reference):
+    """Our greedy tokens and their logprobs from the GGUF file equal the reference model's."""
     llm = LLM(str(path), dtype="float32", cpu_kv_cache_gib=0.01)
     ids = [int(t) for t in torch.randint(0, VOCAB - 1, (40,), generator=torch.Generator().manual_seed(1))]
     with torch.no_grad():

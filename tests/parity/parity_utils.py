@@ -184,7 +184,7 @@ def run_staggered(engine, prompts: Sequence[Sequence[int]], arrival_steps: Seque
 @dataclass(frozen=True)
 class TinySpec:
     name: str
-    family: str  # llama, mistral, qwen2
+    family: str  # llama, mistral, qwen2, qwen3
     num_heads: int = 4
     num_kv_heads: int = 2
     head_dim: int = 16
@@ -211,13 +211,16 @@ TINY_SPECS = [
     TinySpec("llama_mha_tied_sharded_linear_rope", "llama", num_heads=4, num_kv_heads=4, vocab_size=256,
              tie_word_embeddings=True, shard=True, rms_norm_eps=1e-5,
              rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
+    # per-head RMSNorm on q and k before RoPE; head_dim * heads (96) != hidden (64)
+    TinySpec("qwen3_qk_norm", "qwen3", num_heads=4, num_kv_heads=2, head_dim=24, vocab_size=448,
+             rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}),
 ]
 
 
 def tiny_config(spec: TinySpec, **overrides):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[spec.family]
+    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[spec.family]
     kwargs = dict(vocab_size=spec.vocab_size, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
                   num_hidden_layers=LAYERS, num_attention_heads=spec.num_heads,
                   num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim, max_position_embeddings=MAX_POS,
@@ -273,6 +276,9 @@ def build_tiny_model(spec: TinySpec, directory: Path, seed: int = 0):
     if spec.family == "qwen2":  # the q/k/v biases must be live, not zeros
         for layer in model.model.layers:
             assert layer.self_attn.q_proj.bias.abs().min() > 0
+    if spec.family == "qwen3":  # the q/k norms must be live, not ones
+        for layer in model.model.layers:
+            assert (layer.self_attn.q_norm.weight != 1).all() and (layer.self_attn.k_norm.weight != 1).all()
     model.eval()
     save_kwargs = {"max_shard_size": "200KB"} if spec.shard else {}
     model.save_pretrained(directory, safe_serialization=True, **save_kwargs)

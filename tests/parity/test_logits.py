@@ -122,6 +122,8 @@ def test_tiny_checkpoint_layouts(tiny_checkpoints):
         assert ("lm_head.weight" in names) != spec.tie_word_embeddings, spec.name
         if spec.family == "qwen2":
             assert "model.layers.0.self_attn.q_proj.bias" in names
+        if spec.family == "qwen3":
+            assert "model.layers.0.self_attn.q_norm.weight" in names
         assert (directory / "tokenizer.json").is_file()
 
 
