@@ -63,7 +63,8 @@ class ModelConfig:
 
 
 # the Hugging Face decoder architectures models/registry.py runs (all through models/llama.py)
-DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM",
+                         "Qwen3ForCausalLM")
 
 
 def check_architecture(architecture: str) -> None:

@@ -1,6 +1,8 @@
-"""The LLaMA family (Llama 2/3/3.1, Mistral, Qwen2, Qwen3, SmolLM2): one implementation over a flat token batch.
+"""The LLaMA family (Llama 2/3/3.1, Mistral, Phi-3, Qwen2, Qwen3, SmolLM2): one implementation over a flat token
+batch.
 
-Q/K/V are fused into one projection and gate/up into another at load time; the batch is the
+Q/K/V are fused into one projection and gate/up into another at load time (Phi-3 checkpoints store them fused
+already, in the same order); the batch is the
 concatenation of every scheduled sequence's new tokens (no padding, no prefill/decode split).
 """
 from __future__ import annotations
@@ -146,7 +148,10 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)} but the config "
                                  f"implies {tuple(dest.shape)}; the checkpoint and its config disagree")
             dest.copy_(tensor)
-            loaded.add(target if rows is None else f"{target}#{rows[0]}")
+            if rows is None and target.split(".")[-2] in ("qkv_proj", "gate_up_proj"):  # stored fused (Phi-3)
+                loaded.update(part for part in expected if part.startswith(f"{target}#"))
+            else:
+                loaded.add(target if rows is None else f"{target}#{rows[0]}")
         missing = expected - loaded
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}; "

@@ -184,7 +184,7 @@ def run_staggered(engine, prompts: Sequence[Sequence[int]], arrival_steps: Seque
 @dataclass(frozen=True)
 class TinySpec:
     name: str
-    family: str  # llama, mistral, qwen2, qwen3
+    family: str  # llama, mistral, phi3, qwen2, qwen3
     num_heads: int = 4
     num_kv_heads: int = 2
     head_dim: int = 16
@@ -214,13 +214,17 @@ TINY_SPECS = [
     # per-head RMSNorm on q and k before RoPE; head_dim * heads (96) != hidden (64)
     TinySpec("qwen3_qk_norm", "qwen3", num_heads=4, num_kv_heads=2, head_dim=24, vocab_size=448,
              rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}),
+    # q/k/v and gate/up stored fused in the checkpoint
+    TinySpec("phi3_fused", "phi3", num_heads=4, num_kv_heads=2, vocab_size=416, rms_norm_eps=1e-5,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, extra={"sliding_window": None}),
 ]
 
 
 def tiny_config(spec: TinySpec, **overrides):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
-    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[spec.family]
+    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "phi3": Phi3Config, "qwen2": Qwen2Config,
+           "qwen3": Qwen3Config}[spec.family]
     kwargs = dict(vocab_size=spec.vocab_size, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
                   num_hidden_layers=LAYERS, num_attention_heads=spec.num_heads,
                   num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim, max_position_embeddings=MAX_POS,

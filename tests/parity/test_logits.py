@@ -124,6 +124,8 @@ def test_tiny_checkpoint_layouts(tiny_checkpoints):
             assert "model.layers.0.self_attn.q_proj.bias" in names
         if spec.family == "qwen3":
             assert "model.layers.0.self_attn.q_norm.weight" in names
+        if spec.family == "phi3":
+            assert {"model.layers.0.self_attn.qkv_proj.weight", "model.layers.0.mlp.gate_up_proj.weight"} <= names
         assert (directory / "tokenizer.json").is_file()
 
 
