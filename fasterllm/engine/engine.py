@@ -13,6 +13,7 @@ from fasterllm.engine.kv_cache_manager import KVCacheManager, SwapSpace
 from fasterllm.engine.input_processor import InputProcessor
 from fasterllm.engine.limits import check_kv_cache_fits, resolve_max_model_len
 from fasterllm.engine.output_processor import OutputProcessor
+from fasterllm.engine.parallel_sampling import fork_sample, name_samples
 from fasterllm.engine.request import Request
 from fasterllm.engine.scheduler import AsyncScheduler, ScheduledBatch, Scheduler
 from fasterllm.engine.sequence_forks import SequenceForks
@@ -90,8 +91,7 @@ class Engine:
             self.scheduler_config, self.kv_cache, swap_space)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.requests: dict[str, Request] = {}
-        self.forks = SequenceForks(self.requests, self.kv_cache, self.scheduler, self.output_processor,
-                                   self._eos_ids(), self.max_model_len)
+        self.forks = SequenceForks(self.requests, self.kv_cache, self.scheduler, self._eos_ids(), self.max_model_len)
         self._in_flight: tuple[ScheduledBatch, PendingOutput] | None = None  # launched, tokens not read
         self.startup_seconds = {"total": time.perf_counter() - start, "weights": self.runner.load_seconds,
                                 "kv_sizing": profile_seconds, "cuda_graphs": graph_seconds}
@@ -114,7 +114,7 @@ class Engine:
             search, params = BeamSearch(params, self._eos_ids()), params.as_sampling_params()
         self.inputs.check_sampling_token_ids(params)
         request = Request(request_id, text, token_ids, params, self._eos_ids(), self.max_model_len, arrival_time)
-        self.forks.name_samples(request)
+        name_samples(request)
         request.bad_word_ids = self.inputs.bad_word_ids(params.bad_words)
         if search is not None:
             search.start(request)
@@ -201,7 +201,8 @@ class Engine:
             if request.group is not None:
                 beam_rows.append((row, request))
             elif request_id in first_tokens:  # an extra row: a child continuing the parent's step
-                request = self.forks.fork_sample(request, token, computed[request_id])
+                request = fork_sample(self.forks, request, token, computed[request_id])
+                self.output_processor.add_request(request)
             else:
                 first_tokens[request_id] = token
             rows.append(request)

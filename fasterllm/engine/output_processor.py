@@ -7,6 +7,7 @@ the window ends in an incomplete character (U+FFFD).
 """
 from __future__ import annotations
 
+from fasterllm.engine.parallel_sampling import best_samples
 from fasterllm.engine.request import Request
 from fasterllm.loader.tokenizer import TokenizerWrapper
 from fasterllm.outputs import CompletionOutput, Logprob, RequestOutput
@@ -97,10 +98,7 @@ class OutputProcessor:
         if finished:
             for member in head.family:
                 del self.detokenizers[member.request_id]
-            if params.ranks_samples:  # best_of > n: keep the n most likely samples
-                completions = sorted(completions, key=lambda c: c.cumulative_logprob, reverse=True)[:params.n]
-                for index, completion in enumerate(completions):
-                    completion.index = index
+            completions = best_samples(completions, params)
         return RequestOutput(head.request_id, head.prompt, head.prompt_token_ids, completions,
                              finished, head.metrics, head.prompt_logprobs)
 

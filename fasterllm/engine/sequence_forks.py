@@ -1,25 +1,18 @@
 """Requests that continue another request's tokens, sharing its KV blocks copy-on-write: the parallel samples of
-an n / best_of request (forked once its prompt is computed) and the beams a search chooses more than once."""
+an n / best_of request (parallel_sampling.py) and the beams a search chooses more than once (beam_search.py)."""
 from __future__ import annotations
 
 from fasterllm.engine.kv_cache_manager import KVCacheManager
-from fasterllm.engine.output_processor import OutputProcessor
 from fasterllm.engine.request import Request
 from fasterllm.engine.scheduler import Scheduler
 
 
 class SequenceForks:
     def __init__(self, requests: dict[str, Request], kv_cache: KVCacheManager, scheduler: Scheduler,
-                 output_processor: OutputProcessor, eos_token_ids: list[int], max_model_len: int):
+                 eos_token_ids: list[int], max_model_len: int):
         self.requests = requests  # the engine's: a fork is registered there
-        self.kv_cache, self.scheduler, self.output_processor = kv_cache, scheduler, output_processor
+        self.kv_cache, self.scheduler = kv_cache, scheduler
         self.eos_token_ids, self.max_model_len = eos_token_ids, max_model_len
-
-    @staticmethod
-    def name_samples(request: Request) -> None:
-        """The ids of the samples a best_of request will fork: its extra rows draw for them from the first token
-        on (a seeded sample i draws from its own stream, the same whatever else runs)."""
-        request.sample_ids = [f"{request.request_id}#{index}" for index in range(1, request.sampling_params.best_of)]
 
     def fork(self, parent: Request, child_id: str, first_token: int, num_computed_tokens: int) -> Request:
         """A request continuing the parent's tokens with first_token, sharing its blocks copy-on-write.
@@ -37,12 +30,4 @@ class SequenceForks:
         self.kv_cache.fork(parent, child)
         self.requests[child.request_id] = child
         self.scheduler.add_forked(child, first_token)
-        return child
-
-    def fork_sample(self, parent: Request, first_token: int, num_computed_tokens: int) -> Request:
-        """Sample i of a parallel-sampling request, forked after the prompt step."""
-        child = self.fork(parent, parent.sample_ids[len(parent.family) - 1], first_token, num_computed_tokens)
-        child.family = parent.family
-        parent.family.append(child)
-        self.output_processor.add_request(child)
         return child
