@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fasterllm.engine.request import Request, SequenceGroup
+from fasterllm.engine.request import Request
 from fasterllm.loader.tokenizer import TokenizerWrapper
 from fasterllm.outputs import CompletionOutput, RequestOutput
 from fasterllm.sampling_params import BeamSearchParams
@@ -41,8 +41,9 @@ class Continuation:
     cumulative_logprob: float
 
 
-class BeamSearch(SequenceGroup):
-    """The state of one prompt's search: its live beams, their reported candidates, its hypotheses."""
+class BeamSearch:
+    """The state of one prompt's search: its live beams, their reported candidates, its hypotheses. A
+    request.SequenceGroup: what the scheduler and the worker see of it."""
 
     def __init__(self, params: BeamSearchParams, eos_token_ids: list[int]):
         self.params = params

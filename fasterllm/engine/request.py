@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import Protocol
 
 from fasterllm.outputs import RequestMetrics, SampleLogprobs
 from fasterllm.sampling_params import SamplingParams
 from fasterllm.worker.step_messages import NewRequestData
+
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
@@ -15,20 +17,18 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
-class SequenceGroup:
-    """Sequences that run, wait and are preempted together (the beams of one search). The scheduler and the
-    worker see only this: how many sequences it may hold, the top logprobs each member's row returns, and that
-    a preempted member forgets what it reported and computes again."""
+class SequenceGroup(Protocol):
+    """Sequences that run, wait and are preempted together (the beams of one search, beam_search.BeamSearch). The
+    scheduler and the worker see only this: how many sequences it may hold, the top logprobs each member's row
+    returns, and that a preempted member forgets what it reported and computes again."""
     width: int
     num_top_logprobs: int
     head: Request  # the request the group was asked as
 
     @property
-    def members(self) -> list[Request]:
-        raise NotImplementedError
+    def members(self) -> list[Request]: ...
 
-    def forget(self, member: Request) -> None:
-        raise NotImplementedError
+    def forget(self, member: Request) -> None: ...
 
 
 class Request:
