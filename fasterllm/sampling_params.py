@@ -12,6 +12,38 @@ _GREEDY_TEMPERATURE = 1e-5
 
 
 @dataclass
+class StructuredOutputsParams:
+    """A constraint the output must satisfy, shaped like vLLM's: exactly one of a JSON schema (a dict or its JSON
+    text), any JSON object, a regular expression, one of a list of strings, or a Lark grammar (llguidance's
+    dialect). The grammar is compiled when the request is added; a bad one is an error naming the field."""
+
+    json: dict | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise InvalidInputError(f"structured_outputs sets {given or 'nothing'}: set exactly one of json, "
+                                    "json_object, regex, choice, grammar", "structured_outputs")
+        if self.json is not None and not isinstance(self.json, (dict, str)):
+            raise InvalidInputError(f"structured_outputs.json={self.json!r} must be a JSON schema (a dict or its "
+                                    "JSON text)", "structured_outputs.json")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InvalidInputError(f"structured_outputs.{name}={value!r} must be a non-empty string",
+                                        f"structured_outputs.{name}")
+        if self.choice is not None and (not isinstance(self.choice, list) or not self.choice or any(
+                not isinstance(c, str) or not c for c in self.choice)):
+            raise InvalidInputError(f"structured_outputs.choice={self.choice!r} must be a non-empty list of "
+                                    "non-empty strings", "structured_outputs.choice")
+
+
+@dataclass
 class SamplingParams:
     """Per-request decoding settings, named as in vLLM and the OpenAI API.
 
@@ -42,6 +74,7 @@ class SamplingParams:
     min_tokens: int = 0  # eos and stop_token_ids are banned until this many tokens exist
     bad_words: list[str] | None = None
     allowed_token_ids: list[int] | None = None
+    structured_outputs: StructuredOutputsParams | None = None  # the output must match a schema, regex, ...
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -98,6 +131,9 @@ class SamplingParams:
             raise InvalidInputError(
                 f"allowed_token_ids={self.allowed_token_ids!r} must be a non-empty list of token ids",
                 "allowed_token_ids")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise InvalidInputError(f"structured_outputs={self.structured_outputs!r} must be a "
+                                    "StructuredOutputsParams", "structured_outputs")
 
     @property
     def greedy(self) -> bool:

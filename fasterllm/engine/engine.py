@@ -18,6 +18,7 @@ from fasterllm.engine.request import Request
 from fasterllm.engine.scheduler import AsyncScheduler, ScheduledBatch, Scheduler
 from fasterllm.engine.sequence_forks import SequenceForks
 from fasterllm.engine.stop_checker import check_stop
+from fasterllm.engine.structured_output import StructuredOutputs
 from fasterllm.errors import StepFailedError
 from fasterllm.loader.checkpoint import open_checkpoint
 from fasterllm.outputs import RequestOutput
@@ -90,6 +91,7 @@ class Engine:
         self.scheduler = (AsyncScheduler if self.async_scheduling else Scheduler)(
             self.scheduler_config, self.kv_cache, swap_space)
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size, self._eos_ids())
         self.requests: dict[str, Request] = {}
         self.forks = SequenceForks(self.requests, self.kv_cache, self.scheduler, self._eos_ids(), self.max_model_len)
         self._in_flight: tuple[ScheduledBatch, PendingOutput] | None = None  # launched, tokens not read
@@ -116,6 +118,8 @@ class Engine:
         request = Request(request_id, text, token_ids, params, self._eos_ids(), self.max_model_len, arrival_time)
         name_samples(request)
         request.bad_word_ids = self.inputs.bad_word_ids(params.bad_words)
+        if params.structured_outputs is not None:
+            self.structured.start(request)
         if search is not None:
             search.start(request)
         self.scheduler.add_request(request)  # first: it may still refuse the request
@@ -155,6 +159,7 @@ class Engine:
         return self._finish_step(out, result)
 
     def _launch(self, batch: ScheduledBatch) -> tuple[ScheduledBatch, PendingOutput] | None:
+        self.structured.attach_masks(batch)
         try:
             pending = self.runner.execute(batch.message)
         except Exception as exc:
@@ -217,6 +222,8 @@ class Engine:
         for request in rows:
             if request is None or request.group is not None:
                 continue
+            if request.matcher is not None:
+                request.matcher.consume_token(request.output_token_ids[-1])
             stop = check_stop(request, self.output_processor)
             if stop is not None:
                 self.scheduler.finish_request(request, *stop)

@@ -276,13 +276,13 @@ class AsyncScheduler(Scheduler):
         token that step samples for it (sampled_ids: the request of each sampled row; the worker takes the
         token from that step's samples). A request at its token limit after that token is left out (it
         finishes). Only where nothing needs the in-flight tokens on the host first (every request samples
-        one row, none is in a group or has logit controls: those read the tokens) and for a plain step:
+        one row, none is in a group, has a grammar or logit controls: those read the tokens) and for a plain step:
         nothing queued to admit or swap in, every running request in flight, and blocks for all without
         preempting; otherwise None, and the next step is scheduled once the tokens are read."""
         flying = set(sampled_ids)
         if not flying or len(flying) != len(sampled_ids) or any(
-                not item.samples or item.request.group is not None or item.request.sampling_params.controls_logits
-                for item in in_flight.scheduled):
+                not item.samples or item.request.group is not None or item.request.matcher is not None
+                or item.request.sampling_params.controls_logits for item in in_flight.scheduled):
             return None
         if self.waiting or self.swapped or any(r.request_id not in flying for r in self.running):
             return None

@@ -25,6 +25,7 @@ class SequenceForks:
         child.all_token_ids = list(parent.all_token_ids)
         child.bad_word_ids = parent.bad_word_ids
         child.group = parent.group
+        child.matcher = parent.matcher.deep_copy() if parent.matcher is not None else None
         child.num_computed_tokens = num_computed_tokens
         child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
         self.kv_cache.fork(parent, child)

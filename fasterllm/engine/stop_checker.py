@@ -1,6 +1,7 @@
 """Whether a sequence stops after its new token, decided in one place: eos (unless ignore_eos), a stop token id,
-the token limit, or a stop string in the text (the detokenizer finds it; an eos that ends the sequence is not
-detokenized). A token rule wins over a stop string the same token completes. The members of a sequence group
+the token limit, a grammar that is complete (structured output), or a stop string in the text (the detokenizer
+finds it; an eos that ends the sequence is not detokenized). A token rule wins over a stop string the same token
+completes. The members of a sequence group
 (the beams of a search) are not checked here: their search decides when they end."""
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ def check_stop(request: Request, output_processor: OutputProcessor | None) -> tu
     last = request.output_token_ids[-1]
     if last in request.eos_token_ids:
         return "stop", None
-    stop = ("stop", last) if last in request.stop_token_ids else (
-        ("length", None) if len(request.output_token_ids) >= request.max_tokens else None)
+    if last in request.stop_token_ids:
+        stop = "stop", last
+    elif request.matcher is not None and request.matcher.is_stopped():  # nothing may follow but eos
+        stop = "stop", None
+    else:
+        stop = ("length", None) if len(request.output_token_ids) >= request.max_tokens else None
     stop_string = output_processor.new_tokens(request, [last]) if output_processor is not None else None
     return stop or (("stop", stop_string) if stop_string is not None else None)

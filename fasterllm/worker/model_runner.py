@@ -185,19 +185,22 @@ class ModelRunner:
         prompt_logprobs = self._prompt_logprobs(logits[len(sampling):], prompt_rows)
         if not sampling:
             return PendingOutput([], None, prompt_logprobs)
-        sampled = self._sample(logits[:len(sampling)], sampling)
+        sampled = self._sample(logits[:len(sampling)], sampling, message)
         if self.device.type == "cuda":
             sampled.copy_to_host_async()
         # a request's row (its last, where best_of gives it several: such a step is never looked ahead of)
         self.previous_samples = (sampled.token_ids, {request_id: row for row, request_id in enumerate(sampling)})
         return PendingOutput(sampling, sampled, prompt_logprobs)
 
-    def _sample(self, logits: torch.Tensor, sampling: list[str]) -> SamplerOutput:
+    def _sample(self, logits: torch.Tensor, sampling: list[str], message: SchedulerOutput) -> SamplerOutput:
         states = [self.requests.states[request_id] for request_id in sampling]
         vocab = logits.shape[-1]
         md = SamplingMetadata.build([s.sampling_params for s in states], self.requests.row_generators(sampling),
                                     vocab, self.device, LogitControls.build(states, vocab, self.device),
                                     max(s.num_top_logprobs for s in states))
+        if message.grammar_bitmask is not None:
+            md.allowed = _allowed_tokens(message.grammar_rows, message.grammar_bitmask, len(sampling), vocab,
+                                         self.device)
         return sample(logits, md)
 
     def _carried_inputs(self, carried: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -248,3 +251,12 @@ class ModelRunner:
             result[request_id] = (start, ids[row:row + count], values[row:row + count], ranks[row:row + count])
             row += count
         return result
+
+
+def _allowed_tokens(rows: list[int], bitmask, num_rows: int, vocab: int, device: torch.device) -> torch.Tensor:
+    """[num_rows, vocab] bool from the grammar rows' packed bitmask (bit t of word t // 32); other rows allow all."""
+    words = torch.from_numpy(bitmask).to(device, non_blocking=True)
+    bits = (words[:, :, None] >> torch.arange(32, device=device, dtype=torch.int32)) & 1
+    allowed = torch.ones(num_rows, vocab, dtype=torch.bool, device=device)
+    allowed[host_to_device(rows, torch.long, device)] = bits.view(len(rows), -1)[:, :vocab].bool()
+    return allowed

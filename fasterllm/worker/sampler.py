@@ -26,6 +26,7 @@ class SamplingMetadata:
     generators: list[torch.Generator | None]
     max_num_logprobs: int | None
     controls: LogitControls | None = None  # penalties, biases, bans; None when no row uses any
+    allowed: torch.Tensor | None = None  # [S, V] bool: structured output's grammar masks; None when no row has one
 
     @staticmethod
     def build(params: list[SamplingParams], generators: list[torch.Generator | None], vocab_size: int,
@@ -118,6 +119,8 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
     raw_logits = logits
     if md.controls is not None:
         logits = md.controls.apply(logits)
+    if md.allowed is not None:
+        logits = logits.masked_fill(~md.allowed, float("-inf"))
     greedy_tokens = logits.argmax(dim=-1)
     if md.all_greedy:
         tokens = greedy_tokens

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from fasterllm.sampling_params import SamplingParams
 
 
@@ -52,6 +54,10 @@ class SchedulerOutput:
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write
+    # structured output: the sampled rows that carry a grammar, and per such row a bitmask of the tokens allowed
+    # next ([rows, ceil(vocab / 32)] int32, bit t of word t // 32)
+    grammar_rows: list[int] = field(default_factory=list)
+    grammar_bitmask: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:

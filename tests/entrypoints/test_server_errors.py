@@ -44,6 +44,20 @@ LONG_PROMPT = "word " * 600  # 601 tokens (the trailing space is one): over max_
     ("chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs", "needs logprobs=true"),
     ("chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 50}, 400, "top_logprobs", "less than or equal"),
     ("completions", {**COMPLETION, "stream": True, "best_of": 3}, 400, "best_of", "must equal n=1 when streaming"),
+    ("completions", {**COMPLETION, "guided_regex": "(unclosed"}, 400, "guided_regex", "unclosed group"),
+    ("completions", {**COMPLETION, "structured_outputs": {"grammar": "start: nothing_here"}}, 400,
+     "structured_outputs", 'unknown name: "nothing_here"'),
+    ("chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, 400,
+     "response_format", "needs json_schema.schema"),
+    ("chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"schema": {
+        "type": "object", "properties": {"a": {"type": "no-such-type"}}}}}}, 400, "response_format",
+     "Invalid type: no-such-type"),
+    ("completions", {**COMPLETION, "guided_choice": ["a"], "guided_regex": "b"}, 400, "guided_regex",
+     "set exactly one of"),
+    ("completions", {**COMPLETION, "guided_choice": ["a"], "structured_outputs": {"regex": "b"}}, 400,
+     "structured_outputs", "use one of them"),
+    ("completions", {**COMPLETION, "structured_outputs": {"schema": {}}}, 400, "structured_outputs",
+     "unknown fields ['schema']"),
 ])
 def test_bad_request_gets_its_status_and_names_the_field(server, path, body, status, param, message):
     response = httpx.post(f"{server.url}/v1/{path}", json=body, timeout=60)

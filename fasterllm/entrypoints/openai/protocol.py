@@ -47,6 +47,19 @@ class StreamOptions(_Body):
     continuous_usage_stats: bool = False
 
 
+class JSONSchemaFormat(_Body):
+    name: Optional[str] = None
+    description: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(_Body):
+    """OpenAI's response_format: free text, any JSON object, or JSON that follows json_schema.schema."""
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JSONSchemaFormat] = None
+
+
 class SamplingFields(_Body):
     """Fields shared by completions and chat completions."""
 
@@ -74,6 +87,14 @@ class SamplingFields(_Body):
     use_beam_search: bool = False  # n (completions: best_of, when given) is the beam width
     length_penalty: Optional[float] = None  # beam search only: a hypothesis scores logprob / length ** this (1)
     early_stopping: Optional[Union[bool, Literal["never"]]] = None  # beam search only (False)
+    # structured output: OpenAI's response_format, vLLM's structured_outputs {json | json_object | regex | choice |
+    # grammar} and its older guided_* fields; one of them at a time
+    response_format: Optional[ResponseFormat] = None
+    structured_outputs: Optional[dict[str, Any]] = None
+    guided_json: Optional[Union[dict[str, Any], str]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
 
 
 class CompletionRequest(SamplingFields):

@@ -18,7 +18,8 @@ from fasterllm.entrypoints.openai.metrics import ServerMetrics
 from fasterllm.entrypoints.openai.protocol import OpenAIError, SamplingFields, usage
 from fasterllm.entrypoints.openai.serving_beam_search import beam_search_params, check_beam_fields_unused
 from fasterllm.outputs import Logprob, RequestOutput, SampleLogprobs
-from fasterllm.sampling_params import BeamSearchParams, SamplingParams
+from fasterllm.errors import InvalidInputError
+from fasterllm.sampling_params import BeamSearchParams, SamplingParams, StructuredOutputsParams
 
 logger = logging.getLogger("fasterllm")
 
@@ -42,6 +43,8 @@ def invalid_request(exc: ValueError, request: BaseModel) -> OpenAIError:
     """A 400 for a ValueError that SamplingParams, BeamSearchParams or the engine raised on this request: its field
     is the error's param (InvalidInputError) when the request has a field of that name, else it names none."""
     param = getattr(exc, "param", None)
+    if param is not None and param.startswith("structured_outputs") and isinstance(request, SamplingFields):
+        param = next(iter(_constraint_sources(request)), param)  # the field the user wrote the constraint in
     return OpenAIError(400, str(exc), param if param in type(request).model_fields else None)
 
 
@@ -145,7 +148,7 @@ class OpenAIServing:
             include_stop_str_in_output=request.include_stop_str_in_output,
             repetition_penalty=request.repetition_penalty, presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty, logit_bias=logit_bias or None,
-            min_tokens=request.min_tokens)
+            min_tokens=request.min_tokens, structured_outputs=structured_outputs(request))
 
     async def start(self, request: SamplingFields, base_id: str, prompts: list[list[int]],
                     params: SamplingParams | BeamSearchParams, arrival_time: float) -> list[str]:
@@ -227,3 +230,40 @@ class OpenAIServing:
             self.metrics.requests.labels("rejected" if error.status < 500 else "error").inc()
             yield f"data: {json.dumps(error.body())}\n\n"
         yield "data: [DONE]\n\n"
+
+
+def structured_outputs(request: SamplingFields) -> StructuredOutputsParams | None:
+    """The request's output constraint, from whichever one of response_format, structured_outputs or guided_* it
+    uses (a "text" response_format is none)."""
+    sources = _constraint_sources(request)
+    if len(sources) > 1:
+        raise InvalidInputError(f"the request constrains its output through {sorted(sources)}: use one of them",
+                                sorted(sources)[1])
+    if not sources:
+        return None
+    fields = next(iter(sources.values()))
+    unknown = set(fields) - {"json", "json_object", "regex", "choice", "grammar"}
+    if unknown:
+        raise InvalidInputError(f"structured_outputs has unknown fields {sorted(unknown)}; it takes one of json, "
+                                "json_object, regex, choice, grammar", "structured_outputs")
+    return StructuredOutputsParams(**fields)
+
+
+def _constraint_sources(request: SamplingFields) -> dict[str, dict[str, Any]]:
+    """Request field -> the StructuredOutputsParams fields it asks for, for each field that constrains the output."""
+    sources = {}
+    formats = request.response_format
+    if formats is not None and formats.type == "json_object":
+        sources["response_format"] = {"json_object": True}
+    elif formats is not None and formats.type == "json_schema":
+        if formats.json_schema is None or formats.json_schema.schema_ is None:
+            raise InvalidInputError("response_format of type json_schema needs json_schema.schema, the JSON schema "
+                                    "the answer must follow", "response_format")
+        sources["response_format"] = {"json": formats.json_schema.schema_}
+    if request.structured_outputs is not None:
+        sources["structured_outputs"] = request.structured_outputs
+    guided = {kind: getattr(request, f"guided_{kind}") for kind in ("json", "regex", "choice", "grammar")
+              if getattr(request, f"guided_{kind}") is not None}
+    if guided:
+        sources["guided_" + next(iter(guided))] = guided
+    return sources
