@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fasterllm.config import EngineArgs
-from fasterllm.engine.engine import Engine, EngineStats
+from fasterllm.engine.engine import Engine
+from fasterllm.engine.engine_stats import EngineStats
 from fasterllm.errors import StepFailedError
 from fasterllm.outputs import RequestOutput
 from fasterllm.sampling_params import BeamSearchParams, SamplingParams

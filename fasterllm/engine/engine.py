@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 
 from fasterllm.config import CacheConfig, EngineArgs, SchedulerConfig
 from fasterllm.engine.beam_search import BeamSearch, continue_beams, end_beams, report_beams
+from fasterllm.engine.engine_stats import EngineStats
 from fasterllm.engine.kv_cache_manager import KVCacheManager, SwapSpace
 from fasterllm.engine.input_processor import InputProcessor
 from fasterllm.engine.limits import check_kv_cache_fits, resolve_max_model_len
@@ -26,25 +26,6 @@ from fasterllm.sampling_params import BeamSearchParams, SamplingParams
 from fasterllm.worker.model_runner import ModelRunner, PendingOutput
 
 logger = logging.getLogger("fasterllm")
-
-
-@dataclass
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    num_swapped: int
-    kv_cache_usage: float  # fraction of blocks referenced by requests
-    num_kv_blocks: int
-    num_cached_blocks: int  # blocks findable by prefix hash (in use or free)
-    prefix_cache_queries: int  # prompt tokens looked up
-    prefix_cache_hits: int  # of which found cached
-    num_preemptions: int
-    num_swapped_out: int
-    num_swapped_in: int
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
 
 class Engine:
@@ -239,10 +220,7 @@ class Engine:
         return outputs
 
     def stats(self) -> EngineStats:
-        kv, sched = self.kv_cache, self.scheduler
-        return EngineStats(len(sched.running), len(sched.waiting), len(sched.swapped), kv.usage, kv.num_blocks,
-                           kv.num_cached_blocks, kv.prefix_cache_queries, kv.prefix_cache_hits,
-                           sched.stats.num_preemptions, sched.stats.num_swapped_out, sched.stats.num_swapped_in)
+        return EngineStats.collect(self.kv_cache, self.scheduler)
 
 
 def _added_as(request: Request) -> Request:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from fasterllm.engine.engine import EngineStats
+from fasterllm.engine.engine_stats import EngineStats
 from fasterllm.outputs import RequestOutput
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
