@@ -9,6 +9,7 @@ its tokenizer from the `tokenizers` JSON we already hold, and compiles lazily (~
 from __future__ import annotations
 
 import json
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -28,6 +29,8 @@ class StructuredOutputs:
         self._ll_tokenizer = None  # built on the first constrained request (~0.3 s)
         self._executor = None  # llguidance's thread pool: the rows' masks are filled in parallel
         self._grammars: OrderedDict[str, str] = OrderedDict()  # constraint -> llguidance grammar, most recent last
+        # constrained requests still referenced (a fork's family keeps its parent): none, and a step costs nothing
+        self._live: weakref.WeakSet[Request] = weakref.WeakSet()
 
     def start(self, request: Request) -> None:
         """Give a constrained request its matcher; a constraint the engine cannot compile is an InvalidInputError
@@ -37,14 +40,18 @@ class StructuredOutputs:
         params = request.sampling_params.structured_outputs
         matcher = llguidance.LLMatcher(self._tokenizer(), self._grammar(params), log_level=0)
         if matcher.is_error():
-            field = next(name for name in ("json", "regex", "choice", "grammar") if getattr(params, name) is not None)
+            field = next((n for n in ("json", "regex", "choice", "grammar") if getattr(params, n) is not None),
+                         "json_object")
             raise InvalidInputError(f"structured_outputs.{field} could not be compiled: {matcher.get_error()}",
                                     f"structured_outputs.{field}")
         request.matcher = matcher
+        self._live.add(request)
 
     def attach_masks(self, batch: ScheduledBatch) -> None:
         """Tell the worker which tokens each sampled row of a constrained request may take: the message's
         grammar_rows and a [rows, ceil(vocab / 32)] int32 bitmask (bit t set where token t may come next)."""
+        if not self._live:
+            return
         import llguidance.numpy
 
         message, row, constrained = batch.message, 0, []
