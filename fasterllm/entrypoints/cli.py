@@ -6,9 +6,10 @@ import dataclasses
 import itertools
 import logging
 import sys
+from pathlib import Path
 
 from fasterllm.config import QUANTIZATION_METHODS, EngineArgs
-from fasterllm.sampling_params import SamplingParams
+from fasterllm.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -65,13 +66,26 @@ def add_sampling_args(parser: argparse.ArgumentParser, temperature: float) -> No
     g.add_argument("--repetition-penalty", type=float, default=1.0)
     g.add_argument("--presence-penalty", type=float, default=0.0)
     g.add_argument("--frequency-penalty", type=float, default=0.0)
+    constraint = parser.add_argument_group("structured output (one of)").add_mutually_exclusive_group()
+    constraint.add_argument("--json-schema", metavar="FILE", help="the answer is JSON following the schema in FILE")
+    constraint.add_argument("--regex", help="the answer matches this regular expression")
+    constraint.add_argument("--choice", action="append", help="the answer is one of these strings (repeatable)")
 
 
 def sampling_params_from(ns: argparse.Namespace) -> SamplingParams:
     return SamplingParams(temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k, min_p=ns.min_p,
                           seed=ns.sampling_seed, max_tokens=ns.max_tokens, stop=ns.stop, ignore_eos=ns.ignore_eos,
                           min_tokens=ns.min_tokens, repetition_penalty=ns.repetition_penalty,
-                          presence_penalty=ns.presence_penalty, frequency_penalty=ns.frequency_penalty)
+                          presence_penalty=ns.presence_penalty, frequency_penalty=ns.frequency_penalty,
+                          structured_outputs=structured_outputs_from(ns))
+
+
+def structured_outputs_from(ns: argparse.Namespace) -> StructuredOutputsParams | None:
+    if ns.json_schema is not None:
+        return StructuredOutputsParams(json=Path(ns.json_schema).read_text())  # a missing file: FileNotFoundError
+    if ns.regex is not None or ns.choice is not None:
+        return StructuredOutputsParams(regex=ns.regex, choice=ns.choice)
+    return None
 
 
 def cmd_generate(ns: argparse.Namespace) -> None:

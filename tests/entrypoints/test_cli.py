@@ -1,4 +1,5 @@
 """The `fasterllm` command as a user runs it."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,18 @@ def test_chat_streams_replies_and_keeps_the_conversation():
     assert "Paris" in result.stdout and "Rome" in result.stdout
 
 
+def test_generate_follows_a_choice_and_a_json_schema(tmp_path):
+    result = run(["generate", "Is Paris in France?", "--choice", "yes", "--choice", "no", *SMALL])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() in ("yes", "no")
+    schema = tmp_path / "city.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                                  "required": ["city"], "additionalProperties": False}))
+    result = run(["generate", "Name a city, as JSON.", "--json-schema", str(schema), "--temperature", "0", *SMALL])
+    assert result.returncode == 0, result.stderr
+    assert set(json.loads(result.stdout)) == {"city"}
+
+
 def test_bench_runs_ours_and_transformers_and_prints_the_ratio(tmp_path):
     # a tiny random Llama: transformers would take ~15 s to read the default GGUF, and the bench is what is tested
     sys.path.insert(0, str(Path(__file__).parents[1] / "parity"))
@@ -48,6 +61,9 @@ def test_bench_runs_ours_and_transformers_and_prints_the_ratio(tmp_path):
     (["serve", "--load-format", "dummy", *SMALL, "--embedding-model", "default", "--embedding-quantization", "int4"],
      "error: quantization='int4' is not supported for all-MiniLM-L6-v2"),
     (["serve", "--embedding-quantization", "int8"], "error: embedding_quantization='int8' has no model to quantize"),
+    (["generate", "--regex", "(unclosed", "hi", *SMALL], "error: prompt 0: structured_outputs.regex could not be "
+     "compiled"),
+    (["generate", "--json-schema", "/no/such/schema.json", "hi"], "error: [Errno 2] No such file or directory"),
 ])
 def test_bad_arguments_print_one_clear_line_not_a_traceback(args, message):
     result = run(args)
