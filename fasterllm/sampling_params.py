@@ -23,9 +23,17 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
 
-    def __post_init__(self) -> None:
+    @property
+    def kind(self) -> str:
+        """The one field set: json, json_object, regex, choice or grammar."""
+        return self._given()[0]
+
+    def _given(self) -> list[str]:
         given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
-        given += ["json_object"] if self.json_object else []
+        return given + (["json_object"] if self.json_object else [])
+
+    def __post_init__(self) -> None:
+        given = self._given()
         if len(given) != 1:
             raise InvalidInputError(f"structured_outputs sets {given or 'nothing'}: set exactly one of json, "
                                     "json_object, regex, choice, grammar", "structured_outputs")

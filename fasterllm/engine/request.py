@@ -75,7 +75,6 @@ class Request:
         """What the worker is told when it first runs this request; a fork's seed is None: it draws from
         the stream its parent's row for it started."""
         seed = self.sampling_params.seed if self.family[0] is self else None
-        self.num_sent_tokens = len(self.all_token_ids)
         return NewRequestData(self.request_id, list(self.all_token_ids), len(self.prompt_token_ids),
                               self.sampling_params, seed, self.sample_ids, self.bad_word_ids,
                               [*self.eos_token_ids, *self.stop_token_ids],

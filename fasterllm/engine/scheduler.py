@@ -134,7 +134,7 @@ class Scheduler:
                 new_token_ids.append([])
             else:
                 new_token_ids.append(request.all_token_ids[sent:])
-                request.num_sent_tokens = len(request.all_token_ids)
+            request.num_sent_tokens = len(request.all_token_ids)
             ids.append(request.request_id)
             starts.append(item.start)
             num_new.append(item.num_new_tokens)

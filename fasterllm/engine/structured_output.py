@@ -40,10 +40,8 @@ class StructuredOutputs:
         params = request.sampling_params.structured_outputs
         matcher = llguidance.LLMatcher(self._tokenizer(), self._grammar(params), log_level=0)
         if matcher.is_error():
-            field = next((n for n in ("json", "regex", "choice", "grammar") if getattr(params, n) is not None),
-                         "json_object")
-            raise InvalidInputError(f"structured_outputs.{field} could not be compiled: {matcher.get_error()}",
-                                    f"structured_outputs.{field}")
+            raise InvalidInputError(f"structured_outputs.{params.kind} could not be compiled: {matcher.get_error()}",
+                                    f"structured_outputs.{params.kind}")
         request.matcher = matcher
         self._live.add(request)
 
@@ -88,13 +86,13 @@ class StructuredOutputs:
         key = json.dumps([params.json, params.json_object, params.regex, params.choice, params.grammar],
                          sort_keys=True)
         if key not in self._grammars:  # the grammar's text; llguidance checks it when a matcher is made
-            if params.json is not None or params.json_object:
-                schema = params.json if params.json is not None else {"type": "object"}
+            if params.kind in ("json", "json_object"):
+                schema = params.json if params.kind == "json" else {"type": "object"}
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(
                     schema if isinstance(schema, str) else json.dumps(schema))
-            elif params.regex is not None:
+            elif params.kind == "regex":
                 grammar = llguidance.LLMatcher.grammar_from_regex(params.regex)
-            elif params.choice is not None:
+            elif params.kind == "choice":
                 grammar = llguidance.LLMatcher.grammar_from_regex("|".join(_regex_literal(c) for c in params.choice))
             else:
                 grammar = llguidance.LLMatcher.grammar_from_lark(params.grammar)

@@ -121,6 +121,7 @@ class LlamaForCausalLM(nn.Module):
                  "v_proj": ("qkv_proj", q_size + kv_size, kv_size),
                  "gate_proj": ("gate_up_proj", 0, cfg.intermediate_size),
                  "up_proj": ("gate_up_proj", cfg.intermediate_size, cfg.intermediate_size)}
+        fused_names = {new for new, _, _ in fused.values()}
         params = dict(self.named_parameters())
         expected = set()
         for pname in params:
@@ -148,7 +149,7 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)} but the config "
                                  f"implies {tuple(dest.shape)}; the checkpoint and its config disagree")
             dest.copy_(tensor)
-            if rows is None and target.split(".")[-2] in ("qkv_proj", "gate_up_proj"):  # stored fused (Phi-3)
+            if rows is None and parts[-2] in fused_names:  # stored fused already (Phi-3)
                 loaded.update(part for part in expected if part.startswith(f"{target}#"))
             else:
                 loaded.add(target if rows is None else f"{target}#{rows[0]}")

@@ -63,9 +63,9 @@ class ModelRunner:
         self.buffers: InputBuffers | None = None  # GPU: fixed input buffers, filled from pinned memory
         self.graphs: DecodeGraphs | None = None
         self.requests = RequestStates(device)
-        # the last step's sampled ids, still on the device, and each request's row in them: a step scheduled
-        # before the engine read them (asynchronous scheduling) takes a request's next input token from here
-        self.previous_samples: tuple[torch.Tensor, dict[str, int]] | None = None
+        # the last step's sampled ids, still on the device, and the request of each row: a step scheduled before
+        # the engine read them (asynchronous scheduling) takes a request's next input token from here
+        self.previous_samples: tuple[torch.Tensor, list[str]] | None = None
 
     def prepare_inputs(self, block_size: int, sched: SchedulerConfig) -> None:
         """On a GPU, the fixed buffers every step's inputs are staged into (the Triton kernels' path)."""
@@ -157,7 +157,7 @@ class ModelRunner:
         logits_rows: list[int] = []
         sampling: list[str] = []  # the request of each sampled row
         prompt_rows: list[tuple[str, RequestState, int, int, int]] = []  # id, state, first position, first row, count
-        carried: list[tuple[int, int]] = []  # (token row, row of the previous step's samples)
+        carried: list[tuple[int, str]] = []  # (token row, request) whose input is the previous step's sample
         states = self.requests.states
         for request_id, start, num_new, num_samples in zip(message.request_ids, message.starts,
                                                           message.num_new_tokens, message.num_samples):
@@ -165,7 +165,7 @@ class ModelRunner:
             end = start + num_new
             token_ids.extend(state.token_ids[start:end])
             if end > len(state.token_ids):  # the previous step's sample, not read by the engine yet
-                carried.append((len(token_ids), self.previous_samples[1][request_id]))
+                carried.append((len(token_ids), request_id))
                 token_ids.append(0)  # replaced on the device
             query_lens.append(num_new)
             seq_lens.append(end)
@@ -188,8 +188,7 @@ class ModelRunner:
         sampled = self._sample(logits[:len(sampling)], sampling, message)
         if self.device.type == "cuda":
             sampled.copy_to_host_async()
-        # a request's row (its last, where best_of gives it several: such a step is never looked ahead of)
-        self.previous_samples = (sampled.token_ids, {request_id: row for row, request_id in enumerate(sampling)})
+        self.previous_samples = (sampled.token_ids, sampling)
         return PendingOutput(sampling, sampled, prompt_logprobs)
 
     def _sample(self, logits: torch.Tensor, sampling: list[str], message: SchedulerOutput) -> SamplerOutput:
@@ -203,12 +202,15 @@ class ModelRunner:
                                          self.device)
         return sample(logits, md)
 
-    def _carried_inputs(self, carried: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _carried_inputs(self, carried: list[tuple[int, str]]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Rows whose input is the previous step's sample: (their token rows, the ids gathered on the device)."""
         if not carried:
             return None
-        token_rows, source_rows = zip(*carried)
-        ids = self.previous_samples[0][host_to_device(list(source_rows), torch.long, self.device)]
+        samples, sampled_ids = self.previous_samples
+        # a request's row (its last, where best_of gives it several: such a step is never looked ahead of)
+        row_of = {request_id: row for row, request_id in enumerate(sampled_ids)}
+        token_rows, requests = zip(*carried)
+        ids = samples[host_to_device([row_of[r] for r in requests], torch.long, self.device)]
         return host_to_device(list(token_rows), torch.long, self.device), ids
 
     def _forward(self, token_ids: list[int], query_lens: list[int], seq_lens: list[int], tables: list[list[int]],
