@@ -55,6 +55,8 @@ class ModelConfig:
     # llama3-style per-frequency divisors stored as a tensor in some GGUF files
     rope_freq_factors: torch.Tensor | None = None
 
+    is_encoder_decoder = False
+
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
@@ -67,10 +69,103 @@ DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausa
                          "Qwen3ForCausalLM")
 
 
+# the Hugging Face encoder-decoder architectures (models/bart.py) -> their family's model_type
+ENCODER_DECODER_ARCHITECTURES = {"BartForConditionalGeneration": "bart", "MBartForConditionalGeneration": "mbart",
+                                 "MarianMTModel": "marian", "M2M100ForConditionalGeneration": "m2m_100"}
+
+
 def check_architecture(architecture: str) -> None:
-    if architecture not in DECODER_ARCHITECTURES:
+    if architecture not in DECODER_ARCHITECTURES and architecture not in ENCODER_DECODER_ARCHITECTURES:
         raise ValueError(f"Model architecture {architecture!r} is not supported; supported: "
-                         f"{', '.join(sorted(DECODER_ARCHITECTURES))}")
+                         f"{', '.join(sorted([*DECODER_ARCHITECTURES, *ENCODER_DECODER_ARCHITECTURES]))}")
+
+
+# Hugging Face activation_function -> ours (models/bart.py)
+SEQ2SEQ_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "swish": "silu", "silu": "silu", "gelu_new": "gelu_tanh"}
+
+
+@dataclass
+class Seq2SeqConfig:
+    """The shape of a BART-family encoder-decoder (BART, mBART, Marian, M2M100 / NLLB), in Hugging Face's terms.
+
+    The families differ in where LayerNorm sits (after each residual add: BART, Marian; before each block with a
+    final norm per stack: mBART, M2M100), in positions (learned rows from row 2: BART, mBART; fixed sinusoids:
+    Marian from row 0, M2M100 from row pad + 1), in a LayerNorm over the embeddings (BART, mBART) and in a bias
+    added to the logits (all but M2M100)."""
+
+    architecture: str
+    model_type: str
+    vocab_size: int  # the decoder's (the output head's) vocabulary
+    hidden_size: int
+    encoder_layers: int
+    decoder_layers: int
+    encoder_attention_heads: int
+    decoder_attention_heads: int
+    encoder_ffn_dim: int
+    decoder_ffn_dim: int
+    activation: str  # one of SEQ2SEQ_ACTIVATIONS' values
+    max_position_embeddings: int  # of each stack: the longest encoder input and decoder sequence
+    scale_embedding: bool
+    decoder_start_token_id: int
+    pad_token_id: int
+    eos_token_ids: list[int] = field(default_factory=list)
+    forced_bos_token_id: int | None = None  # the first generated token, where the model's config forces one
+    encoder_vocab_size: int | None = None  # the encoder's own token table's rows; None: it reads the decoder's
+    tie_word_embeddings: bool = True
+    is_encoder_decoder = True
+    sliding_window = None
+
+    @property
+    def pre_norm(self) -> bool:
+        return self.model_type in ("mbart", "m2m_100")
+
+    @property
+    def layernorm_embedding(self) -> bool:
+        return self.model_type in ("bart", "mbart")
+
+    @property
+    def final_logits_bias(self) -> bool:
+        return self.model_type != "m2m_100"
+
+    @property
+    def embed_scale(self) -> float:
+        return self.hidden_size ** 0.5 if self.scale_embedding else 1.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.decoder_attention_heads
+
+    @property
+    def max_encoder_len(self) -> int:
+        return self.max_position_embeddings
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any], eos: int | list[int] | None,
+                forced_bos_token_id: int | None) -> Seq2SeqConfig:
+        architecture = raw["architectures"][0]
+        act = raw.get("activation_function", "gelu")
+        if act not in SEQ2SEQ_ACTIVATIONS:
+            raise ValueError(f"activation_function={act!r} is not supported; use one of {', '.join(SEQ2SEQ_ACTIVATIONS)}")
+        hidden = raw["d_model"]
+        for side in ("encoder", "decoder"):
+            if hidden % raw[f"{side}_attention_heads"]:
+                raise ValueError(f"d_model={hidden} is not a multiple of {side}_attention_heads="
+                                 f"{raw[f'{side}_attention_heads']}: the checkpoint's config is inconsistent")
+        vocab = raw["vocab_size"]
+        decoder_vocab = raw.get("decoder_vocab_size") or vocab
+        # untied checkpoints (and Marian's with two vocabularies) give the encoder a token table of its own
+        separate = raw.get("share_encoder_decoder_embeddings", True) is False or not raw.get("tie_word_embeddings", True)
+        start = raw.get("decoder_start_token_id")
+        if start is None:
+            raise ValueError(f"{architecture}'s config.json names no decoder_start_token_id; the decoder cannot "
+                             "start (add it to config.json or generation_config.json)")
+        return cls(architecture, ENCODER_DECODER_ARCHITECTURES[architecture], decoder_vocab, hidden,
+                   raw["encoder_layers"], raw["decoder_layers"], raw["encoder_attention_heads"],
+                   raw["decoder_attention_heads"], raw["encoder_ffn_dim"], raw["decoder_ffn_dim"],
+                   SEQ2SEQ_ACTIVATIONS[act], raw.get("max_position_embeddings", 1024),
+                   bool(raw.get("scale_embedding", False)), start, raw.get("pad_token_id", 1),
+                   [] if eos is None else ([eos] if isinstance(eos, int) else list(eos)), forced_bos_token_id,
+                   vocab if separate else None, raw.get("tie_word_embeddings", True))
 
 
 # Hugging Face hidden_act -> (F.gelu approximate=, oneDNN gelu algorithm)

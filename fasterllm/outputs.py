@@ -53,6 +53,9 @@ class RequestOutput:
     metrics: RequestMetrics = field(repr=False, default=None)  # type: ignore[assignment]
     # with SamplingParams.prompt_logprobs: None for the first token, then one dict per prompt token
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    # encoder-decoder models: the encoder's input (prompt and prompt_token_ids are then the decoder's)
+    encoder_prompt: str | None = None
+    encoder_prompt_token_ids: list[int] | None = None
 
 
 @dataclass

@@ -43,3 +43,14 @@ def hf_smollm2(gguf):
 def hf_smollm2_tokenizer(gguf):
     transformers = pytest.importorskip("transformers")
     return transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+@pytest.fixture(scope="session")
+def tiny_seq2seq(tmp_path_factory):
+    """family -> (checkpoint directory, transformers model) for every tiny encoder-decoder of seq2seq_models."""
+    pytest.importorskip("transformers")
+    from seq2seq_models import FAMILIES, build_tiny_seq2seq
+
+    root = tmp_path_factory.mktemp("tiny_seq2seq")
+    return {family: (root / family, build_tiny_seq2seq(family, root / family, seed=seed))
+            for seed, family in enumerate(FAMILIES)}

@@ -120,7 +120,8 @@ class BeamSearch:
             token_ids=h.token_ids, cumulative_logprob=h.cumulative_logprob, logprobs=None,
             finish_reason=h.finish_reason, score=h.score)
             for index, h in enumerate(self.hypotheses[:self.params.n])]
-        return RequestOutput(head.request_id, head.prompt, head.prompt_token_ids, completions, True, head.metrics)
+        return RequestOutput(head.request_id, head.prompt, head.prompt_token_ids, completions, True, head.metrics,
+                             encoder_prompt=head.encoder_prompt, encoder_prompt_token_ids=head.encoder_token_ids)
 
 
 # ---- a step's beam work, in the order the engine's step runs it ----------------------------------------

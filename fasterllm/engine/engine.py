@@ -45,7 +45,9 @@ class Engine:
         self.max_model_len = resolve_max_model_len(args.max_model_len, positions, positions,
                                                    f"max_position_embeddings={positions}")
         max_batched = args.max_num_batched_tokens or (8192 if self.device.type == "cuda" else 2048)
-        self.inputs = InputProcessor(self.tokenizer, self.model_config.vocab_size, self.max_model_len)
+        encoder_decoder = self.model_config.is_encoder_decoder
+        self.inputs = InputProcessor(self.tokenizer, self.model_config.vocab_size, self.max_model_len,
+                                     self.model_config if encoder_decoder else None)
         self.scheduler_config = SchedulerConfig(args.max_num_seqs, max_batched, self.max_model_len,
                                                 args.preemption_mode, args.watermark,
                                                 args.long_prefill_token_threshold)
@@ -62,7 +64,9 @@ class Engine:
         graph_seconds = 0.0
         if self.device.type == "cuda" and not args.enforce_eager:
             graph_seconds = self.runner.capture_graphs()
-        self.kv_cache = KVCacheManager(cache.num_blocks, cache.block_size, args.enable_prefix_caching)
+        # a decoder's KV depends on its encoder input too, which block hashes do not cover: no prefix caching there
+        self.kv_cache = KVCacheManager(cache.num_blocks, cache.block_size,
+                                       args.enable_prefix_caching and not encoder_decoder)
         swap_space = None
         if args.preemption_mode == "swap":
             cpu_blocks = int(args.swap_space_gib * 2**30) // self.runner.bytes_per_block(cache.block_size)
@@ -85,18 +89,20 @@ class Engine:
                     self.max_model_len)
 
     # ---- requests -------------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | BeamSearchParams,
-                    arrival_time: float | None = None) -> Request:
+    def add_request(self, request_id: str, prompt: str | list[int] | dict,
+                    params: SamplingParams | BeamSearchParams, arrival_time: float | None = None) -> Request:
         """Queue a request: sampling (SamplingParams) or a beam search (BeamSearchParams; its one output
-        comes when the search ends, with the n best hypotheses)."""
+        comes when the search ends, with the n best hypotheses). An encoder-decoder model's prompt is its encoder
+        input, or {"encoder_prompt": ..., "decoder_prompt": ...}."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use; request ids must be unique")
-        text, token_ids = self.inputs.generation_prompt(prompt)
+        inputs = self.inputs.generation_inputs(prompt)
         search = None
         if isinstance(params, BeamSearchParams):
             search, params = BeamSearch(params, self._eos_ids()), params.as_sampling_params()
         self.inputs.check_sampling_token_ids(params)
-        request = Request(request_id, text, token_ids, params, self._eos_ids(), self.max_model_len, arrival_time)
+        request = Request(request_id, inputs.prompt, inputs.token_ids, params, self._eos_ids(), self.max_model_len,
+                          arrival_time, inputs.encoder_prompt, inputs.encoder_token_ids)
         name_samples(request)
         request.bad_word_ids = self.inputs.bad_word_ids(params.bad_words)
         if params.structured_outputs is not None:

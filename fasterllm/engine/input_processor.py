@@ -7,7 +7,10 @@ error's "param". Nothing here runs the model.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from fasterllm.config import Seq2SeqConfig
 
 from fasterllm.errors import InvalidInputError
 from fasterllm.sampling_params import SamplingParams
@@ -33,8 +36,11 @@ def as_prompt_list(prompts: Any) -> list:
     return prompts
 
 
-def prompt_value(prompt: Any) -> str | list[int]:
-    """A text or token ids out of an offline prompt (a string, a token-id list, or vLLM's dict form)."""
+def prompt_value(prompt: Any) -> str | list[int] | dict:
+    """A text or token ids out of an offline prompt (a string, a token-id list, or vLLM's dict form); an
+    encoder-decoder prompt ({"encoder_prompt": ..., "decoder_prompt": ...}) as it is."""
+    if isinstance(prompt, dict) and ("encoder_prompt" in prompt or "decoder_prompt" in prompt):
+        return prompt
     if isinstance(prompt, dict):
         if "prompt_token_ids" in prompt:
             return list(prompt["prompt_token_ids"])
@@ -47,15 +53,83 @@ def prompt_value(prompt: Any) -> str | list[int]:
                             "token ids", "prompt")
 
 
-class InputProcessor:
-    """The checks that need the model: its tokenizer, vocabulary and context length (max_model_len)."""
+@dataclass
+class GenerationInputs:
+    """A request's token streams: the prompt's, and an encoder-decoder model's encoder input (then the prompt is
+    the decoder's: its start token and any decoder prompt)."""
+    prompt: str | None
+    token_ids: list[int]
+    encoder_prompt: str | None = None
+    encoder_token_ids: list[int] | None = None
 
-    def __init__(self, tokenizer, vocab_size: int, max_model_len: int):
+
+class InputProcessor:
+    """The checks that need the model: its tokenizer, vocabulary and context length (max_model_len); for an
+    encoder-decoder model (seq2seq), its encoder's limit and its decoder's start tokens."""
+
+    def __init__(self, tokenizer, vocab_size: int, max_model_len: int, seq2seq: Seq2SeqConfig | None = None):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+        self.seq2seq = seq2seq
 
     # ---- generation --------------------------------------------------------------------------------
+    def generation_inputs(self, prompt: str | list[int] | dict) -> GenerationInputs:
+        """What a generation request runs on. A decoder-only model takes a text or token ids; an encoder-decoder
+        one takes those as its encoder input, or {"encoder_prompt": ..., "decoder_prompt": ...} (each a text or
+        token ids; the decoder prompt optional)."""
+        if self.seq2seq is not None:
+            return self._encoder_decoder_inputs(prompt)
+        if isinstance(prompt, dict):
+            raise InvalidInputError("encoder_prompt / decoder_prompt are for encoder-decoder models; this model is "
+                                    "decoder-only: pass the prompt as a string or token ids", "prompt")
+        return GenerationInputs(*self.generation_prompt(prompt))
+
+    def _encoder_decoder_inputs(self, prompt: str | list[int] | dict) -> GenerationInputs:
+        """The encoder's tokens (the text's special tokens included) within the encoder's positions; the decoder's:
+        decoder_start_token_id, then the token the model's config forces first (if any) or the decoder prompt's."""
+        cfg = self.seq2seq
+        encoder, decoder = (prompt.get("encoder_prompt"), prompt.get("decoder_prompt")) if isinstance(prompt, dict) \
+            else (prompt, None)
+        if encoder is None:
+            raise InvalidInputError("an encoder-decoder prompt needs an 'encoder_prompt' (a text or token ids)",
+                                    "prompt")
+        encoder_text, encoder_ids = self._prompt_tokens(encoder, "encoder prompt", add_special_tokens=True)
+        if len(encoder_ids) > cfg.max_encoder_len:
+            raise InvalidInputError(
+                f"The encoder prompt has {len(encoder_ids)} tokens but this model's encoder takes at most "
+                f"{cfg.max_encoder_len} (max_position_embeddings); shorten it", "prompt")
+        if decoder is None:
+            decoder_text, decoder_ids = None, self._decoder_start_ids()
+        else:
+            decoder_text, ids = self._prompt_tokens(decoder, "decoder prompt", add_special_tokens=False)
+            start = [cfg.decoder_start_token_id]
+            decoder_ids = ids if ids[:1] == start else start + ids
+        if len(decoder_ids) >= self.max_model_len:
+            raise InvalidInputError(
+                f"The decoder prompt has {len(decoder_ids)} tokens but max_model_len is {self.max_model_len} (room for "
+                "at least one generated token is needed); shorten it or raise max_model_len", "prompt")
+        return GenerationInputs(decoder_text, decoder_ids, encoder_text, encoder_ids)
+
+    def _decoder_start_ids(self) -> list[int]:
+        forced = self.seq2seq.forced_bos_token_id
+        return [self.seq2seq.decoder_start_token_id] + ([] if forced is None else [forced])
+
+    def _prompt_tokens(self, prompt: Any, what: str, add_special_tokens: bool) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            prompt = prompt_value(prompt)
+        if isinstance(prompt, str):
+            text, token_ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        elif isinstance(prompt, list):
+            text, token_ids = None, list(prompt)
+            check_token_ids(token_ids, self.vocab_size, f"{what} token ids", "prompt")
+        else:
+            raise InvalidInputError(f"the {what} of type {type(prompt).__name__} is not supported; pass a string or "
+                                    "a list of token ids", "prompt")
+        if not token_ids:
+            raise InvalidInputError(f"The {what} is empty; give at least one character (or token id)", "prompt")
+        return text, token_ids
+
     def generation_prompt(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         """(text or None, token ids) of a prompt to generate from: non-empty, ids in the vocabulary, and shorter
         than max_model_len (room for at least one generated token)."""
@@ -92,8 +166,14 @@ class InputProcessor:
     def check_generation_length(self, prompt_len: int, max_tokens: int | None, prompt_field: str,
                                 max_tokens_field: str) -> None:
         """The server's rule: a prompt that leaves no room, or max_tokens past the context, is refused (the offline
-        engine caps max_tokens at the room left instead)."""
+        engine caps max_tokens at the room left instead). An encoder-decoder model's prompt is its encoder's input,
+        and max_tokens counts against the decoder's context."""
         limit = self.max_model_len
+        if self.seq2seq is not None:
+            if prompt_len > self.seq2seq.max_encoder_len:
+                raise InvalidInputError(f"This model's encoder takes at most {self.seq2seq.max_encoder_len} tokens, but "
+                                        f"the {prompt_field} has {prompt_len}; shorten the {prompt_field}", prompt_field)
+            prompt_len = len(self._decoder_start_ids())  # what the decoder's context holds before generating
         if prompt_len >= limit:
             raise InvalidInputError(
                 f"This model's maximum context length is {limit} tokens, but the {prompt_field} has {prompt_len} "

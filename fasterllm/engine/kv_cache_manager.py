@@ -31,6 +31,10 @@ class KVCacheManager:
         self.num_registered: dict[str, int] = {}  # leading blocks of each table already offered to the cache
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (source, destination) for the runner
         self.changed_from: dict[str, int] = {}  # per table, the first index changed since the worker was told
+        # encoder-decoder requests: the blocks of the encoder's K/V for every decoder layer (a second cache group,
+        # from the same pool), taken at admission, shared by reference with forks, never written after the encoder
+        self.cross_tables: dict[str, list[int]] = {}
+        self.cross_changed: set[str] = set()  # cross tables the worker has not been sent
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of which found in the cache
 
@@ -62,6 +66,12 @@ class KVCacheManager:
             start = self.changed_from.pop(request_id)
             changes[request_id] = (start, self.block_tables.get(request_id, [])[start:])
         return changes
+
+    def take_cross_tables(self, request_ids: set[str]) -> dict[str, list[int]]:
+        """The new cross tables of those requests (others' wait for the step that schedules them)."""
+        sent = {r: self.cross_tables[r] for r in self.cross_changed if r in request_ids}
+        self.cross_changed -= sent.keys()
+        return sent
 
     def _changed(self, request_id: str, index: int) -> None:
         self.changed_from[request_id] = min(index, self.changed_from.get(request_id, index))
@@ -155,13 +165,30 @@ class KVCacheManager:
         table.extend(self._take_free_block() for _ in range(needed))
         return True
 
+    def allocate_cross(self, request: Request, reserve: int = 0) -> bool:
+        """An encoder-decoder request's cross blocks, one per block_size encoder tokens, unless it holds them
+        already; False, taking nothing, when the pool (less `reserve`) is short."""
+        if request.encoder_token_ids is None or request.request_id in self.cross_tables:
+            return True
+        needed = self.blocks_for_tokens(len(request.encoder_token_ids))
+        if needed + reserve > len(self.free_queue):
+            return False
+        self.cross_tables[request.request_id] = [self._take_free_block() for _ in range(needed)]
+        self.cross_changed.add(request.request_id)
+        return True
+
     def fork(self, parent: Request, child: Request) -> None:
-        """The child shares every block of the parent's table (copy-on-write when either writes)."""
+        """The child shares every block of the parent's table (copy-on-write when either writes) and its cross
+        blocks (only read)."""
         table = list(self.block_tables[parent.request_id])
-        for block in table:
+        cross = list(self.cross_tables.get(parent.request_id, []))
+        for block in table + cross:
             self._reference(block)
         self.block_tables[child.request_id] = table
         self._changed(child.request_id, 0)
+        if parent.request_id in self.cross_tables:
+            self.cross_tables[child.request_id] = cross
+            self.cross_changed.add(child.request_id)
         self.num_registered[child.request_id] = self.num_registered.get(parent.request_id, 0)
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
@@ -172,7 +199,9 @@ class KVCacheManager:
         """Drop the request's references; its tail blocks become the first candidates for eviction."""
         self.num_registered.pop(request.request_id, None)
         self.changed_from.pop(request.request_id, None)
-        for block in reversed(self.block_tables.pop(request.request_id, [])):
+        self.cross_changed.discard(request.request_id)
+        blocks = self.cross_tables.pop(request.request_id, []) + self.block_tables.pop(request.request_id, [])
+        for block in reversed(blocks):
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
                 self.free_queue[block] = None

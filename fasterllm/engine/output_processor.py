@@ -100,7 +100,7 @@ class OutputProcessor:
                 del self.detokenizers[member.request_id]
             completions = best_samples(completions, params)
         return RequestOutput(head.request_id, head.prompt, head.prompt_token_ids, completions,
-                             finished, head.metrics, head.prompt_logprobs)
+                             finished, head.metrics, head.prompt_logprobs, head.encoder_prompt, head.encoder_token_ids)
 
     def record_logprobs(self, rows: list[Request | None], result: ModelRunnerOutput) -> None:
         """Each sampled row's logprobs into its request (rows: the request of each row; None or a group member

@@ -34,10 +34,14 @@ class SequenceGroup(Protocol):
 class Request:
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, eos_token_ids: list[int], max_model_len: int,
-                 arrival_time: float | None = None):
+                 arrival_time: float | None = None, encoder_prompt: str | None = None,
+                 encoder_token_ids: list[int] | None = None):
         self.request_id = request_id
         self.prompt = prompt
-        self.prompt_token_ids = prompt_token_ids
+        self.prompt_token_ids = prompt_token_ids  # an encoder-decoder model's: the decoder's prompt
+        # an encoder-decoder model's encoder input (run when its decoder computes from token 0); None: decoder-only
+        self.encoder_prompt = encoder_prompt
+        self.encoder_token_ids = encoder_token_ids
         self.sampling_params = sampling_params
         self.eos_token_ids = () if sampling_params.ignore_eos else tuple(eos_token_ids)
         self.stop_token_ids = tuple(sampling_params.stop_token_ids or ())
@@ -78,7 +82,7 @@ class Request:
         return NewRequestData(self.request_id, list(self.all_token_ids), len(self.prompt_token_ids),
                               self.sampling_params, seed, self.sample_ids, self.bad_word_ids,
                               [*self.eos_token_ids, *self.stop_token_ids],
-                              self.group.num_top_logprobs if self.group is not None else 0)
+                              self.group.num_top_logprobs if self.group is not None else 0, self.encoder_token_ids)
 
     @property
     def worker_ids(self) -> list[str]:

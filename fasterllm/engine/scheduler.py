@@ -80,6 +80,13 @@ class Scheduler:
         # parallel samples and a group's members share the prompt; each extra one needs its own tail
         width = request.group.width if request.group else request.sampling_params.best_of
         needed += (width - 1) * (kv.blocks_for_tokens(request.max_tokens) + 1)
+        encoder_len = len(request.encoder_token_ids or ())
+        needed += kv.blocks_for_tokens(encoder_len)  # its cross blocks, shared by its samples and beams
+        if encoder_len >= self.config.max_num_batched_tokens:
+            raise ValueError(
+                f"request {request.request_id!r} has {encoder_len} encoder tokens, but a step computes at most "
+                f"max_num_batched_tokens={self.config.max_num_batched_tokens} tokens and its encoder runs in one step "
+                "beside its decoder's first token; shorten the input or raise max_num_batched_tokens")
         if request.group and width > self.config.max_num_seqs:
             raise ValueError(f"beam_width={width} is more than max_num_seqs={self.config.max_num_seqs}, and a "
                              "search's beams run together; lower beam_width or raise max_num_seqs")
@@ -139,7 +146,10 @@ class Scheduler:
             starts.append(item.start)
             num_new.append(item.num_new_tokens)
             num_samples.append(request.samples_to_draw if item.samples else 0)
-        message.table_changes = self.kv_cache.take_table_changes(set(ids))
+        scheduled_ids = set(ids)
+        message.table_changes = self.kv_cache.take_table_changes(scheduled_ids)
+        if self.kv_cache.cross_changed:
+            message.cross_tables = self.kv_cache.take_cross_tables(scheduled_ids)
         return out
 
     def _chunk(self, request: Request, budget: int) -> int:
@@ -173,14 +183,18 @@ class Scheduler:
             for request in group:
                 hit_tokens = self.kv_cache.match_prefix(request)
                 request.num_computed_tokens = hit_tokens
-                num_new = self._chunk(request, budget)
+                encoder_len = len(request.encoder_token_ids or ())  # its encoder runs beside its first chunk
+                num_new = max(0, self._chunk(request, budget - encoder_len))
                 admitted.append((request, num_new, hit_tokens))
-                if not self.kv_cache.allocate_slots(request, num_new, reserve=self.watermark_blocks):
+                # a group member may start in a later step; anything else starts now or waits for a roomier step
+                starts = num_new > 0 or not encoder_len or request.group is not None
+                if not starts or not self.kv_cache.allocate_cross(request, reserve=self.watermark_blocks) or \
+                        not self.kv_cache.allocate_slots(request, num_new, reserve=self.watermark_blocks):
                     for taken, _, hits in admitted:
                         self.kv_cache.undo_match(taken, hits)
                         taken.num_computed_tokens = 0
                     return
-                budget -= num_new
+                budget -= num_new + (encoder_len if num_new else 0)
             for request, num_new, _ in admitted:
                 self.waiting.popleft()
                 if request.metrics.first_scheduled_time is None:
@@ -213,6 +227,7 @@ class Scheduler:
         if request.group is not None:  # what it reported is computed again, so it preempts by recompute
             request.group.forget(request)
         elif (self.config.preemption_mode == "swap" and self.swap_space is not None
+                and request.encoder_token_ids is None  # its encoder runs again instead (cross blocks are not swapped)
                 and self.swap_space.can_hold(len(table))):
             out.message.swap_out.extend(zip(table, self.swap_space.take(request.request_id, len(table))))
             self.kv_cache.free(request)

@@ -1,5 +1,6 @@
 """Requests that continue another request's tokens, sharing its KV blocks copy-on-write: the parallel samples of
-an n / best_of request (parallel_sampling.py) and the beams a search chooses more than once (beam_search.py)."""
+an n / best_of request (parallel_sampling.py) and the beams a search chooses more than once (beam_search.py). An
+encoder-decoder request's forks share its cross-attention blocks too (read only, never copied)."""
 from __future__ import annotations
 
 from fasterllm.engine.kv_cache_manager import KVCacheManager
@@ -20,7 +21,8 @@ class SequenceForks:
         Called before the step's bookkeeping, so num_computed_tokens is the parent's after this step.
         """
         child = Request(child_id, parent.prompt, parent.prompt_token_ids, parent.sampling_params, self.eos_token_ids,
-                        self.max_model_len, parent.metrics.arrival_time)
+                        self.max_model_len, parent.metrics.arrival_time, parent.encoder_prompt,
+                        parent.encoder_token_ids)
         child.output_token_ids = list(parent.output_token_ids)
         child.all_token_ids = list(parent.all_token_ids)
         child.bad_word_ids = parent.bad_word_ids

@@ -58,6 +58,8 @@ class AttentionMetadata:
     prefills: list[PrefillGroup]
     decode: DecodeGroup | None
     kernel: KernelInputs | None = None  # set on a GPU, where the Triton kernels replace the groups above
+    # encoder-decoder models: the same rows' attention over the encoder's K/V (build_cross), for cross-attention
+    cross: AttentionMetadata | None = None
 
     @staticmethod
     def build(query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
@@ -99,6 +101,28 @@ class AttentionMetadata:
         decode = _decode_group(decode_rows, query_lens, seq_lens, block_tables, block_size, device,
                                sliding_window) if decode_rows else None
         return AttentionMetadata(positions.to(device), slot_mapping.to(device), start, prefills, decode)
+
+
+    @staticmethod
+    def build_cross(query_lens: list[int], encoder_lens: list[int], cross_tables: list[list[int]], block_size: int,
+                    device: torch.device) -> AttentionMetadata:
+        """Cross-attention: every new token of sequence i attends to all encoder_lens[i] keys of its cross blocks
+        (stored once, when its encoder ran), not causally. Nothing is stored, so there are no slots."""
+        prefills: list[PrefillGroup] = []
+        decode_rows: list[int] = []
+        start = 0
+        for i, (query_len, encoder_len) in enumerate(zip(query_lens, encoder_lens)):
+            if query_len == 1:
+                decode_rows.append(i)
+            else:
+                blocks = torch.tensor(cross_tables[i][:-(-encoder_len // block_size)], device=device)
+                mask = torch.ones(query_len, encoder_len, dtype=torch.bool, device=device)
+                prefills.append(PrefillGroup(start, start + query_len, blocks, mask))
+            start += query_len
+        decode = _decode_group(decode_rows, query_lens, encoder_lens, cross_tables, block_size, device,
+                               None) if decode_rows else None
+        empty = torch.empty(0, dtype=torch.long, device=device)
+        return AttentionMetadata(empty, empty, start, prefills, decode)
 
 
 def _decode_group(rows: list[int], query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
@@ -145,25 +169,26 @@ def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv
     return out.view(qkv.shape[0], num_heads * qkv.shape[2])
 
 
-def store_kv(kv_cache: torch.Tensor, key_value: torch.Tensor, meta: AttentionMetadata) -> None:
-    """Write the new tokens' K/V into their slots in one copy; key_value [T, 2 * Hkv, D] holds each token's
-    key heads then its value heads (as the fused QKV projection lays them out); rows past
-    num_actual_tokens are padding."""
-    n = meta.num_actual_tokens
+def store_kv(kv_cache: torch.Tensor, key_value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Write the tokens' K/V into their slots in one copy; key_value [T, 2 * Hkv, D] holds each token's
+    key heads then its value heads (as the fused QKV projection lays them out); rows past the slots' count are
+    padding."""
+    n = slot_mapping.shape[0]
     num_kv_heads, head_dim = key_value.shape[1] // 2, key_value.shape[2]
     flat = kv_cache.view(2, -1, num_kv_heads, head_dim)
-    flat.index_copy_(1, meta.slot_mapping, key_value[:n].view(n, 2, num_kv_heads, head_dim).transpose(0, 1))
+    flat.index_copy_(1, slot_mapping, key_value[:n].view(n, 2, num_kv_heads, head_dim).transpose(0, 1))
 
 
-def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def paged_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
+                    kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """query [T, Hq, D], key/value [T, Hkv, D] of the new tokens -> [T, Hq * D].
 
     The new K/V must already be stored (store_kv); cached context is read back whole blocks at a
-    time (a block is one contiguous run of memory, far cheaper to gather than single slots).
+    time (a block is one contiguous run of memory, far cheaper to gather than single slots). key/value are read
+    only for a sequence with nothing cached before its new tokens; cross-attention (every key cached) passes None.
     """
     num_tokens, num_heads, head_dim = query.shape
-    num_kv_heads = key.shape[1]
+    num_kv_heads = kv_cache.shape[-2] if key is None else key.shape[1]
     decode = meta.decode
     if decode is not None and decode.token_index is None:  # a pure decode batch: no scatter needed
         return _decode_attention(query, kv_cache, decode, scale).reshape(num_tokens, num_heads * head_dim)

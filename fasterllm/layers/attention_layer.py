@@ -23,17 +23,38 @@ class Attention(nn.Module):
         kind = "full" if sliding_window is None else "sliding_window"
         self.kv_spec = KVCacheSpec(kind, num_kv_heads, head_dim, sliding_window)
 
-    def forward(self, qkv: torch.Tensor, rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    def forward(self, qkv: torch.Tensor, rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None,
                 kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
         """qkv [T, Hq + 2 Hkv, D] (queries, keys, values of the new tokens, before RoPE) -> [T, Hq * D].
-        rope: the whole cos/sin table (kernels) or this step's (cos, sin) rows (torch path). kv_cache None: a
+        rope: the whole cos/sin table (kernels) or this step's (cos, sin) rows (torch path); None: no rotary
+        positions (the model adds its positions to the embeddings; torch path only). kv_cache None: a
         pass without a cache (embeddings: whole prompts, nothing kept; torch path only)."""
         if meta.kernel is not None:
             return attend_with_kernels(qkv, self.num_heads, self.num_kv_heads, kv_cache, meta, rope, self.scale)
-        # Q and K rotated together in one call, in place: K then V stay side by side for one store
-        qk = qkv[:, :self.num_heads + self.num_kv_heads]
-        apply_rotary(qk, *rope, out=qk)
+        if rope is not None:  # Q and K rotated together in one call, in place: K then V stay side by side
+            qk = qkv[:, :self.num_heads + self.num_kv_heads]
+            apply_rotary(qk, *rope, out=qk)
         query, key, value = qkv.split_with_sizes([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         if kv_cache is not None:
-            store_kv(kv_cache, qkv[:, self.num_heads:], meta)
+            store_kv(kv_cache, qkv[:, self.num_heads:], meta.slot_mapping)
         return paged_attention(query, key, value, kv_cache, meta, self.scale)
+
+
+class CrossAttention(nn.Module):
+    """The decoder's new tokens attending to the encoder's output (encoder-decoder models): all of it, no mask, no
+    positions. Its keys and values are computed once per request, when the encoder runs, and stored in the
+    request's cross blocks (store); every step reads them back through meta.cross."""
+
+    def __init__(self, num_heads: int, head_dim: int):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, head_dim
+        self.scale = head_dim ** -0.5
+        self.kv_spec = KVCacheSpec("cross", num_heads, head_dim)
+
+    def store(self, key_value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """key_value [T_enc, 2 H, D]: the encoder tokens' keys then values, into their cross slots."""
+        store_kv(kv_cache, key_value, slot_mapping)
+
+    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """query [T, H, D] -> [T, H * D]."""
+        return paged_attention(query, None, None, kv_cache, meta.cross, self.scale)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from fasterllm.config import ModelConfig, check_architecture
+from fasterllm.config import ModelConfig, Seq2SeqConfig
 from fasterllm.loader.gguf_checkpoint import GGUFFile
 from fasterllm.loader.hf_checkpoint import iter_safetensors, load_hf_config
 from fasterllm.loader.model_source import ModelSource, resolve_model
@@ -17,7 +17,7 @@ from fasterllm.loader.tokenizer import TokenizerWrapper, load_gguf_tokenizer, lo
 @dataclass
 class Checkpoint:
     source: ModelSource
-    config: ModelConfig
+    config: ModelConfig | Seq2SeqConfig
     tokenizer: TokenizerWrapper
     weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]  # Hugging Face names
     # a GGUF whose projections are all Q4_0/Q4_1: the same stream with those kept as blocks (quantization='gguf')
@@ -41,8 +41,7 @@ def open_checkpoint(model: str | None, tokenizer: str | None = None) -> Checkpoi
                else load_hf_tokenizer(resolve_model(tokenizer).path, config.eos_token_ids))
         q4_blocks = (lambda: gguf_file.iter_weights(keep_q4_blocks=True)) if gguf_file.projections_are_q4() else None
         return Checkpoint(source, config, tok, gguf_file.iter_weights, q4_blocks)
-    config = load_hf_config(source.path)
-    check_architecture(config.architecture)  # an unsupported architecture is the first thing to report
+    config = load_hf_config(source.path)  # an unsupported architecture is the first thing it reports
     tok_dir = source.path if tokenizer is None else Path(resolve_model(tokenizer).path)
     return Checkpoint(source, config, load_hf_tokenizer(tok_dir, config.eos_token_ids),
                       lambda: iter_safetensors(source.path))

@@ -10,7 +10,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import safe_open
 
-from fasterllm.config import ModelConfig
+from fasterllm.config import ENCODER_DECODER_ARCHITECTURES, ModelConfig, Seq2SeqConfig, check_architecture
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -21,21 +21,28 @@ def read_json(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path} is not valid JSON ({exc}); the model directory is corrupt") from exc
 
 
-def load_hf_config(model_dir: Path) -> ModelConfig:
+def load_hf_config(model_dir: Path) -> ModelConfig | Seq2SeqConfig:
+    """The model's config; an architecture we do not run is refused before any of its fields is read."""
     raw = read_json(model_dir / "config.json")
     architectures = raw.get("architectures") or []
     if not architectures:
         raise ValueError(f"{model_dir / 'config.json'} names no 'architectures'; cannot tell which model to build")
+    check_architecture(architectures[0])
+    generation = read_json(model_dir / "generation_config.json") if (model_dir / "generation_config.json").is_file() \
+        else {}
+    # chat models often list extra stop ids in generation_config.json
+    eos = generation.get("eos_token_id", raw.get("eos_token_id"))
+    if architectures[0] in ENCODER_DECODER_ARCHITECTURES:
+        # what generate() starts the decoder with and forces first: generation_config.json's, else config.json's
+        start, forced_bos = (generation[key] if generation.get(key) is not None else raw.get(key)
+                             for key in ("decoder_start_token_id", "forced_bos_token_id"))
+        return Seq2SeqConfig.from_hf({**raw, "decoder_start_token_id": start}, eos, forced_bos)
     # transformers 5 keeps rope settings in rope_parameters; older configs use rope_theta + rope_scaling
     rope = dict(raw.get("rope_parameters") or {})
     rope_theta = rope.pop("rope_theta", raw.get("rope_theta", 10000.0))
     scaling = raw.get("rope_scaling") or rope or None
     if scaling is not None and scaling.get("rope_type", scaling.get("type", "default")) == "default":
         scaling = None
-    eos = raw.get("eos_token_id")
-    generation_config = model_dir / "generation_config.json"
-    if generation_config.is_file():  # chat models often list extra stop ids here
-        eos = read_json(generation_config).get("eos_token_id", eos)
     num_heads = raw["num_attention_heads"]
     qwen2 = architectures[0].startswith("Qwen2")
     return ModelConfig(

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from torch import nn
 
-from fasterllm.config import DECODER_ARCHITECTURES, check_architecture
+from fasterllm.config import DECODER_ARCHITECTURES, ENCODER_DECODER_ARCHITECTURES, check_architecture
+from fasterllm.models.bart import BartForConditionalGeneration
 from fasterllm.models.llama import LlamaForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {name: LlamaForCausalLM for name in DECODER_ARCHITECTURES}
+_MODELS.update({name: BartForConditionalGeneration for name in ENCODER_DECODER_ARCHITECTURES})
 
 
 def model_class(architecture: str) -> type[nn.Module]:

@@ -10,10 +10,11 @@ import time
 
 import torch
 
-from fasterllm.config import CacheConfig, ModelConfig, SchedulerConfig
+from fasterllm.config import CacheConfig, KVCacheSpec, ModelConfig, SchedulerConfig
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.worker.cuda_graphs import DecodeGraphs
+from fasterllm.worker.encoder_decoder_inputs import cross_metadata, encode_starting, run_encoders
 from fasterllm.worker.decoder_builder import build_decoder
 from fasterllm.worker.input_buffers import InputBuffers, host_to_device
 from fasterllm.worker.logit_controls import LogitControls
@@ -51,10 +52,8 @@ class ModelRunner:
         self.device, self.dtype = device, dtype
         start = time.perf_counter()
         self.model = build_decoder(checkpoint, max_model_len, device, dtype, load_format, quantization)
-        self.kv_specs = self.model.kv_cache_specs()
-        if len(set(self.kv_specs)) != 1:  # one block table per request until the KV manager holds one per group
-            raise ValueError(f"the model's layers cache differently ({sorted({s.kind for s in self.kv_specs})}): "
-                             "this engine runs one KV cache group; such a model is not supported yet")
+        self.kv_specs = _cache_layers(self.model.kv_cache_specs())
+        self.encoder_decoder = self.model_config.is_encoder_decoder
         self.load_seconds = time.perf_counter() - start
         self.max_model_len = max_model_len
         self.kv_caches: torch.Tensor | None = None
@@ -69,7 +68,7 @@ class ModelRunner:
 
     def prepare_inputs(self, block_size: int, sched: SchedulerConfig) -> None:
         """On a GPU, the fixed buffers every step's inputs are staged into (the Triton kernels' path)."""
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and not self.encoder_decoder:  # those run the torch path on a GPU too
             longest = max(self.max_model_len, sched.max_num_batched_tokens)
             self.buffers = InputBuffers(sched.max_num_batched_tokens, sched.max_num_seqs, -(-longest // block_size),
                                         block_size, self.model_config.sliding_window, self.device)
@@ -113,12 +112,16 @@ class ModelRunner:
             next_block += count
         self.allocate_kv_cache(next_block, block_size)
         last_rows = [sum(lens[:i + 1]) - 1 for i in range(len(lens))]
-        self._forward([0] * sum(lens), lens, lens, tables, last_rows)
+        cross = None
+        if self.encoder_decoder:  # as many encoder tokens, their K/V in the same blocks
+            run_encoders(self.model, [[0] * n for n in lens], tables, self.kv_caches, block_size, self.device)
+            cross = AttentionMetadata.build_cross(lens, lens, tables, block_size, self.device)
+        self._forward([0] * sum(lens), lens, lens, tables, last_rows, cross=cross)
         self.kv_caches = None
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
-        """One [layers, 2, blocks, block_size, kv heads, head dim] tensor: every layer is in the one cache group
-        (checked at start-up), so a block id means the same slots in every layer."""
+        """One [layers, 2, blocks, block_size, kv heads, head dim] tensor: a block id means the same slots in every
+        layer (a cross-attention layer shares its decoder layer's tensor: a block holds one group's tokens)."""
         spec = self.kv_specs[0]
         self.block_size = block_size
         self.kv_caches = torch.zeros(len(self.kv_specs), 2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim,
@@ -159,9 +162,11 @@ class ModelRunner:
         prompt_rows: list[tuple[str, RequestState, int, int, int]] = []  # id, state, first position, first row, count
         carried: list[tuple[int, str]] = []  # (token row, request) whose input is the previous step's sample
         states = self.requests.states
+        scheduled_states: list[RequestState] = []
         for request_id, start, num_new, num_samples in zip(message.request_ids, message.starts,
                                                           message.num_new_tokens, message.num_samples):
             state = states[request_id]
+            scheduled_states.append(state)
             end = start + num_new
             token_ids.extend(state.token_ids[start:end])
             if end > len(state.token_ids):  # the previous step's sample, not read by the engine yet
@@ -181,7 +186,12 @@ class ModelRunner:
                 sampling.extend([request_id] * num_samples)
         for *_, first_row, count in prompt_rows:  # prompt-scoring rows go after the sampling rows
             logits_rows.extend(range(first_row, first_row + count))
-        logits = self._forward(token_ids, query_lens, seq_lens, tables, logits_rows, self._carried_inputs(carried))
+        cross = None
+        if self.encoder_decoder:
+            encode_starting(self.model, scheduled_states, message.starts, self.kv_caches, self.block_size, self.device)
+            cross = cross_metadata(scheduled_states, query_lens, self.block_size, self.device)
+        logits = self._forward(token_ids, query_lens, seq_lens, tables, logits_rows, self._carried_inputs(carried),
+                               cross)
         prompt_logprobs = self._prompt_logprobs(logits[len(sampling):], prompt_rows)
         if not sampling:
             return PendingOutput([], None, prompt_logprobs)
@@ -214,13 +224,16 @@ class ModelRunner:
         return host_to_device(list(token_rows), torch.long, self.device), ids
 
     def _forward(self, token_ids: list[int], query_lens: list[int], seq_lens: list[int], tables: list[list[int]],
-                 logits_rows: list[int], carried: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                 logits_rows: list[int], carried: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 cross: AttentionMetadata | None = None) -> torch.Tensor:
         """One forward pass -> fp32 logits of logits_rows: a CUDA graph for a decode batch that has one,
         the Triton kernels eagerly for any other batch on a GPU, the torch path on the CPU. carried: (token
-        rows, their ids on the device) written over those rows' placeholder ids before the pass."""
+        rows, their ids on the device) written over those rows' placeholder ids before the pass. cross: an
+        encoder-decoder model's cross-attention metadata for the same rows."""
         if self.buffers is None:
             meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, self.device,
                                            self.model_config.sliding_window)
+            meta.cross = cross
             input_ids = torch.tensor(token_ids)
             if carried is not None:
                 input_ids[carried[0]] = carried[1]
@@ -253,6 +266,19 @@ class ModelRunner:
             result[request_id] = (start, ids[row:row + count], values[row:row + count], ranks[row:row + count])
             row += count
         return result
+
+
+def _cache_layers(specs: list[KVCacheSpec]) -> list[KVCacheSpec]:
+    """The layers that own a KV tensor: the self-attention ones, all caching alike (one block table per request). An
+    encoder-decoder's cross-attention layers (a second group, its own block table) share their decoder layer's
+    tensor, so one pool of blocks serves both groups; they must match its shape."""
+    own = [spec for spec in specs if spec.kind != "cross"]
+    cross = {(spec.num_kv_heads, spec.head_dim) for spec in specs if spec.kind == "cross"}
+    if len(set(own)) != 1 or (cross and cross != {(own[0].num_kv_heads, own[0].head_dim)}):
+        raise ValueError(f"the model's layers cache differently ({sorted({s.kind for s in specs})}): this engine "
+                         "runs one self-attention KV cache group (and a cross-attention one of the same shape); "
+                         "such a model is not supported yet")
+    return own
 
 
 def _allowed_tokens(rows: list[int], bitmask, num_rows: int, vocab: int, device: torch.device) -> torch.Tensor:

@@ -27,6 +27,8 @@ class RequestState:
     early_banned_ids: list[int]
     num_top_logprobs: int
     block_table: list[int]
+    encoder_token_ids: list[int] | None = None
+    cross_block_table: list[int] | None = None  # where the encoder's K/V of every decoder layer lie
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -59,11 +61,13 @@ class RequestStates:
             table = states[request_id].block_table
             del table[start:]
             table.extend(tail)
+        for request_id, table in message.cross_tables.items():
+            states[request_id].cross_block_table = table
 
     def _add(self, new: NewRequestData) -> None:
         self.states[new.request_id] = RequestState(
             list(new.token_ids), new.num_prompt_tokens, new.sampling_params, new.sample_ids, new.bad_word_ids,
-            new.early_banned_ids, new.num_top_logprobs, [])
+            new.early_banned_ids, new.num_top_logprobs, [], new.encoder_token_ids)
         if new.seed is not None:
             for index, sample_id in enumerate([new.request_id, *new.sample_ids]):
                 generator = torch.Generator(device=self.device)

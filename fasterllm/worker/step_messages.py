@@ -31,6 +31,8 @@ class NewRequestData:
     bad_word_ids: list[list[int]]  # bad words as token sequences
     early_banned_ids: list[int]  # ids banned while fewer than min_tokens were generated (eos, stop ids)
     num_top_logprobs: int  # top logprobs its rows must return beside the sample (a beam's candidates), or 0
+    # encoder-decoder models: the encoder's input, run (and its cross K/V stored) when a chunk starts at token 0
+    encoder_token_ids: list[int] | None = None
 
 
 @dataclass
@@ -49,6 +51,8 @@ class SchedulerOutput:
     new_token_ids: list[list[int]] = field(default_factory=list)
     # request id -> (first changed index, its block table from there on), for tables grown, copied on write or new
     table_changes: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
+    # encoder-decoder models: request id -> its whole cross-attention block table, when (re)allocated or shared
+    cross_tables: dict[str, list[int]] = field(default_factory=dict)
     finished_ids: list[str] = field(default_factory=list)  # dropped before anything else is read
     # block copies made before the forward pass: (device block, CPU block) / (CPU, device) / (device, device)
     swap_out: list[tuple[int, int]] = field(default_factory=list)

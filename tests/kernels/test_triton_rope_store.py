@@ -112,7 +112,7 @@ def test_attention_layer_kernels_match_torch_path():
     query, key = rotated.split([num_heads, num_kv_heads], dim=1)
     value = qkv[:, num_heads + num_kv_heads:]
     torch_cache = cache.clone()
-    store_kv_torch(torch_cache, torch.cat([key, value], dim=1), meta)
+    store_kv_torch(torch_cache, torch.cat([key, value], dim=1), meta.slot_mapping)
     torch_out = paged_attention(query, key, value, torch_cache, meta, scale)
     torch.testing.assert_close(kernel_cache, torch_cache, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(kernel_out, torch_out, atol=1e-5, rtol=1e-5)

@@ -68,7 +68,7 @@ def test_store_kv_writes_keys_and_values_to_their_slots():
     # two tokens of a sequence whose table is [6, 1]: positions 3 (block 6) and 4 (block 1, offset 0)
     meta = AttentionMetadata.build([2], [5], [[6, 1]], BLOCK_SIZE, CPU)
     qkv = torch.randn(2, NUM_HEADS + 2 * NUM_KV_HEADS, HEAD_DIM)
-    store_kv(cache, qkv[:, NUM_HEADS:], meta)
+    store_kv(cache, qkv[:, NUM_HEADS:], meta.slot_mapping)
     key, value = qkv[:, NUM_HEADS:NUM_HEADS + NUM_KV_HEADS], qkv[:, NUM_HEADS + NUM_KV_HEADS:]
     assert torch.equal(cache[0, 6, 3], key[0]) and torch.equal(cache[1, 6, 3], value[0])
     assert torch.equal(cache[0, 1, 0], key[1]) and torch.equal(cache[1, 1, 0], value[1])

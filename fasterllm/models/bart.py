@@ -1,0 +1,244 @@
+"""The BART family of encoder-decoders (BART, mBART, Marian, M2M100 / NLLB): FasterTransformer's Decoder and Decoding
+over the paged engine.
+
+The encoder runs once per request, over the packed inputs of the requests that start in a step (no padding:
+the varlen attention of the BERT path), and each decoder layer's cross-attention keys and values are computed
+from its output then and stored in the request's cross blocks (encode). The decoder then runs like any decoder
+over a flat batch of new tokens: masked self-attention over its paged KV, cross-attention over the cross blocks,
+the FFN (forward). Seq2SeqConfig says how the families differ (norm placement, positions, embedding norm, logits
+bias).
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fasterllm.config import KVCacheSpec, Seq2SeqConfig
+from fasterllm.layers.attention import AttentionMetadata
+from fasterllm.layers.attention_layer import Attention, CrossAttention
+from fasterllm.layers.linear import pack_linears
+from fasterllm.layers.varlen_attention import VarlenBatch, varlen_attention
+
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
+LEARNED_POSITIONS = ("bart", "mbart")  # the others' positions are fixed sinusoids
+LEARNED_POSITION_OFFSET = 2  # BART's learned position table keeps two rows before position 0
+
+
+def _residual(x: torch.Tensor, norm: nn.LayerNorm, block: Callable[[torch.Tensor], torch.Tensor],
+              pre_norm: bool) -> torch.Tensor:
+    """x + block(norm(x)) (pre-norm: mBART, M2M100) or norm(x + block(x)) (post-norm: BART, Marian)."""
+    return x + block(norm(x)) if pre_norm else norm(x + block(x))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: Seq2SeqConfig):
+        super().__init__()
+        hidden = cfg.hidden_size
+        self.num_heads, self.pre_norm, self.act = cfg.encoder_attention_heads, cfg.pre_norm, _ACTIVATIONS[cfg.activation]
+        self.qkv_proj = nn.Linear(hidden, 3 * hidden)
+        self.out_proj = nn.Linear(hidden, hidden)
+        self.self_attn_layer_norm = nn.LayerNorm(hidden)
+        self.fc1 = nn.Linear(hidden, cfg.encoder_ffn_dim)
+        self.fc2 = nn.Linear(cfg.encoder_ffn_dim, hidden)
+        self.final_layer_norm = nn.LayerNorm(hidden)
+
+    def forward(self, x: torch.Tensor, batch: VarlenBatch) -> torch.Tensor:
+        x = _residual(x, self.self_attn_layer_norm,
+                      lambda h: self.out_proj(varlen_attention(self.qkv_proj(h), batch, self.num_heads)), self.pre_norm)
+        return _residual(x, self.final_layer_norm, lambda h: self.fc2(self.act(self.fc1(h))), self.pre_norm)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: Seq2SeqConfig):
+        super().__init__()
+        hidden, heads = cfg.hidden_size, cfg.decoder_attention_heads
+        self.num_heads, self.head_dim = heads, cfg.head_dim
+        self.pre_norm, self.act = cfg.pre_norm, _ACTIVATIONS[cfg.activation]
+        self.qkv_proj = nn.Linear(hidden, 3 * hidden)
+        self.self_attn = Attention(heads, heads, cfg.head_dim)
+        self.out_proj = nn.Linear(hidden, hidden)
+        self.self_attn_layer_norm = nn.LayerNorm(hidden)
+        self.cross_q_proj = nn.Linear(hidden, hidden)
+        self.cross_kv_proj = nn.Linear(hidden, 2 * hidden)  # applied to the encoder's output, once per request
+        self.cross_attn = CrossAttention(heads, cfg.head_dim)
+        self.cross_out_proj = nn.Linear(hidden, hidden)
+        self.encoder_attn_layer_norm = nn.LayerNorm(hidden)
+        self.fc1 = nn.Linear(hidden, cfg.decoder_ffn_dim)
+        self.fc2 = nn.Linear(cfg.decoder_ffn_dim, hidden)
+        self.final_layer_norm = nn.LayerNorm(hidden)
+
+    def store_cross(self, encoder_hidden: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        key_value = self.cross_kv_proj(encoder_hidden).view(-1, 2 * self.num_heads, self.head_dim)
+        self.cross_attn.store(key_value, kv_cache, slot_mapping)
+
+    def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        heads, head_dim = self.num_heads, self.head_dim
+        x = _residual(x, self.self_attn_layer_norm, lambda h: self.out_proj(
+            self.self_attn(self.qkv_proj(h).view(-1, 3 * heads, head_dim), None, kv_cache, meta)), self.pre_norm)
+        x = _residual(x, self.encoder_attn_layer_norm, lambda h: self.cross_out_proj(
+            self.cross_attn(self.cross_q_proj(h).view(-1, heads, head_dim), kv_cache, meta)), self.pre_norm)
+        return _residual(x, self.final_layer_norm, lambda h: self.fc2(self.act(self.fc1(h))), self.pre_norm)
+
+
+class Stack(nn.Module):
+    """One side's embeddings (token table, positions, optional LayerNorm), its layers and, pre-norm, its last norm."""
+
+    def __init__(self, cfg: Seq2SeqConfig, layers: list[nn.Module], vocab_size: int | None):
+        super().__init__()
+        hidden = cfg.hidden_size
+        self.embed_scale = cfg.embed_scale
+        self.embed_tokens = nn.Embedding(vocab_size, hidden) if vocab_size else None  # None: the decoder's table
+        rows = cfg.max_position_embeddings + LEARNED_POSITION_OFFSET
+        self.embed_positions = nn.Embedding(rows, hidden) if cfg.model_type in LEARNED_POSITIONS else None
+        self.layernorm_embedding = nn.LayerNorm(hidden) if cfg.layernorm_embedding else None
+        self.layers = nn.ModuleList(layers)
+        self.layer_norm = nn.LayerNorm(hidden) if cfg.pre_norm else None
+
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor, table: nn.Embedding,
+              sinusoids: torch.Tensor | None) -> torch.Tensor:
+        """Token rows scaled, plus each position's row (positions count from 0 in each sequence)."""
+        x = table(input_ids) * self.embed_scale
+        if self.embed_positions is not None:
+            x = x + self.embed_positions(positions + LEARNED_POSITION_OFFSET)
+        else:
+            x = x + sinusoids[positions]
+        return x if self.layernorm_embedding is None else self.layernorm_embedding(x)
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.layer_norm is None else self.layer_norm(x)
+
+
+class BartForConditionalGeneration(nn.Module):
+    """Encoder-decoder over flat token batches: encode() once per request, forward() every step."""
+
+    def __init__(self, cfg: Seq2SeqConfig, max_positions: int, device: torch.device, dtype: torch.dtype):
+        super().__init__()
+        self.config = cfg
+        with torch.device("meta"):  # allocate once, below, without a random init
+            self.encoder = Stack(cfg, [EncoderLayer(cfg) for _ in range(cfg.encoder_layers)], cfg.encoder_vocab_size)
+            self.decoder = Stack(cfg, [DecoderLayer(cfg) for _ in range(cfg.decoder_layers)], cfg.vocab_size)
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=cfg.final_logits_bias)
+        self.to(dtype).to_empty(device=device).requires_grad_(False)
+        # Marian's and M2M100's positions are fixed sinusoids, computed here (not in the checkpoint)
+        self.sinusoids = None if self.decoder.embed_positions is not None else _sinusoids(cfg).to(device, dtype)
+
+    def kv_cache_specs(self) -> list[KVCacheSpec]:
+        """The decoder's self-attention layers, then its cross-attention layers (a second cache group)."""
+        layers = self.decoder.layers
+        return [layer.self_attn.kv_spec for layer in layers] + [layer.cross_attn.kv_spec for layer in layers]
+
+    def head_as_linear(self) -> None:
+        """The head is a Linear already (its bias: final_logits_bias); a tied one takes the embedding's weight."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.decoder.embed_tokens.weight
+
+    def pack_for_cpu(self) -> None:
+        pack_linears(self)
+
+    def encode(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: VarlenBatch, kv_caches: torch.Tensor,
+               slot_mapping: torch.Tensor) -> None:
+        """Packed encoder inputs -> every decoder layer's cross-attention K/V, stored at slot_mapping (one slot per
+        encoder token, in the requests' cross blocks)."""
+        table = self.decoder.embed_tokens if self.encoder.embed_tokens is None else self.encoder.embed_tokens
+        hidden = self.encoder.embed(input_ids, positions, table, self.sinusoids)
+        for layer in self.encoder.layers:
+            hidden = layer(hidden, batch)
+        hidden = self.encoder.final_norm(hidden)
+        for layer, kv_cache in zip(self.decoder.layers, kv_caches):
+            layer.store_cross(hidden, kv_cache, slot_mapping)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,
+                meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
+        """Flat batch of new decoder tokens -> fp32 logits of the rows in logits_indices only (meta.cross says
+        where each sequence's encoder K/V lie)."""
+        hidden = self.decoder.embed(input_ids, positions, self.decoder.embed_tokens, self.sinusoids)
+        for layer, kv_cache in zip(self.decoder.layers, kv_caches):
+            hidden = layer(hidden, kv_cache, meta)
+        return self.lm_head(self.decoder.final_norm(hidden[logits_indices])).float()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (Hugging Face names) in, fusing q/k/v and the cross k/v as they arrive."""
+        cfg = self.config
+        params = dict(self.named_parameters())
+        expected = {name for name in params if not (name == "lm_head.weight" and cfg.tie_word_embeddings)}
+        loaded: set[str] = set()
+        hidden = cfg.hidden_size
+        for hf_name, tensor in weights:
+            ours = _our_name(hf_name, cfg)
+            if ours is None:
+                continue  # a copy of a tied table, or sinusoids we compute
+            target, third = ours
+            if target == "lm_head.bias":
+                tensor = tensor.reshape(-1)  # final_logits_bias is stored [1, vocab]
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {hf_name!r} does not belong to a {cfg.architecture} with this "
+                                 "config; the checkpoint and its config disagree")
+            dest = params[target] if third is None else params[target].narrow(0, third * hidden, hidden)
+            if dest.shape != tensor.shape:
+                raise ValueError(f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)} but the config "
+                                 f"implies {tuple(dest.shape)}; the checkpoint and its config disagree")
+            dest.copy_(tensor)
+            loaded.add(target if third is None else f"{target}#{third}")
+        for name in [name for name in expected if name.split(".")[-2] in ("qkv_proj", "cross_kv_proj")]:
+            parts = 3 if name.split(".")[-2] == "qkv_proj" else 2
+            if all(f"{name}#{third}" in loaded for third in range(parts)):
+                loaded.add(name)
+        missing = expected - loaded
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}; "
+                             "the file is incomplete or for another architecture")
+
+
+# Hugging Face names (the "model." prefix removed) -> ours: (name, which third of a fused projection or None)
+_FUSED_PARTS = {"self_attn.q_proj": ("qkv_proj", 0), "self_attn.k_proj": ("qkv_proj", 1),
+                "self_attn.v_proj": ("qkv_proj", 2), "encoder_attn.k_proj": ("cross_kv_proj", 0),
+                "encoder_attn.v_proj": ("cross_kv_proj", 1)}
+_RENAMED = {"self_attn.out_proj": "out_proj", "encoder_attn.q_proj": "cross_q_proj",
+            "encoder_attn.out_proj": "cross_out_proj"}
+_LAYER = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.(\w+\.\w+)\.(weight|bias)$")
+
+
+def _our_name(hf_name: str, cfg: Seq2SeqConfig) -> tuple[str, int | None] | None:
+    """None for a tensor we do not keep: a tied table's copies, or fixed sinusoids (older Marian files hold them)."""
+    name = hf_name.removeprefix("model.")
+    if name == "final_logits_bias":
+        return "lm_head.bias", None
+    shared = cfg.encoder_vocab_size is None
+    if name == "shared.weight":  # the one table of a tied checkpoint; untied ones use each stack's own
+        return ("decoder.embed_tokens.weight", None) if shared else None
+    if ((name == "encoder.embed_tokens.weight" and shared)
+            or (name == "lm_head.weight" and cfg.tie_word_embeddings)
+            or (name.endswith("embed_positions.weight") and cfg.model_type not in LEARNED_POSITIONS)):
+        return None
+    match = _LAYER.match(name)
+    if match:
+        side, index, module, kind = match.groups()
+        if module in _FUSED_PARTS:
+            fused, third = _FUSED_PARTS[module]
+            return f"{side}.layers.{index}.{fused}.{kind}", third
+        if module in _RENAMED:
+            return f"{side}.layers.{index}.{_RENAMED[module]}.{kind}", None
+    return name, None
+
+
+def _sinusoids(cfg: Seq2SeqConfig) -> torch.Tensor:
+    """The fixed position table, row p for position p: Marian's (sin of the even dims' angles, then cos of the odd
+    ones'), or fairseq's as M2M100 uses it (tensor2tensor's frequencies, rows from pad + 1)."""
+    dim, rows = cfg.hidden_size, cfg.max_position_embeddings
+    if cfg.model_type == "marian":
+        exponents = 2 * (torch.arange(dim, dtype=torch.float64) // 2) / dim
+        angles = torch.arange(rows, dtype=torch.float64)[:, None] / torch.pow(10000.0, exponents)[None, :]
+        return torch.cat([angles[:, 0::2].sin(), angles[:, 1::2].cos()], dim=1).float()
+    half = dim // 2
+    frequencies = torch.exp(torch.arange(half).float() * -(math.log(10000) / (half - 1)))
+    first = cfg.pad_token_id + 1
+    angles = torch.arange(first, first + rows).float()[:, None] * frequencies[None, :]
+    table = torch.cat([angles.sin(), angles.cos()], dim=1)
+    return F.pad(table, (0, dim % 2))
