@@ -49,6 +49,10 @@ class LLM:
              add_generation_prompt: bool = True, chat_template: str | None = None,
              **template_kwargs: Any) -> list[RequestOutput]:
         """Apply the model's chat template to each conversation and generate its reply."""
+        config = self.engine.model_config
+        if config.is_encoder_decoder:
+            raise ValueError(f"chat() needs a decoder-only chat model, but {self.engine.model_name} is an encoder-decoder "
+                             f"model ({config.architecture}); pass its input text to generate() instead")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         if not conversations:
             raise ValueError("chat() got no conversation; pass a list of {'role', 'content'} messages")

@@ -39,6 +39,18 @@ def test_generate_follows_a_choice_and_a_json_schema(tmp_path):
     assert set(json.loads(result.stdout)) == {"city"}
 
 
+def test_generate_with_an_encoder_decoder_model_prints_the_offline_output(tiny_seq2seq):
+    from fasterllm import LLM, SamplingParams
+
+    directory = str(tiny_seq2seq["marian"][0])
+    result = run(["generate", "--model", directory, "--max-tokens", "8", "--temperature", "0", "--dtype", "float32",
+                  "w5 w9 w11 w3"])
+    assert result.returncode == 0, result.stderr
+    (expected,) = LLM(directory, dtype="float32", device="cpu", num_kv_blocks=32).generate(
+        "w5 w9 w11 w3", SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
+    assert result.stdout.strip() == expected.outputs[0].text.strip() and expected.outputs[0].text
+
+
 def test_bench_runs_ours_and_transformers_and_prints_the_ratio(tmp_path):
     # a tiny random Llama: transformers would take ~15 s to read the default GGUF, and the bench is what is tested
     sys.path.insert(0, str(Path(__file__).parents[1] / "parity"))

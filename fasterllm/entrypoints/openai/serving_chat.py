@@ -20,6 +20,9 @@ class OpenAIServingChat(OpenAIServing):
         """The response body, or a stream of server-sent events when request.stream is set."""
         arrival = time.time()
         self.check_request(request)
+        if self.llm.inputs.seq2seq is not None:
+            raise OpenAIError(400, f"{self.served_model_name} is an encoder-decoder model, which has no chat template; "
+                                   "send its input text to /v1/completions as the prompt", "messages")
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError(400, f"top_logprobs={request.top_logprobs} needs logprobs=true", "top_logprobs")
         max_tokens, max_field = request.max_completion_tokens, "max_completion_tokens"

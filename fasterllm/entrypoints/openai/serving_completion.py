@@ -57,8 +57,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 choices.append(_choice(index, delta.text, delta.finish_reason,
                                        _logprobs(delta.logprobs, request.logprobs, offset)))
                 text_offsets[index] = offset + len(delta.text)
-            if output.finished:
-                prompt_tokens += len(output.prompt_token_ids)
+            if output.finished:  # an encoder-decoder model's prompt is its encoder input
+                prompt_tokens += len(output.encoder_prompt_token_ids or output.prompt_token_ids)
                 completion_tokens += sum(len(c.token_ids) for c in output.outputs)
             if choices:
                 yield chunks.chunk(choices)
