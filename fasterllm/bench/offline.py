@@ -72,8 +72,10 @@ def run_engine(engine: Engine, prompts: list[list[int]], output_len: int,
 
 def load_transformers(engine: Engine):
     """The same weights through transformers (sdpa attention), in the engine's dtype and device."""
-    from transformers import AutoModelForCausalLM
+    import transformers
 
+    AutoModelForCausalLM = (transformers.AutoModelForSeq2SeqLM if engine.model_config.is_encoder_decoder  # noqa: N806
+                            else transformers.AutoModelForCausalLM)
     source = engine.source
     kwargs = {"dtype": engine.dtype, "attn_implementation": "sdpa"}
     if engine.args.load_format == "dummy":  # random weights too (transformers' own initialisation)
@@ -91,14 +93,18 @@ def load_transformers(engine: Engine):
 
 def run_transformers(model, prompts: list[list[int]], output_len: int, sequences: int = 1,
                      beam_search: bool = False) -> dict[str, float]:
-    """The workload through transformers' generate, all prompts in one batch (they share a length)."""
+    """The workload through transformers' generate, all prompts in one batch (they share a length); an
+    encoder-decoder model takes them as its encoder inputs. None of the checkpoint's own generation defaults
+    (forced tokens, repeat bans) apply: our engine applies none either."""
     ids = torch.tensor(prompts, device=model.device)
     if beam_search:
         decoding = {"do_sample": False, "num_beams": sequences, "num_return_sequences": sequences}
     elif sequences > 1:
-        decoding = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "num_return_sequences": sequences}
+        decoding = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "num_return_sequences": sequences,
+                    "num_beams": 1}
     else:
-        decoding = {"do_sample": False}
+        decoding = {"do_sample": False, "num_beams": 1}
+    decoding.update(forced_bos_token_id=None, forced_eos_token_id=None, no_repeat_ngram_size=0)
 
     def generate(batch: torch.Tensor, new_tokens: int) -> float:
         start = time.perf_counter()
@@ -132,7 +138,14 @@ def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output
     if input_len_max is not None and with_transformers:
         raise ValueError("mixed prompt lengths run through our engine only; add --no-hf")
     engine = Engine(args)
-    longest = max(shared_prefix_len + (input_len_max or input_len) + output_len, long_prompt_len + 1)
+    prompt_len = shared_prefix_len + (input_len_max or input_len)
+    if engine.model_config.is_encoder_decoder:  # prompts are encoder inputs; the decoder holds its start + outputs
+        if max(prompt_len, long_prompt_len) > engine.model_config.max_encoder_len:
+            raise ValueError(f"the workload's inputs have up to {max(prompt_len, long_prompt_len)} tokens but the "
+                             f"encoder takes at most {engine.model_config.max_encoder_len}; shorten them")
+        longest = 1 + output_len
+    else:
+        longest = max(prompt_len + output_len, long_prompt_len + 1)
     if longest > engine.max_model_len:
         raise ValueError(f"the workload needs {longest} tokens per request but max_model_len="
                          f"{engine.max_model_len}; shorten it")
@@ -170,7 +183,7 @@ def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output
           f"hit rate {stats.prefix_cache_hit_rate:.1%} ({stats.prefix_cache_hits}/{stats.prefix_cache_queries} "
           f"tokens), cached blocks {stats.num_cached_blocks}")
     results = {"fasterllm": ours}
-    if engine.device.type == "cuda":
+    if engine.device.type == "cuda" and not engine.model_config.is_encoder_decoder:
         from fasterllm.bench.gpu_roofline import print_roofline
 
         results["roofline"] = print_roofline(engine, ours, sum(len(p) for p in prompts) + num_prompts * output_len)

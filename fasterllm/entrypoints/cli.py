@@ -93,7 +93,9 @@ def cmd_generate(ns: argparse.Namespace) -> None:
 
     params = sampling_params_from(ns)
     llm = LLM(**dataclasses.asdict(engine_args_from(ns)))
-    use_template = not ns.no_chat_template and llm.get_tokenizer().chat_template is not None
+    # an instruct model's chat template wraps the prompt; an encoder-decoder model takes the text itself
+    use_template = (not ns.no_chat_template and llm.get_tokenizer().chat_template is not None
+                    and not llm.engine.model_config.is_encoder_decoder)
     if use_template:
         outputs = llm.chat([[{"role": "user", "content": p}] for p in ns.prompts], params)
     else:
