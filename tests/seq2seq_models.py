@@ -73,4 +73,4 @@ def hf_generate(model, encoder_ids: list[int], max_new_tokens: int, **kwargs) ->
     settings = dict(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, min_length=0,
                     forced_bos_token_id=None, forced_eos_token_id=None, no_repeat_ngram_size=0)
     settings.update(kwargs)
-    return model.generate(torch.tensor([encoder_ids]), **settings)
+    return model.generate(torch.tensor([encoder_ids], device=model.device), **settings)

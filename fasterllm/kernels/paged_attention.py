@@ -36,7 +36,7 @@ def _paged_attention_kernel(
         stride_bt, stride_ot, stride_oh,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        USE_WINDOW: tl.constexpr, IEEE_DOT: tl.constexpr):
+        USE_WINDOW: tl.constexpr, CAUSAL: tl.constexpr, IEEE_DOT: tl.constexpr):
     seq, tile, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
     query_start = tl.load(query_start_ptr + seq)
@@ -59,7 +59,10 @@ def _paged_attention_kernel(
         q = tl.load(q_ptr + (query_start + token)[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh
                     + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
         position = context_len + token  # absolute position of each row's token
-        key_end = tl.minimum(seq_len, context_len + tl.minimum(first_token + BLOCK_Q, query_len))
+        if CAUSAL:
+            key_end = tl.minimum(seq_len, context_len + tl.minimum(first_token + BLOCK_Q, query_len))
+        else:  # cross-attention: every new token sees all seq_len keys (the encoder's)
+            key_end = seq_len
         key_start = 0
         if USE_WINDOW:
             key_start = tl.maximum(0, context_len + first_token - window + 1)
@@ -82,7 +85,7 @@ def _paged_attention_kernel(
             v = tl.load(v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
                         + kv_head * stride_vh + dims[None, :], mask=kv_mask, other=0.0)
             scores = dot(q, tl.trans(k), IEEE_DOT) * scale_log2
-            visible = key_ok[None, :] & (keys[None, :] <= position[:, None])
+            visible = key_ok[None, :] & ((keys[None, :] <= position[:, None]) | (not CAUSAL))
             if USE_WINDOW:
                 visible &= keys[None, :] > position[:, None] - window
             scores = tl.where(visible, scores, float("-inf"))
@@ -132,12 +135,14 @@ def decode_splits(num_seqs: int, num_kv_heads: int, max_keys: int) -> int:
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                     max_query_len: int, scale: float, sliding_window: int | None = None,
-                    out: torch.Tensor | None = None, num_kv_splits: int | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, num_kv_splits: int | None = None,
+                    causal: bool = True) -> torch.Tensor:
     """Causal attention of the new tokens' queries [T, Hq, D] to their sequences' cached keys/values.
 
     key_cache/value_cache [num_blocks, block_size, Hkv, D]; block_tables [S, max_blocks] int32;
     seq_lens [S] int32 (cached tokens including this step's, already stored); query_start_loc [S + 1]
     int32. num_kv_splits overrides the decode split count (tests; None picks one from the shapes).
+    causal=False: cross-attention, every query of a sequence sees all its seq_lens keys (the encoder's).
     """
     num_tokens, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, cache_dim = key_cache.shape
@@ -155,8 +160,9 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     if key_cache.dtype != query.dtype or value_cache.dtype != query.dtype:
         raise ValueError(f"query ({query.dtype}) and the caches ({key_cache.dtype}, {value_cache.dtype}) "
                          "must share a dtype")
-    if sliding_window is not None and sliding_window < 1:
-        raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
+    if sliding_window is not None and (sliding_window < 1 or not causal):
+        raise ValueError(f"sliding_window must be >= 1 or None (and None for non-causal attention), got "
+                         f"{sliding_window}")
     if out is None:
         out = torch.empty_like(query)
     elif out.shape != query.shape or out.dtype != query.dtype or out.stride(-1) != 1:
@@ -185,7 +191,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
         BLOCK_N=max(block_size, 64), BLOCK_SIZE=block_size, NUM_SPLITS=splits,
-        USE_WINDOW=sliding_window is not None, IEEE_DOT=query.dtype == torch.float32,
+        USE_WINDOW=sliding_window is not None, CAUSAL=causal, IEEE_DOT=query.dtype == torch.float32,
         num_stages=_DECODE_STAGES if max_query_len == 1 else 3)
     if splits > 1:
         _merge_splits_kernel[(num_seqs, num_heads)](
@@ -197,7 +203,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
 def paged_attention_reference(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                               block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                               max_query_len: int, scale: float, sliding_window: int | None = None,
-                              out: torch.Tensor | None = None) -> torch.Tensor:
+                              out: torch.Tensor | None = None, causal: bool = True) -> torch.Tensor:
     """The same attention in plain torch, one sequence at a time, softmax in fp32."""
     out = torch.zeros_like(query) if out is None else out
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
@@ -213,7 +219,7 @@ def paged_attention_reference(query: torch.Tensor, key_cache: torch.Tensor, valu
         q = query[start:end].float().transpose(0, 1)  # [Hq, q, D]
         positions = torch.arange(seq_len - (end - start), seq_len, device=query.device)[:, None]
         keys = torch.arange(seq_len, device=query.device)[None, :]
-        visible = keys <= positions
+        visible = (keys <= positions) | (not causal)
         if sliding_window is not None:
             visible &= keys > positions - sliding_window
         scores = (q @ k.transpose(1, 2) * scale).masked_fill(~visible, float("-inf"))

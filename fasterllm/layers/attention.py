@@ -155,18 +155,33 @@ def _decode_group(rows: list[int], query_lens: list[int], seq_lens: list[int], b
 
 
 def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv_cache: torch.Tensor,
-                        meta: AttentionMetadata, cos_sin: torch.Tensor, scale: float) -> torch.Tensor:
+                        meta: AttentionMetadata, cos_sin: torch.Tensor | None, scale: float) -> torch.Tensor:
     """GPU: qkv [T, Hq + 2 Hkv, D] -> attention output [T, Hq * D]; one launch applies RoPE to Q and K in
-    place and stores the new K/V by slot, then one launch attends every sequence (prefill, chunk or decode)."""
+    place (cos_sin None: no rotary positions) and stores the new K/V by slot, then one launch attends every
+    sequence (prefill, chunk or decode)."""
+    from fasterllm.kernels.kv_store import store_kv as store_kv_kernel
     from fasterllm.kernels.paged_attention import paged_attention as paged_attention_kernel
     from fasterllm.kernels.rotary import rotary_and_store_kv
 
     query, key, value = qkv.split([num_heads, num_kv_heads, num_kv_heads], dim=1)
-    rotary_and_store_kv(query, key, value, meta.positions, cos_sin, kv_cache[0], kv_cache[1], meta.slot_mapping)
+    if cos_sin is None:
+        store_kv_kernel(key, value, kv_cache[0], kv_cache[1], meta.slot_mapping)
+    else:
+        rotary_and_store_kv(query, key, value, meta.positions, cos_sin, kv_cache[0], kv_cache[1], meta.slot_mapping)
     k = meta.kernel
     out = paged_attention_kernel(query, kv_cache[0], kv_cache[1], k.block_tables, k.seq_lens, k.query_start_loc,
                                  k.max_query_len, scale, k.sliding_window)
     return out.view(qkv.shape[0], num_heads * qkv.shape[2])
+
+
+def cross_attend_with_kernels(query: torch.Tensor, kv_cache: torch.Tensor, cross: KernelInputs,
+                              scale: float) -> torch.Tensor:
+    """GPU cross-attention: query [T, H, D] over each sequence's cross blocks, all its keys visible -> [T, H * D]."""
+    from fasterllm.kernels.paged_attention import paged_attention as paged_attention_kernel
+
+    out = paged_attention_kernel(query, kv_cache[0], kv_cache[1], cross.block_tables, cross.seq_lens,
+                                 cross.query_start_loc, cross.max_query_len, scale, causal=False)
+    return out.view(query.shape[0], -1)
 
 
 def store_kv(kv_cache: torch.Tensor, key_value: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from fasterllm.config import KVCacheSpec
-from fasterllm.layers.attention import AttentionMetadata, attend_with_kernels, paged_attention, store_kv
+from fasterllm.layers.attention import (AttentionMetadata, attend_with_kernels, cross_attend_with_kernels,
+                                        paged_attention, store_kv)
 from fasterllm.layers.rotary import apply_rotary
 
 
@@ -57,4 +58,6 @@ class CrossAttention(nn.Module):
 
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """query [T, H, D] -> [T, H * D]."""
+        if meta.cross.kernel is not None:
+            return cross_attend_with_kernels(query, kv_cache, meta.cross.kernel, self.scale)
         return paged_attention(query, None, None, kv_cache, meta.cross, self.scale)

@@ -23,8 +23,10 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model: torch.nn.Module, buffers: InputBuffers, kv_caches: torch.Tensor):
+    def __init__(self, model: torch.nn.Module, buffers: InputBuffers, kv_caches: torch.Tensor,
+                 encoder_decoder: bool = False):
         self.model, self.buffers, self.kv_caches = model, buffers, kv_caches
+        self.encoder_decoder = encoder_decoder  # its graphs read the cross tables' buffers too
         # the buffers were sized from max_num_seqs and max_num_batched_tokens
         self.sizes = graph_batch_sizes(min(buffers.max_tokens, buffers.max_seqs))
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -37,7 +39,8 @@ class DecodeGraphs:
         start = time.perf_counter()
         for size in sorted(self.sizes, reverse=True):
             # a harmless batch: every row one token that is stored nowhere and sees only itself
-            batch = self.buffers.stage([0] * size, [1] * size, [1] * size, [[0]] * size, list(range(size)))
+            cross = ([1] * size, [[0]] * size) if self.encoder_decoder else None
+            batch = self.buffers.stage([0] * size, [1] * size, [1] * size, [[0]] * size, list(range(size)), cross=cross)
             batch.meta.slot_mapping.fill_(-1)
             self._forward(batch)  # compiles and autotunes outside the capture
             torch.cuda.synchronize()

@@ -1,5 +1,4 @@
-"""The worker's part of encoder-decoder models: run the encoder for the requests whose decoder starts this step, and
-say where each scheduled request's cross-attention keys and values lie.
+"""The worker's part of encoder-decoder models: run the encoder for the requests whose decoder starts this step.
 
 A request's encoder runs in the step that computes its decoder's first token (admission, or again after a
 preemption by recompute freed its blocks): the encoder inputs of all such requests are packed into one pass
@@ -10,7 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.varlen_attention import VarlenBatch
 from fasterllm.worker.request_states import RequestState
 
@@ -35,9 +33,3 @@ def encode_starting(model: torch.nn.Module, states: list[RequestState], starts: 
         run_encoders(model, [state.encoder_token_ids for state in starting],
                      [state.cross_block_table for state in starting], kv_caches, block_size, device)
 
-
-def cross_metadata(states: list[RequestState], query_lens: list[int], block_size: int,
-                   device: torch.device) -> AttentionMetadata:
-    """Each scheduled request's new tokens over its encoder's keys (the same rows as the step's self-attention)."""
-    return AttentionMetadata.build_cross(query_lens, [len(state.encoder_token_ids) for state in states],
-                                         [state.cross_block_table for state in states], block_size, device)

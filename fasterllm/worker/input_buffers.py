@@ -25,7 +25,8 @@ class StagedBatch:
 
 class InputBuffers:
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, block_size: int,
-                 sliding_window: int | None, device: torch.device):
+                 sliding_window: int | None, device: torch.device, max_cross_blocks_per_seq: int = 0):
+        """max_cross_blocks_per_seq: an encoder-decoder model's cross tables' width (0: a decoder-only model)."""
         self.block_size, self.sliding_window = block_size, sliding_window
         self.max_tokens, self.max_seqs = max_tokens, max_seqs
         max_rows = 2 * max_tokens + max_seqs  # logits rows: samples (best_of at a first token) + prompt scoring
@@ -41,12 +42,17 @@ class InputBuffers:
         self.block_tables = pair(max_seqs, max_blocks_per_seq, dtype=torch.int32)
         self.seq_lens = pair(max_seqs, dtype=torch.int32)
         self.query_start_loc = pair(max_seqs + 1, dtype=torch.int32)
+        if max_cross_blocks_per_seq:
+            self.cross_tables = pair(max_seqs, max_cross_blocks_per_seq, dtype=torch.int32)
+            self.encoder_lens = pair(max_seqs, dtype=torch.int32)
         self.turn = 0  # which pinned set this step writes
 
     def stage(self, token_ids: list[int], query_lens: list[int], seq_lens: list[int],
-              block_tables: list[list[int]], logits_rows: list[int], padded_seqs: int | None = None) -> StagedBatch:
+              block_tables: list[list[int]], logits_rows: list[int], padded_seqs: int | None = None,
+              cross: tuple[list[int], list[list[int]]] | None = None) -> StagedBatch:
         """Fill the buffers for one step. padded_seqs: a decode batch padded to a captured graph's size;
-        the padding rows own no query rows, store nothing (slot -1) and read no keys (length 0)."""
+        the padding rows own no query rows, store nothing (slot -1) and read no keys (length 0). cross: an
+        encoder-decoder model's (encoder lengths, cross tables), read by its cross-attention (meta.cross)."""
         num_tokens, num_seqs = len(token_ids), len(query_lens)
         rows = padded_seqs or num_seqs
         tokens_out = padded_seqs or num_tokens
@@ -57,10 +63,8 @@ class InputBuffers:
         positions = np.arange(num_tokens) - np.repeat(starts[:-1] - (total - query), query)
         self.turn ^= 1
         turn = self.turn
+        device_tables = self._tables(self.block_tables, block_tables, rows)
         tables = self.block_tables[0][turn].numpy()
-        for i, table in enumerate(block_tables):
-            tables[i, :len(table)] = table
-        width = max(len(t) for t in block_tables)
         seq_index = np.repeat(np.arange(num_seqs), query)
         slots = tables[seq_index, positions // self.block_size].astype(np.int64) * self.block_size
         slots += positions % self.block_size
@@ -82,11 +86,26 @@ class InputBuffers:
             logits_indices = host_to_device(logits_rows, torch.long, self.input_ids[1].device)
         seq_lens_t = fill(self.seq_lens, total, rows)
         query_start = fill(self.query_start_loc, starts, rows + 1, pad=num_tokens)
-        host_tables, device_tables = self.block_tables[0][turn], self.block_tables[1]
-        device_tables[:num_seqs, :width].copy_(host_tables[:num_seqs, :width], non_blocking=True)
-        kernel = KernelInputs(device_tables[:rows], seq_lens_t, query_start, int(query.max()), self.sliding_window)
+        max_query_len = int(query.max())
+        kernel = KernelInputs(device_tables, seq_lens_t, query_start, max_query_len, self.sliding_window)
         meta = AttentionMetadata(positions_t, slot_mapping, num_tokens, [], None, kernel)
+        if cross is not None:
+            encoder_lens, cross_tables = cross
+            cross_kernel = KernelInputs(self._tables(self.cross_tables, cross_tables, rows),
+                                        fill(self.encoder_lens, encoder_lens, rows), query_start, max_query_len, None)
+            meta.cross = AttentionMetadata(positions_t, slot_mapping, num_tokens, [], None, cross_kernel)
         return StagedBatch(input_ids, logits_indices, meta)
+
+    def _tables(self, buffers: tuple[list[torch.Tensor], torch.Tensor], tables: list[list[int]],
+                rows: int) -> torch.Tensor:
+        """The step's block tables in the buffers (only the columns they use are copied); the first `rows` rows."""
+        host, device = buffers[0][self.turn], buffers[1]
+        array = host.numpy()
+        for i, table in enumerate(tables):
+            array[i, :len(table)] = table
+        width = max(len(t) for t in tables)
+        device[:len(tables), :width].copy_(host[:len(tables), :width], non_blocking=True)
+        return device[:rows]
 
 
 def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -14,7 +14,7 @@ from fasterllm.config import CacheConfig, KVCacheSpec, ModelConfig, SchedulerCon
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.worker.cuda_graphs import DecodeGraphs
-from fasterllm.worker.encoder_decoder_inputs import cross_metadata, encode_starting, run_encoders
+from fasterllm.worker.encoder_decoder_inputs import encode_starting, run_encoders
 from fasterllm.worker.decoder_builder import build_decoder
 from fasterllm.worker.input_buffers import InputBuffers, host_to_device
 from fasterllm.worker.logit_controls import LogitControls
@@ -68,14 +68,15 @@ class ModelRunner:
 
     def prepare_inputs(self, block_size: int, sched: SchedulerConfig) -> None:
         """On a GPU, the fixed buffers every step's inputs are staged into (the Triton kernels' path)."""
-        if self.device.type == "cuda" and not self.encoder_decoder:  # those run the torch path on a GPU too
+        if self.device.type == "cuda":
             longest = max(self.max_model_len, sched.max_num_batched_tokens)
+            cross_blocks = -(-self.model_config.max_encoder_len // block_size) if self.encoder_decoder else 0
             self.buffers = InputBuffers(sched.max_num_batched_tokens, sched.max_num_seqs, -(-longest // block_size),
-                                        block_size, self.model_config.sliding_window, self.device)
+                                        block_size, self.model_config.sliding_window, self.device, cross_blocks)
 
     def capture_graphs(self) -> float:
         """Capture the decode CUDA graphs (after the KV cache exists); returns the seconds it took."""
-        self.graphs = DecodeGraphs(self.model, self.buffers, self.kv_caches)
+        self.graphs = DecodeGraphs(self.model, self.buffers, self.kv_caches, self.encoder_decoder)
         return self.graphs.capture()
 
     def bytes_per_block(self, block_size: int) -> int:
@@ -113,9 +114,12 @@ class ModelRunner:
         self.allocate_kv_cache(next_block, block_size)
         last_rows = [sum(lens[:i + 1]) - 1 for i in range(len(lens))]
         cross = None
-        if self.encoder_decoder:  # as many encoder tokens, their K/V in the same blocks
-            run_encoders(self.model, [[0] * n for n in lens], tables, self.kv_caches, block_size, self.device)
-            cross = AttentionMetadata.build_cross(lens, lens, tables, block_size, self.device)
+        if self.encoder_decoder:  # as many encoder tokens as fit its positions, their K/V in the same blocks
+            encoder_lens = [min(n, self.model_config.max_encoder_len) for n in lens]
+            cross_tables = [table[:-(-n // block_size)] for table, n in zip(tables, encoder_lens)]
+            run_encoders(self.model, [[0] * n for n in encoder_lens], cross_tables, self.kv_caches, block_size,
+                         self.device)
+            cross = (encoder_lens, cross_tables)
         self._forward([0] * sum(lens), lens, lens, tables, last_rows, cross=cross)
         self.kv_caches = None
 
@@ -190,7 +194,7 @@ class ModelRunner:
         cross = None
         if self.encoder_decoder:
             encode_starting(self.model, scheduled_states, message.starts, self.kv_caches, self.block_size, self.device)
-            cross = cross_metadata(scheduled_states, query_lens, self.block_size, self.device)
+            cross = ([len(s.encoder_token_ids) for s in scheduled_states], [s.cross_block_table for s in scheduled_states])
         logits = self._forward(token_ids, query_lens, seq_lens, tables, logits_rows, self._carried_inputs(carried),
                                cross)
         prompt_logprobs = self._prompt_logprobs(logits[len(sampling):], prompt_rows)
@@ -226,15 +230,16 @@ class ModelRunner:
 
     def _forward(self, token_ids: list[int], query_lens: list[int], seq_lens: list[int], tables: list[list[int]],
                  logits_rows: list[int], carried: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 cross: AttentionMetadata | None = None) -> torch.Tensor:
+                 cross: tuple[list[int], list[list[int]]] | None = None) -> torch.Tensor:
         """One forward pass -> fp32 logits of logits_rows: a CUDA graph for a decode batch that has one,
         the Triton kernels eagerly for any other batch on a GPU, the torch path on the CPU. carried: (token
         rows, their ids on the device) written over those rows' placeholder ids before the pass. cross: an
-        encoder-decoder model's cross-attention metadata for the same rows."""
+        encoder-decoder model's (encoder lengths, cross tables) of the same sequences."""
         if self.buffers is None:
             meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, self.device,
                                            self.model_config.sliding_window)
-            meta.cross = cross
+            if cross is not None:
+                meta.cross = AttentionMetadata.build_cross(query_lens, *cross, self.block_size, self.device)
             input_ids = torch.tensor(token_ids)
             if carried is not None:
                 input_ids[carried[0]] = carried[1]
@@ -243,7 +248,7 @@ class ModelRunner:
         num_seqs = len(query_lens)
         decode = len(token_ids) == num_seqs and logits_rows == list(range(num_seqs))
         size = self.graphs.padded_size(num_seqs) if self.graphs is not None and decode else None
-        batch = self.buffers.stage(token_ids, query_lens, seq_lens, tables, logits_rows, padded_seqs=size)
+        batch = self.buffers.stage(token_ids, query_lens, seq_lens, tables, logits_rows, padded_seqs=size, cross=cross)
         if carried is not None:  # after the staging copy, on the same stream
             batch.input_ids[carried[0]] = carried[1]
         if size is not None:

@@ -126,3 +126,26 @@ def test_model_shapes_mixed_and_decode(dtype, heads):
     check(make_batch([4095, 2000, 17, 0] * 8, [1] * 32, *heads, dtype), dtype)
     check(make_batch([4095], [1], *heads, dtype, block_size=32), dtype)
     check(make_batch([3000, 100], [1, 1], *heads, dtype), dtype, sliding_window=1024)
+
+
+@pytest.mark.parametrize("splits", [None, 1, 3])
+def test_cross_attention_sees_every_encoder_key(splits):
+    """causal=False (an encoder-decoder's cross-attention): each sequence's new tokens, however many, attend to all
+    its seq_lens keys, including a query longer than the keys; equal to the model's torch path (build_cross)."""
+    encoder_lens, query_lens = [37, 5, 16], [1, 9, 3]
+    args = make_batch(encoder_lens, [1] * 3, 4, 4, 64, torch.float32)  # blocks for the encoder's keys
+    if splits is not None:  # a decode batch: one query each
+        query_lens = [1, 1, 1]
+    starts = torch.tensor([0] + query_lens).cumsum(0).to(torch.int32)
+    generator = torch.Generator().manual_seed(1)
+    args.update(query=torch.randn(sum(query_lens), 4, 64, generator=generator).to(DEVICE),
+                seq_lens=torch.tensor(encoder_lens, dtype=torch.int32, device=DEVICE),
+                query_start_loc=starts.to(DEVICE), max_query_len=max(query_lens))
+    got = paged_attention(**args, causal=False, num_kv_splits=splits)
+    torch.testing.assert_close(got, paged_attention_reference(**args, causal=False), atol=1e-4, rtol=1e-4)
+    tables = [row[:-(-n // 16)] for row, n in zip(args["block_tables"].tolist(), encoder_lens)]
+    meta = layers_attention.AttentionMetadata.build(query_lens, query_lens, [[0]] * 3, 16, DEVICE)
+    meta.cross = layers_attention.AttentionMetadata.build_cross(query_lens, encoder_lens, tables, 16, DEVICE)
+    kv_cache = torch.stack([args["key_cache"], args["value_cache"]])
+    expected = layers_attention.paged_attention(args["query"], None, None, kv_cache, meta.cross, args["scale"])
+    torch.testing.assert_close(got.flatten(1), expected, atol=1e-4, rtol=1e-4)

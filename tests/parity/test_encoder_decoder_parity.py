@@ -28,7 +28,8 @@ def make_llm(directory, **overrides) -> LLM:
 def reference_tokens(model, encoder_ids: list[int], max_tokens: int, decoder_prompt: list[int] | None = None):
     """transformers' greedy continuation (after the decoder's start token and prompt), up to and with eos."""
     start = model.config.decoder_start_token_id
-    kwargs = {} if decoder_prompt is None else {"decoder_input_ids": torch.tensor([[start, *decoder_prompt]])}
+    kwargs = {} if decoder_prompt is None else {
+        "decoder_input_ids": torch.tensor([[start, *decoder_prompt]], device=model.device)}
     out = hf_generate(model, encoder_ids, max_tokens, eos_token_id=EOS, pad_token_id=0, **kwargs)[0].tolist()
     tokens = out[1 + len(decoder_prompt or []):]
     return tokens[:tokens.index(EOS) + 1] if EOS in tokens else tokens
