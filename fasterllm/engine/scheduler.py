@@ -87,9 +87,10 @@ class Scheduler:
                 f"request {request.request_id!r} has {encoder_len} encoder tokens, but a step computes at most "
                 f"max_num_batched_tokens={self.config.max_num_batched_tokens} tokens and its encoder runs in one step "
                 "beside its decoder's first token; shorten the input or raise max_num_batched_tokens")
-        if request.group and width > self.config.max_num_seqs:
-            raise ValueError(f"beam_width={width} is more than max_num_seqs={self.config.max_num_seqs}, and a "
-                             "search's beams run together; lower beam_width or raise max_num_seqs")
+        if width > self.config.max_num_seqs:
+            name = "beam_width" if request.group else "best_of"
+            raise ValueError(f"{name}={width} is more than max_num_seqs={self.config.max_num_seqs}, and a request's "
+                             f"sequences run together; lower {name} (or n) or raise max_num_seqs")
         if needed > kv.num_blocks:
             raise ValueError(
                 f"request {request.request_id!r} needs up to {needed} KV blocks ({len(request.prompt_token_ids)} "
@@ -158,7 +159,7 @@ class Scheduler:
         return min(num_new, threshold) if threshold else num_new
 
     def _swap_in(self, out: ScheduledBatch, budget: int) -> int:
-        while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.swapped and budget > 0 and _num_sequences(self.running) < self.config.max_num_seqs:
             request = self.swapped[0]
             num_new = self._chunk(request, budget)
             if not self.kv_cache.allocate_slots(request, num_new, reserve=self.watermark_blocks):
@@ -173,12 +174,17 @@ class Scheduler:
 
     def _admit_waiting(self, out: ScheduledBatch, budget: int) -> None:
         """Admit from the front of the queue; a preempted group's members (a search's beams) come back all
-        together or not at all (half a group would hold blocks while waiting for the other half)."""
+        together or not at all (half a group would hold blocks while waiting for the other half). max_num_seqs
+        counts the sequences a request forks into after its first step (n / best_of, a search's width), so a step
+        never holds more than that many."""
+        num_sequences = _num_sequences(self.running)
         while self.waiting and budget > 0:
             head = self.waiting[0]
             group = list(itertools.takewhile(lambda r: r.group is head.group, self.waiting)) if head.group else [head]
-            if len(self.running) + len(group) > self.config.max_num_seqs:
+            wanted = _num_sequences(group)
+            if num_sequences + wanted > self.config.max_num_seqs:
                 return
+            num_sequences += wanted
             admitted: list[tuple[Request, int, int]] = []  # request, new tokens, prefix-cache hit tokens
             for request in group:
                 hit_tokens = self.kv_cache.match_prefix(request)
@@ -308,6 +314,19 @@ class AsyncScheduler(Scheduler):
             if not self.kv_cache.allocate_slots(request, request.num_tokens - request.num_computed_tokens + 1):
                 return None  # what was taken stays in the tables: the next step needs it anyway
         return self._with_message(ScheduledBatch([ScheduledRequest(r, 1, lookahead=True) for r in going_on]))
+
+
+def _num_sequences(requests: list[Request]) -> int:
+    """The sequences these requests run as, or will once their first step forks them: a search counts its width,
+    a request that has yet to draw its first token its best_of, any other request one."""
+    total, groups = 0, set()
+    for request in requests:
+        if request.group is None:
+            total += request.samples_to_draw
+        elif id(request.group) not in groups:
+            groups.add(id(request.group))
+            total += request.group.width
+    return total
 
 
 def _groups(requests) -> list[list[Request]]:

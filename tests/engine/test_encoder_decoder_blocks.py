@@ -118,3 +118,22 @@ def test_an_architecture_we_do_not_run_is_named_before_its_fields_are_read(tmp_p
     (tmp_path / "config.json").write_text('{"architectures": ["T5ForConditionalGeneration"], "d_model": 8}')
     with pytest.raises(ValueError, match="'T5ForConditionalGeneration' is not supported; supported: .*BartFor"):
         LLM(str(tmp_path), device="cpu")
+
+
+def test_searches_wider_together_than_max_num_seqs_take_turns(tiny_seq2seq):
+    """Four searches of width 4 under max_num_seqs=8: admission counts the beams a search forks into, so no step
+    runs more than 8 sequences (the worker's buffers hold that many), and the hypotheses are unchanged."""
+    directory = str(tiny_seq2seq["bart"][0])
+    prompts = [ENCODER_IDS, ENCODER_IDS[:7], ENCODER_IDS[5:], ENCODER_IDS[::2]]
+    params = BeamSearchParams(beam_width=4, max_tokens=6)
+    roomy = LLM(directory, dtype="float32", device="cpu", num_kv_blocks=BLOCKS, block_size=8)
+    tight = LLM(directory, dtype="float32", device="cpu", num_kv_blocks=BLOCKS, block_size=8, max_num_seqs=8)
+    sizes = []
+    execute = tight.engine.runner.execute
+    tight.engine.runner.execute = lambda message: sizes.append(len(message.request_ids)) or execute(message)
+    expected = roomy.beam_search(prompts, params, use_tqdm=False)
+    got = tight.beam_search(prompts, params, use_tqdm=False)
+    assert [[s.token_ids for s in o.sequences] for o in got] == [[s.token_ids for s in o.sequences] for o in expected]
+    assert max(sizes) == 8
+    with pytest.raises(ValueError, match="beam_width=16 is more than max_num_seqs=8"):
+        tight.beam_search(prompts, BeamSearchParams(beam_width=16, max_tokens=4), use_tqdm=False)
