@@ -69,9 +69,10 @@ DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausa
                          "Qwen3ForCausalLM")
 
 
-# the Hugging Face encoder-decoder architectures (models/bart.py) -> their family's model_type
+# the Hugging Face encoder-decoder architectures (models/bart.py, models/t5.py) -> their family's model_type
 ENCODER_DECODER_ARCHITECTURES = {"BartForConditionalGeneration": "bart", "MBartForConditionalGeneration": "mbart",
-                                 "MarianMTModel": "marian", "M2M100ForConditionalGeneration": "m2m_100"}
+                                 "MarianMTModel": "marian", "M2M100ForConditionalGeneration": "m2m_100",
+                                 "T5ForConditionalGeneration": "t5"}
 
 
 def check_architecture(architecture: str) -> None:
@@ -80,8 +81,58 @@ def check_architecture(architecture: str) -> None:
                          f"{', '.join(sorted([*DECODER_ARCHITECTURES, *ENCODER_DECODER_ARCHITECTURES]))}")
 
 
-# Hugging Face activation_function -> ours (models/bart.py)
+# Hugging Face activation_function / T5's feed_forward_proj activation -> ours (models/bart.py, models/t5.py)
 SEQ2SEQ_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "swish": "silu", "silu": "silu", "gelu_new": "gelu_tanh"}
+
+
+@dataclass
+class T5Config:
+    """The shape of a T5 (T5 v1.0, v1.1 / Flan-T5, mT5 shapes): pre-norm RMS-style norms without biases, no position
+    embeddings but a learned bias per head and relative-distance bucket added to attention scores (computed by the
+    first layer of each stack, shared by its other layers), unscaled attention scores, an FFN that may be gated."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    head_dim: int  # d_kv: need not be hidden_size / heads
+    num_heads: int
+    ffn_dim: int
+    encoder_layers: int
+    decoder_layers: int
+    activation: str  # one of SEQ2SEQ_ACTIVATIONS' values
+    gated_ffn: bool
+    num_buckets: int
+    max_distance: int
+    layer_norm_eps: float
+    scale_decoder_outputs: bool  # tied-head T5 v1.0 scales the last hidden state by d_model ** -0.5
+    max_position_embeddings: int  # no position table: the length the model was trained for (n_positions)
+    decoder_start_token_id: int
+    eos_token_ids: list[int] = field(default_factory=list)
+    forced_bos_token_id: int | None = None
+    is_encoder_decoder = True
+    sliding_window = None
+    model_type = "t5"
+
+    @property
+    def max_encoder_len(self) -> int:
+        return self.max_position_embeddings
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any], eos: int | list[int] | None, forced_bos_token_id: int | None) -> T5Config:
+        gated, _, act = raw.get("feed_forward_proj", "relu").rpartition("-")
+        act = "gelu_new" if (gated, act) == ("gated", "gelu") else act  # transformers reads gated-gelu as gelu_new
+        if gated not in ("", "gated") or act not in SEQ2SEQ_ACTIVATIONS:
+            raise ValueError(f"feed_forward_proj={raw.get('feed_forward_proj')!r} is not supported; use ACT or "
+                             f"gated-ACT with ACT one of {', '.join(SEQ2SEQ_ACTIVATIONS)}")
+        start = raw.get("decoder_start_token_id")
+        tied = raw.get("tie_word_embeddings", True) is not False
+        return cls(raw["architectures"][0], raw["vocab_size"], raw["d_model"], raw["d_kv"], raw["num_heads"],
+                   raw["d_ff"], raw["num_layers"], raw.get("num_decoder_layers") or raw["num_layers"],
+                   SEQ2SEQ_ACTIVATIONS[act], gated == "gated", raw.get("relative_attention_num_buckets", 32),
+                   raw.get("relative_attention_max_distance", 128), raw.get("layer_norm_epsilon", 1e-6),
+                   raw.get("scale_decoder_outputs", tied), raw.get("n_positions", 512),
+                   raw.get("pad_token_id", 0) if start is None else start,  # T5 starts the decoder with its pad token
+                   [] if eos is None else ([eos] if isinstance(eos, int) else list(eos)), forced_bos_token_id)
 
 
 @dataclass

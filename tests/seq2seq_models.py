@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 VOCAB = 64
-FAMILIES = ("bart", "marian", "mbart", "m2m_100")
+FAMILIES = ("bart", "marian", "mbart", "m2m_100", "t5", "t5_v1_1")
 
 
 def tiny_seq2seq_config(family: str):
@@ -27,6 +27,12 @@ def tiny_seq2seq_config(family: str):
     if family == "marian":  # OPUS-MT's settings: SiLU, scaled embeddings, the pad token starts the decoder
         return T.MarianConfig(**common, pad_token_id=VOCAB - 1, decoder_start_token_id=VOCAB - 1, eos_token_id=2,
                               activation_function="swish", scale_embedding=True)
+    if family.startswith("t5"):  # v1.0: ReLU FFN, tied head scaled by d_model ** -0.5; v1.1: gated GELU
+        v1_1 = family == "t5_v1_1"
+        return T.T5Config(vocab_size=VOCAB, d_model=32, d_kv=12, d_ff=64, num_layers=2, num_decoder_layers=2,
+                          num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=20,
+                          feed_forward_proj="gated-gelu" if v1_1 else "relu", tie_word_embeddings=not v1_1,
+                          decoder_start_token_id=0, eos_token_id=2, n_positions=64)
     if family == "mbart":
         return T.MBartConfig(**common, decoder_start_token_id=2, scale_embedding=True)
     return T.M2M100Config(**common)  # ReLU, scaled embeddings, sinusoids from row pad + 1
@@ -35,7 +41,7 @@ def tiny_seq2seq_config(family: str):
 @torch.no_grad()
 def randomize_seq2seq_(model, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
-    scale = math.sqrt(model.config.d_model) if model.config.scale_embedding else 1.0
+    scale = math.sqrt(model.config.d_model) if getattr(model.config, "scale_embedding", False) else 1.0
     tensors = list(model.named_parameters()) + [(n, b) for n, b in model.named_buffers() if n == "final_logits_bias"]
     for name, p in tensors:
         if "embed_positions" in name and model.config.model_type == "marian":
@@ -45,7 +51,7 @@ def randomize_seq2seq_(model, seed: int) -> None:
             p.copy_(1.0 + 0.2 * noise)
         elif name.endswith("bias"):
             p.copy_(0.1 * noise)
-        elif "embed" in name or "shared" in name:
+        elif "embed" in name or "shared" in name or "relative_attention_bias" in name:
             p.copy_(noise / scale)
         else:
             p.copy_(noise * (2.0 if ("q_proj" in name or "k_proj" in name) else 1.0) / math.sqrt(p.shape[1]))

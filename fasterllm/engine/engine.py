@@ -62,7 +62,7 @@ class Engine:
         self.runner.allocate_kv_cache(cache.num_blocks, cache.block_size)
         profile_seconds = time.perf_counter() - profile_start
         graph_seconds = 0.0
-        if self.device.type == "cuda" and not args.enforce_eager:
+        if self.runner.buffers is not None and not args.enforce_eager:  # the GPU's kernel path
             graph_seconds = self.runner.capture_graphs()
         # a decoder's KV depends on its encoder input too, which block hashes do not cover: no prefix caching there
         self.kv_cache = KVCacheManager(cache.num_blocks, cache.block_size,

@@ -11,6 +11,7 @@ is block_id * block_size + offset. Padding rows come last in a batch and are nev
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,7 @@ class DecodeGroup:
     blocks: torch.Tensor | slice
     mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] True where the key is real; None: one sequence
     keys: slice  # the key positions each row reads (one sequence: its window, so no mask is needed)
+    positions: list[int]  # each row's query position
 
 
 @dataclass
@@ -103,6 +105,26 @@ class AttentionMetadata:
         return AttentionMetadata(positions.to(device), slot_mapping.to(device), start, prefills, decode)
 
 
+    def add_position_bias(self, bias: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        """Make every group's mask additive: bias(query positions [q], key positions [k]) -> [H, q, k] where a key is
+        visible, -inf where not (T5's relative-position bias; computed once a step, read by every layer)."""
+        device = self.positions.device
+        for group in self.prefills:
+            num_queries = group.token_end - group.token_start
+            if group.mask is None:  # the whole sequence is new: causal over itself
+                keys = torch.arange(num_queries, device=device)
+                visible = keys[None, :] <= keys[:, None]
+            else:
+                keys = torch.arange(group.mask.shape[1], device=device)
+                visible = group.mask
+            queries = keys[len(keys) - num_queries:]
+            group.mask = bias(queries, keys).masked_fill(~visible, float("-inf"))[None]
+        d = self.decode
+        if d is not None:
+            keys = torch.arange(d.keys.start, d.keys.stop, device=device)
+            values = bias(torch.tensor(d.positions, device=device), keys).transpose(0, 1)[:, :, None, :]  # [B, H, 1, k]
+            d.mask = values if d.mask is None else values.masked_fill(~d.mask, float("-inf"))
+
     @staticmethod
     def build_cross(query_lens: list[int], encoder_lens: list[int], cross_tables: list[list[int]], block_size: int,
                     device: torch.device) -> AttentionMetadata:
@@ -142,7 +164,7 @@ def _decode_group(rows: list[int], query_lens: list[int], seq_lens: list[int], b
         consecutive = table == list(range(table[0], table[0] + num_blocks))
         first_key = 0 if sliding_window is None else max(0, seq_len - sliding_window)
         blocks = slice(table[0], table[0] + num_blocks) if consecutive else torch.tensor(table, device=device)
-        return DecodeGroup(token_index, blocks, None, slice(first_key, seq_len))
+        return DecodeGroup(token_index, blocks, None, slice(first_key, seq_len), [seq_len - 1])
     # short rows padded with block 0, a real block whose keys the mask hides
     blocks = torch.tensor([(block_tables[row] + [0] * num_blocks)[:num_blocks] for row in rows], device=device)
     key_positions = torch.arange(num_blocks * block_size)[None, :]
@@ -151,7 +173,7 @@ def _decode_group(rows: list[int], query_lens: list[int], seq_lens: list[int], b
     if sliding_window is not None:
         mask &= key_positions >= lens_column - sliding_window
     return DecodeGroup(token_index, blocks.view(-1), mask[:, None, None, :].to(device),
-                       slice(0, num_blocks * block_size))
+                       slice(0, num_blocks * block_size), [n - 1 for n in lens])
 
 
 def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv_cache: torch.Tensor,
@@ -214,9 +236,10 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.
         if group.context_blocks is None:  # the whole sequence is new: attend to it directly
             k = key[group.token_start:group.token_end].transpose(0, 1)[None]
             v = value[group.token_start:group.token_end].transpose(0, 1)[None]
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask, is_causal=group.mask is None,
+                                               scale=scale, enable_gqa=True)
         else:
-            seq_len = group.mask.shape[1]
+            seq_len = group.mask.shape[-1]
             k, v = (kv_cache[i].index_select(0, group.context_blocks).view(-1, num_kv_heads, head_dim)[:seq_len]
                     .transpose(0, 1)[None] for i in (0, 1))
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask, scale=scale, enable_gqa=True)
@@ -237,5 +260,8 @@ def _decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, d: DecodeGrou
     else:  # K and V gathered in one copy
         kv = kv_cache.index_select(1, d.blocks)
     kv = kv.view(2, batch, -1, num_kv_heads, head_dim)[:, :, d.keys].transpose(2, 3)
-    return F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=d.mask, scale=scale).reshape(
+    mask = d.mask
+    if mask is not None and mask.shape[1] == num_heads:  # an additive mask per query head: rows of its KV head
+        mask = mask.view(mask.shape[0], num_kv_heads, num_heads // num_kv_heads, -1)
+    return F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, scale=scale).reshape(
         batch, num_heads, head_dim)

@@ -17,10 +17,12 @@ from fasterllm.layers.rotary import apply_rotary
 
 
 class Attention(nn.Module):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sliding_window: int | None = None):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sliding_window: int | None = None,
+                 scale: float | None = None):
+        """scale: of the scores, head_dim ** -0.5 unless given (T5: 1)."""
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim ** -0.5 if scale is None else scale
         kind = "full" if sliding_window is None else "sliding_window"
         self.kv_spec = KVCacheSpec(kind, num_kv_heads, head_dim, sliding_window)
 
@@ -46,10 +48,10 @@ class CrossAttention(nn.Module):
     positions. Its keys and values are computed once per request, when the encoder runs, and stored in the
     request's cross blocks (store); every step reads them back through meta.cross."""
 
-    def __init__(self, num_heads: int, head_dim: int):
+    def __init__(self, num_heads: int, head_dim: int, scale: float | None = None):
         super().__init__()
         self.num_heads, self.head_dim = num_heads, head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim ** -0.5 if scale is None else scale
         self.kv_spec = KVCacheSpec("cross", num_heads, head_dim)
 
     def store(self, key_value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -7,6 +7,7 @@ length-sorted batch needs one SDPA call per distinct length, and never computes 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -49,19 +50,23 @@ class VarlenBatch:
         return cls(cu_seqlens, max(seq_lens), runs)
 
 
-def varlen_attention(qkv: torch.Tensor, batch: VarlenBatch, num_heads: int) -> torch.Tensor:
+def varlen_attention(qkv: torch.Tensor, batch: VarlenBatch, num_heads: int, scale: float | None = None,
+                     bias: Callable[[int], torch.Tensor] | None = None) -> torch.Tensor:
     """qkv: [total_tokens, 3 * hidden] (q, k, v side by side) -> attention output [total_tokens, hidden].
 
-    On a GPU one fused Triton kernel covers every sequence and head; elsewhere SDPA runs per run of lengths.
+    On a GPU one fused Triton kernel covers every sequence and head; elsewhere SDPA runs per run of lengths, as it
+    does everywhere for a model with a scale of its own or an additive bias: bias(L) -> [heads, L, L] for sequences
+    of length L (T5's relative positions).
     """
-    if qkv.is_cuda:
+    if qkv.is_cuda and scale is None and bias is None:
         from fasterllm.kernels.varlen_attention import varlen_attention_triton
 
         return varlen_attention_triton(qkv, batch.cu_seqlens, batch.max_seqlen, num_heads)
-    return varlen_attention_sdpa(qkv, batch, num_heads)
+    return varlen_attention_sdpa(qkv, batch, num_heads, scale, bias)
 
 
-def varlen_attention_sdpa(qkv: torch.Tensor, batch: VarlenBatch, num_heads: int) -> torch.Tensor:
+def varlen_attention_sdpa(qkv: torch.Tensor, batch: VarlenBatch, num_heads: int, scale: float | None = None,
+                          bias: Callable[[int], torch.Tensor] | None = None) -> torch.Tensor:
     """The torch path (and the Triton kernel's reference): one SDPA call per run of equal lengths."""
     total, three_hidden = qkv.shape
     head_dim = three_hidden // (3 * num_heads)
@@ -70,7 +75,8 @@ def varlen_attention_sdpa(qkv: torch.Tensor, batch: VarlenBatch, num_heads: int)
         end = run.start + run.num_seqs * run.seq_len
         # [n, L, 3, heads, d] -> three [n, heads, L, d] strided views
         q, k, v = qkv[run.start:end].view(run.num_seqs, run.seq_len, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
-        attended = F.scaled_dot_product_attention(q, k, v)
+        mask = None if bias is None else bias(run.seq_len)[None]
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         out[run.start:end].view(run.num_seqs, run.seq_len, num_heads, head_dim).copy_(attended.transpose(1, 2))
     return out
 

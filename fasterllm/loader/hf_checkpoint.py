@@ -10,7 +10,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import safe_open
 
-from fasterllm.config import ENCODER_DECODER_ARCHITECTURES, ModelConfig, Seq2SeqConfig, check_architecture
+from fasterllm.config import (ENCODER_DECODER_ARCHITECTURES, ModelConfig, Seq2SeqConfig, T5Config,
+                              check_architecture)
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -21,7 +22,7 @@ def read_json(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path} is not valid JSON ({exc}); the model directory is corrupt") from exc
 
 
-def load_hf_config(model_dir: Path) -> ModelConfig | Seq2SeqConfig:
+def load_hf_config(model_dir: Path) -> ModelConfig | Seq2SeqConfig | T5Config:
     """The model's config; an architecture we do not run is refused before any of its fields is read."""
     raw = read_json(model_dir / "config.json")
     architectures = raw.get("architectures") or []
@@ -36,7 +37,8 @@ def load_hf_config(model_dir: Path) -> ModelConfig | Seq2SeqConfig:
         # what generate() starts the decoder with and forces first: generation_config.json's, else config.json's
         start, forced_bos = (generation[key] if generation.get(key) is not None else raw.get(key)
                              for key in ("decoder_start_token_id", "forced_bos_token_id"))
-        return Seq2SeqConfig.from_hf({**raw, "decoder_start_token_id": start}, eos, forced_bos)
+        config_class = T5Config if architectures[0] == "T5ForConditionalGeneration" else Seq2SeqConfig
+        return config_class.from_hf({**raw, "decoder_start_token_id": start}, eos, forced_bos)
     # transformers 5 keeps rope settings in rope_parameters; older configs use rope_theta + rope_scaling
     rope = dict(raw.get("rope_parameters") or {})
     rope_theta = rope.pop("rope_theta", raw.get("rope_theta", 10000.0))

@@ -1,4 +1,4 @@
-"""Encoder-decoder models (BART, Marian, mBART, M2M100) against transformers on the same weights, fp32 on the CPU:
+"""Encoder-decoder models (BART, Marian, mBART, M2M100, T5 v1.0 and v1.1) against transformers on the same weights, fp32 on the CPU:
 greedy tokens of a mixed batch whose requests arrive at different steps (one with a decoder prompt computed in
 chunks), under preemption, and beam search hypotheses and scores.
 """
@@ -77,7 +77,7 @@ def test_text_prompt_and_output_fields(tiny_seq2seq):
     assert output.outputs[0].text == llm.get_tokenizer().decode(output.outputs[0].token_ids)
 
 
-@pytest.mark.parametrize("family", ["bart", "m2m_100"])
+@pytest.mark.parametrize("family", ["bart", "m2m_100", "t5_v1_1"])
 def test_greedy_tokens_survive_preemption(tiny_seq2seq, family):
     """A pool too small for all at once: requests are preempted (their cross blocks freed, their encoders run
     again on re-admission) and still give transformers' tokens."""
@@ -123,7 +123,8 @@ def hf_beam_search(model, encoder_ids: list[int], width: int, max_tokens: int, l
 
 @pytest.mark.parametrize("family, width, length_penalty, early_stopping",
                          [("bart", 1, 1.0, False), ("bart", 2, 1.0, False), ("bart", 4, 1.0, True),
-                          ("marian", 4, 0.5, False), ("m2m_100", 4, -0.5, True), ("mbart", 2, 2.0, "never")])
+                          ("marian", 4, 0.5, False), ("m2m_100", 4, -0.5, True), ("mbart", 2, 2.0, "never"),
+                          ("t5", 4, 1.0, False), ("t5_v1_1", 2, 0.5, True)])
 def test_beam_search_matches_transformers(tiny_seq2seq, family, width, length_penalty, early_stopping):
     directory, model = tiny_seq2seq[family]
     llm = make_llm(directory)
