@@ -9,6 +9,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, p
 from tokenizers.models import BPE
 
 from fasterllm.loader.hf_checkpoint import read_json
+from fasterllm.loader.marian_tokenizer import is_marian_directory, marian_tokenizer
 
 _GGUF_CONTROL_TOKEN = 3
 
@@ -113,11 +114,15 @@ def _token_content(value: Any) -> str | None:
 
 
 def load_hf_tokenizer(model_dir: Path, extra_eos_ids: list[int]) -> TokenizerWrapper:
+    """tokenizer.json, or a Marian directory's SentencePiece files (loader/marian_tokenizer.py)."""
     path = model_dir / "tokenizer.json"
-    if not path.is_file():
+    if path.is_file():
+        tokenizer = Tokenizer.from_file(str(path))
+    elif is_marian_directory(model_dir):
+        tokenizer = marian_tokenizer(model_dir)
+    else:
         raise FileNotFoundError(f"{model_dir} has no tokenizer.json; fasterllm needs a fast tokenizer file "
                                 "(save one with transformers' AutoTokenizer(...).save_pretrained)")
-    tokenizer = Tokenizer.from_file(str(path))
     # some tokenizer.json files carry padding/truncation (all-MiniLM-L6-v2: pad and cut to 128); the
     # engine checks lengths itself and never pads
     tokenizer.no_padding()
