@@ -15,7 +15,6 @@ import re
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fasterllm.config import KVCacheSpec, T5Config
