@@ -1,8 +1,10 @@
-"""Write a Llama-3-8B-shaped model directory with random bf16 weights, for GPU benchmarks (no hub needed).
+"""Write a Llama-3-8B-shaped (or SmolLM2-135M-shaped) model directory with random bf16 weights, for GPU benchmarks
+(no hub needed).
 
     python benchmarks/make_random_llama.py /tmp/llama3-8b-random            # the 8B shape, about 16 GB
     python benchmarks/make_random_llama.py /tmp/llama3-8b-2l --num-layers 2  # the same shape, 2 layers (a quick check)
     python benchmarks/make_random_llama.py /tmp/llama3-8b --config-only       # for `--load-format dummy`
+    python benchmarks/make_random_llama.py /tmp/smollm2 --shape smollm2-135m --config-only  # SmolLM2-135M's shape
 
 The tokenizer is word-level ("w0 w1 ..." over the whole 128256-token vocabulary) with a minimal
 chat template: `fasterllm bench serve` sends token ids, so only decoding speed matters. Needs
@@ -28,6 +30,18 @@ def llama3_8b_config(num_layers: int):
                        bos_token_id=128000, eos_token_id=128001)
 
 
+def smollm2_135m_config(num_layers: int):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=num_layers,
+                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                       rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, tie_word_embeddings=True,
+                       bos_token_id=1, eos_token_id=2)
+
+
+SHAPES = {"llama3-8b": (llama3_8b_config, 32), "smollm2-135m": (smollm2_135m_config, 30)}
+
+
 def save_word_tokenizer(directory: Path, vocab_size: int, bos_id: int, eos_id: int) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -46,14 +60,16 @@ def save_word_tokenizer(directory: Path, vocab_size: int, bos_id: int, eos_id: i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directory", type=Path)
-    parser.add_argument("--num-layers", type=int, default=32, help="32 for Llama-3-8B")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
+    parser.add_argument("--num-layers", type=int, default=None, help="default: the shape's (32 for Llama-3-8B)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--config-only", action="store_true",
                         help="config.json and tokenizer only: for --load-format dummy (random weights at load)")
     ns = parser.parse_args()
     from transformers import LlamaForCausalLM
 
-    config = llama3_8b_config(ns.num_layers)
+    make_config, default_layers = SHAPES[ns.shape]
+    config = make_config(ns.num_layers or default_layers)
     if ns.config_only:
         config.architectures = ["LlamaForCausalLM"]
         config.save_pretrained(ns.directory)

@@ -75,6 +75,14 @@ def test_text_prompt_and_output_fields(tiny_seq2seq):
     assert output.prompt_token_ids == [model.config.decoder_start_token_id]
     assert output.outputs[0].token_ids == reference_tokens(model, encoder_ids, 6)
     assert output.outputs[0].text == llm.get_tokenizer().decode(output.outputs[0].token_ids)
+    # logprobs of each generated token, and a stop string cutting the text where it appears
+    first_word = output.outputs[0].text.split()[0]
+    [stopped] = llm.generate(text, SamplingParams(max_tokens=6, temperature=0, logprobs=2, stop=[first_word]),
+                             use_tqdm=False)
+    completion = stopped.outputs[0]
+    assert completion.text == "" and completion.finish_reason == "stop" and completion.stop_reason == first_word
+    assert len(completion.logprobs) == len(completion.token_ids) == 1
+    assert completion.logprobs[0][completion.token_ids[0]].rank == 1
 
 
 @pytest.mark.parametrize("family", ["bart", "m2m_100", "t5_v1_1"])
