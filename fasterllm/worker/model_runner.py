@@ -241,11 +241,11 @@ class ModelRunner:
                                            self.model_config.sliding_window)
             if cross is not None:
                 meta.cross = AttentionMetadata.build_cross(query_lens, *cross, self.block_size, self.device)
-            input_ids = torch.tensor(token_ids)
+            input_ids = torch.tensor(token_ids, device=self.device)  # a GPU runs this path for T5
             if carried is not None:
                 input_ids[carried[0]] = carried[1]
             return self.model(input_ids, meta.positions, self.kv_caches, meta,
-                              torch.tensor(logits_rows, dtype=torch.long))
+                              torch.tensor(logits_rows, dtype=torch.long, device=self.device))
         num_seqs = len(query_lens)
         decode = len(token_ids) == num_seqs and logits_rows == list(range(num_seqs))
         size = self.graphs.padded_size(num_seqs) if self.graphs is not None and decode else None
