@@ -2,7 +2,7 @@
 torch.profiler (GPU kernel time summed, top kernels by total time).
 
     python3 benchmarks/profile_engine_gpu.py --model DIR --load-format dummy [--quantization int8]
-        [--num-prompts 64 --input-len 512 --output-len 256]
+        [--num-prompts 64 --input-len 512 [--input-len-max 1024] --output-len 256 --max-num-seqs 256]
 
 Wall time per step next to GPU kernel time per step tells a GPU-bound engine (they match) from a host-bound one.
 """
@@ -25,14 +25,17 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=1)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--input-len-max", type=int, default=None, help="prompt lengths uniform in [input-len, this]")
+    parser.add_argument("--max-num-seqs", type=int, default=128)
     parser.add_argument("--max-model-len", type=int, default=4096)
     args = parser.parse_args()
     engine = Engine(EngineArgs(model=args.model, dtype="bfloat16", max_model_len=args.max_model_len,
                                gpu_memory_utilization=0.75, load_format=args.load_format,
-                               quantization=args.quantization))
+                               quantization=args.quantization, max_num_seqs=args.max_num_seqs))
 
     def run(seed: int) -> dict[str, float]:  # fresh prompts each run: no prefix-cache hits
-        return run_engine(engine, random_prompts(engine, args.num_prompts, args.input_len, seed), args.output_len)
+        prompts = random_prompts(engine, args.num_prompts, args.input_len, seed, input_len_max=args.input_len_max)
+        return run_engine(engine, prompts, args.output_len)
 
     run(0)  # warm-up
     timed = run(1)
@@ -43,7 +46,7 @@ def main() -> None:
     gpu = sum(event.self_device_time_total for event in prof.key_averages()) / 1e6
     print(f"profiled: wall {profiled['seconds']:.3f} s, GPU time (kernels, copies, memsets) {gpu:.3f} s "
           f"({gpu / profiled['steps'] * 1e3:.2f} ms a step)")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=70))
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
 
 
 if __name__ == "__main__":

@@ -78,7 +78,8 @@ ENCODER_DECODER_ARCHITECTURES = {"BartForConditionalGeneration": "bart", "MBartF
 def check_architecture(architecture: str) -> None:
     if architecture not in DECODER_ARCHITECTURES and architecture not in ENCODER_DECODER_ARCHITECTURES:
         raise ValueError(f"Model architecture {architecture!r} is not supported; supported: "
-                         f"{', '.join(sorted([*DECODER_ARCHITECTURES, *ENCODER_DECODER_ARCHITECTURES]))}")
+                         f"{', '.join(sorted(DECODER_ARCHITECTURES))} (decoder-only), "
+                         f"{', '.join(sorted(ENCODER_DECODER_ARCHITECTURES))} (encoder-decoder)")
 
 
 # Hugging Face activation_function / T5's feed_forward_proj activation -> ours (models/bart.py, models/t5.py)

@@ -160,15 +160,17 @@ class Engine:
 
     def _launch_lookahead(self, batch: ScheduledBatch,
                           pending: PendingOutput) -> tuple[ScheduledBatch, PendingOutput] | None:
-        """Schedule and launch the next step now, each row's input being this step's sampled id still on
-        the device, where the scheduler finds nothing needs this step's tokens on the host first. A request
-        that then ends in this step wastes its lookahead row, which is dropped."""
+        """Schedule and launch the next step now, where the scheduler finds nothing needs this step's tokens on
+        the host first: each decode row's input is this step's sampled id still on the device, prompt chunks go on,
+        waiting requests are admitted. A request that then ends in this step wastes its lookahead row, which is
+        dropped."""
         lookahead = self.scheduler.schedule_lookahead(batch, pending.request_ids)
         if lookahead is None:
             return None
+        self.structured.attach_masks(lookahead)  # a request admitted here may sample under a grammar
         try:
             launched = self.runner.execute(lookahead.message)
-        except Exception:  # nothing was recorded: the next step schedules them again, synchronously
+        except Exception:  # nothing was accounted: the next step schedules every chunk again, synchronously
             logger.warning("a lookahead step failed to launch; continuing synchronously", exc_info=True)
             return None
         return lookahead, launched

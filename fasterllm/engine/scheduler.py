@@ -32,14 +32,17 @@ class ScheduledRequest:
     # a lookahead step (asynchronous scheduling) is scheduled before the step in flight has appended its
     # token: its one new token is that step's sample, at position num_tokens
     lookahead: bool = False
-    start: int = field(init=False)  # position of the first new token
+    # position of the first new token: num_computed_tokens unless given (a prompt chunk scheduled while the step
+    # computing the chunk before it is in flight starts after that chunk)
+    start: int | None = None
     samples: bool = field(init=False)  # this chunk reaches the last known token: the step yields a new one
 
     def __post_init__(self) -> None:
         if self.lookahead:
             self.start, self.samples = self.request.num_tokens, True
         else:
-            self.start = self.request.num_computed_tokens
+            if self.start is None:
+                self.start = self.request.num_computed_tokens
             self.samples = self.start + self.num_new_tokens == self.request.num_tokens
 
 
@@ -153,8 +156,9 @@ class Scheduler:
             message.cross_tables = self.kv_cache.take_cross_tables(scheduled_ids)
         return out
 
-    def _chunk(self, request: Request, budget: int) -> int:
-        num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+    def _chunk(self, request: Request, budget: int, start: int | None = None) -> int:
+        """The request's next chunk from `start` (default: its computed tokens), within the budget and the cap."""
+        num_new = min(request.num_tokens - (request.num_computed_tokens if start is None else start), budget)
         threshold = self.config.long_prefill_token_threshold
         return min(num_new, threshold) if threshold else num_new
 
@@ -293,28 +297,43 @@ class AsyncScheduler(Scheduler):
     """Asynchronous scheduling: the next decode step can be scheduled while the step before it still runs."""
 
     def schedule_lookahead(self, in_flight: ScheduledBatch, sampled_ids: list[str]) -> ScheduledBatch | None:
-        """The next step, scheduled while the step in flight still runs: each running request decodes the
-        token that step samples for it (sampled_ids: the request of each sampled row; the worker takes the
-        token from that step's samples). A request at its token limit after that token is left out (it
-        finishes). Only where nothing needs the in-flight tokens on the host first (every request samples
-        one row, none is in a group, has a grammar or logit controls: those read the tokens) and for a plain step:
-        nothing queued to admit or swap in, every running request in flight, and blocks for all without
-        preempting; otherwise None, and the next step is scheduled once the tokens are read."""
+        """The next step, scheduled while the step in flight still runs: each request that step samples decodes the
+        token it samples (sampled_ids: the request of each sampled row; the worker takes the token from that step's
+        samples; a request at its token limit after that token is left out, it finishes), a prompt that step computes
+        a chunk of goes on with its next chunk, other running requests with theirs, then waiting requests are
+        admitted with the budget left. Only where nothing needs the in-flight tokens on the host first (each sampling
+        request samples one row, none is in a group, has a grammar or logit controls: those read the tokens),
+        nothing is swapped out, and every chunk gets its blocks without preempting; otherwise None, and the next
+        step is scheduled once the tokens are read."""
         flying = set(sampled_ids)
-        if not flying or len(flying) != len(sampled_ids) or any(
-                not item.samples or item.request.group is not None or item.request.matcher is not None
-                or item.request.sampling_params.controls_logits for item in in_flight.scheduled):
+        if len(flying) != len(sampled_ids) or self.swapped or any(
+                item.request.group is not None or item.request.matcher is not None
+                or item.request.sampling_params.controls_logits for item in in_flight.scheduled if item.samples):
             return None
-        if self.waiting or self.swapped or any(r.request_id not in flying for r in self.running):
-            return None
-        going_on = [r for r in self.running if len(r.output_token_ids) + 1 < r.max_tokens]
-        if not going_on or len(going_on) > self.config.max_num_batched_tokens:
-            return None
-        for request in going_on:  # the in-flight step's tokens were allocated; one more each
-            if not self.kv_cache.allocate_slots(request, request.num_tokens - request.num_computed_tokens + 1):
+        in_flight_chunks = {id(item.request): item.num_new_tokens for item in in_flight.scheduled if not item.samples}
+        out = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+        # decodes first (they are the latency), then chunks, as schedule() orders its budget
+        for request in sorted(self.running, key=lambda r: r.request_id not in flying):
+            if request.request_id in flying:
+                if len(request.output_token_ids) + 1 >= request.max_tokens:
+                    continue
+                item = ScheduledRequest(request, 1, lookahead=True)
+                ahead = request.num_tokens - request.num_computed_tokens + 1  # the in-flight token, then this one
+            else:
+                start = request.num_computed_tokens + in_flight_chunks.get(id(request), 0)
+                num_new = self._chunk(request, budget, start)
+                if num_new <= 0:
+                    continue
+                item = ScheduledRequest(request, num_new, start=start)
+                ahead = start - request.num_computed_tokens + num_new
+            if budget < item.num_new_tokens or not self.kv_cache.allocate_slots(request, ahead):
                 return None  # what was taken stays in the tables: the next step needs it anyway
-        return self._with_message(ScheduledBatch([ScheduledRequest(r, 1, lookahead=True) for r in going_on]))
-
+            out.scheduled.append(item)
+            budget -= item.num_new_tokens
+        if budget > 0:
+            self._admit_waiting(out, budget)
+        return self._with_message(out) if out.scheduled else None
 
 def _num_sequences(requests: list[Request]) -> int:
     """The sequences these requests run as, or will once their first step forks them: a search counts its width,

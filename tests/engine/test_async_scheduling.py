@@ -103,3 +103,28 @@ def test_a_reused_request_id_never_gets_a_dropped_lookahead_token(engines):
         return [o.outputs[0].token_ids for o in outputs if o.finished]
 
     assert run(lookahead) == run(sync)
+
+
+def test_prompt_chunks_and_admissions_go_on_while_a_step_is_in_flight(monkeypatch):
+    """Long prompts in chunks of 8 and more requests than max_num_seqs: lookahead steps carry the next chunk of a
+    prompt whose chunk is in flight and admit waiting requests, and every output is the synchronous engine's."""
+    def make(async_scheduling: bool) -> LLM:
+        return LLM(None, dtype="float32", device="cpu", max_model_len=256, num_kv_blocks=64, block_size=16,
+                   async_scheduling=async_scheduling, long_prefill_token_threshold=8, max_num_seqs=3)
+    sync, lookahead = make(False), make(True)
+    chunked = []  # lookahead steps holding a prompt chunk (not only decodes)
+    scheduler = lookahead.engine.scheduler
+    original = scheduler.schedule_lookahead
+
+    def spy(in_flight, sampled_ids):
+        out = original(in_flight, sampled_ids)
+        if out is not None and any(not item.lookahead for item in out.scheduled):
+            chunked.append(out)
+        return out
+    monkeypatch.setattr(scheduler, "schedule_lookahead", spy)
+    prompts = [p + " and then, as everyone expected, the story went on" for p in PROMPTS]
+    params = [SamplingParams(temperature=0, max_tokens=6 + i) for i in range(len(prompts))]
+    assert summary(lookahead.generate(prompts, params, use_tqdm=False)) == summary(
+        sync.generate(prompts, params, use_tqdm=False))
+    assert chunked
+    assert lookahead.engine.kv_cache.usage == 0
