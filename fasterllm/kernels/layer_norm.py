@@ -17,12 +17,13 @@ import triton.language as tl
 @triton.jit
 def _add_bias_residual_layer_norm_kernel(x_ptr, bias_ptr, residual_ptr, weight_ptr, norm_bias_ptr, out_ptr, eps,
                                          stride_x, stride_r, stride_out, HIDDEN: tl.constexpr,
-                                         BLOCK: tl.constexpr):
+                                         BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < HIDDEN
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    x += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        x += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     x += tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
     mean = tl.sum(x, axis=0) / HIDDEN
     centred = tl.where(mask, x - mean, 0.0)
@@ -33,29 +34,31 @@ def _add_bias_residual_layer_norm_kernel(x_ptr, bias_ptr, residual_ptr, weight_p
              mask=mask)
 
 
-def add_bias_residual_layer_norm(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                                 norm_bias: torch.Tensor, eps: float) -> torch.Tensor:
-    """x, residual [T, H]; bias, weight, norm_bias [H] -> LayerNorm(x + bias + residual) * weight + norm_bias."""
+def add_bias_residual_layer_norm(x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
+                                 weight: torch.Tensor, norm_bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """x, residual [T, H]; bias (None: x has its bias already), weight, norm_bias [H] ->
+    LayerNorm(x + bias + residual) * weight + norm_bias."""
     if x.dim() != 2 or residual.shape != x.shape or residual.dtype != x.dtype:
         raise ValueError(f"x and residual must be [T, H] of one dtype; got x {tuple(x.shape)} {x.dtype}, "
                          f"residual {tuple(residual.shape)} {residual.dtype}")
-    if any(t.shape != x.shape[1:] for t in (bias, weight, norm_bias)):
-        raise ValueError(f"bias, weight and norm_bias must be [{x.shape[1]}]; got {tuple(bias.shape)}, "
-                         f"{tuple(weight.shape)}, {tuple(norm_bias.shape)}")
-    if any(t.stride(-1) != 1 for t in (x, residual, bias, weight, norm_bias)):
+    vectors = [t for t in (bias, weight, norm_bias) if t is not None]
+    if any(t.shape != x.shape[1:] for t in vectors):
+        raise ValueError(f"bias, weight and norm_bias must be [{x.shape[1]}]; got "
+                         f"{', '.join(str(tuple(t.shape)) for t in vectors)}")
+    if any(t.stride(-1) != 1 for t in (x, residual, *vectors)):
         raise ValueError("every input needs a contiguous last dim (stride 1)")
     num_tokens, hidden = x.shape
     out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
     if num_tokens:
         block = triton.next_power_of_2(hidden)
         _add_bias_residual_layer_norm_kernel[(num_tokens,)](
-            x, bias, residual, weight, norm_bias, out, eps, x.stride(0), residual.stride(0), out.stride(0),
-            HIDDEN=hidden, BLOCK=block, num_warps=4 if block <= 1024 else 8)
+            x, weight if bias is None else bias, residual, weight, norm_bias, out, eps, x.stride(0), residual.stride(0),
+            out.stride(0), HIDDEN=hidden, BLOCK=block, HAS_BIAS=bias is not None, num_warps=4 if block <= 1024 else 8)
     return out
 
 
-def add_bias_residual_layer_norm_reference(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
+def add_bias_residual_layer_norm_reference(x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
                                            weight: torch.Tensor, norm_bias: torch.Tensor, eps: float) -> torch.Tensor:
     """The same computation in torch, fp32 throughout, rounded once at the end (as the kernel)."""
-    summed = x.float() + bias.float() + residual.float()
+    summed = x.float() + residual.float() + (0.0 if bias is None else bias.float())
     return F.layer_norm(summed, x.shape[1:], weight.float(), norm_bias.float(), eps).to(x.dtype)

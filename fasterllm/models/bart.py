@@ -32,8 +32,15 @@ LEARNED_POSITION_OFFSET = 2  # BART's learned position table keeps two rows befo
 
 def _residual(x: torch.Tensor, norm: nn.LayerNorm, block: Callable[[torch.Tensor], torch.Tensor],
               pre_norm: bool) -> torch.Tensor:
-    """x + block(norm(x)) (pre-norm: mBART, M2M100) or norm(x + block(x)) (post-norm: BART, Marian)."""
-    return x + block(norm(x)) if pre_norm else norm(x + block(x))
+    """x + block(norm(x)) (pre-norm: mBART, M2M100) or norm(x + block(x)) (post-norm: BART, Marian; on a GPU the
+    add and the norm are one Triton launch)."""
+    if pre_norm:
+        return x + block(norm(x))
+    if x.is_cuda:
+        from fasterllm.kernels.layer_norm import add_bias_residual_layer_norm
+
+        return add_bias_residual_layer_norm(block(x), None, x, norm.weight, norm.bias, norm.eps)
+    return norm(x + block(x))
 
 
 class EncoderLayer(nn.Module):

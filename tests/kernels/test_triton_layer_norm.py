@@ -45,6 +45,13 @@ def test_kernel_equals_the_unfused_layer_sequence_in_fp32():
                                atol=1e-5, rtol=1e-5)
 
 
+def test_without_a_bias_the_rows_are_summed_with_the_residual_only():
+    """bias=None: x carries its bias already (a post-norm encoder-decoder layer's projection output)."""
+    x, _, residual, weight, norm_bias = inputs(6, 96, torch.float32)
+    torch.testing.assert_close(add_bias_residual_layer_norm(x, None, residual, weight, norm_bias, EPS),
+                               F.layer_norm(x + residual, (96,), weight, norm_bias, EPS), atol=1e-5, rtol=1e-5)
+
+
 def test_strided_rows_are_read_by_their_stride():
     x, bias, residual, weight, norm_bias = inputs(4, 64, torch.float32)
     wide = torch.cat([x, torch.full_like(x, 1e4)], dim=1)  # rows of x inside a wider tensor
