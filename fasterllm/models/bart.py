@@ -23,6 +23,7 @@ from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.attention_layer import Attention, CrossAttention
 from fasterllm.layers.linear import pack_linears
 from fasterllm.layers.varlen_attention import VarlenBatch, varlen_attention
+from fasterllm.models.checkpoint_copier import CheckpointCopier
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
@@ -173,34 +174,15 @@ class BartForConditionalGeneration(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors (Hugging Face names) in, fusing q/k/v and the cross k/v as they arrive."""
         cfg = self.config
-        params = dict(self.named_parameters())
-        expected = {name for name in params if not (name == "lm_head.weight" and cfg.tie_word_embeddings)}
-        loaded: set[str] = set()
-        hidden = cfg.hidden_size
+        copier = CheckpointCopier(self, cfg.architecture, {"qkv_proj": 3, "cross_kv_proj": 2})
         for hf_name, tensor in weights:
             ours = _our_name(hf_name, cfg)
             if ours is None:
                 continue  # a copy of a tied table, or sinusoids we compute
-            target, third = ours
-            if target == "lm_head.bias":
+            if ours[0] == "lm_head.bias":
                 tensor = tensor.reshape(-1)  # final_logits_bias is stored [1, vocab]
-            if target not in params:
-                raise ValueError(f"checkpoint tensor {hf_name!r} does not belong to a {cfg.architecture} with this "
-                                 "config; the checkpoint and its config disagree")
-            dest = params[target] if third is None else params[target].narrow(0, third * hidden, hidden)
-            if dest.shape != tensor.shape:
-                raise ValueError(f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)} but the config "
-                                 f"implies {tuple(dest.shape)}; the checkpoint and its config disagree")
-            dest.copy_(tensor)
-            loaded.add(target if third is None else f"{target}#{third}")
-        for name in [name for name in expected if name.split(".")[-2] in ("qkv_proj", "cross_kv_proj")]:
-            parts = 3 if name.split(".")[-2] == "qkv_proj" else 2
-            if all(f"{name}#{third}" in loaded for third in range(parts)):
-                loaded.add(name)
-        missing = expected - loaded
-        if missing:
-            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}; "
-                             "the file is incomplete or for another architecture")
+            copier.copy(hf_name, *ours, tensor)
+        copier.check_complete({"lm_head.weight"} if cfg.tie_word_embeddings else set())
 
 
 # Hugging Face names (the "model." prefix removed) -> ours: (name, which third of a fused projection or None)

@@ -23,6 +23,7 @@ from fasterllm.layers.attention_layer import Attention, CrossAttention
 from fasterllm.layers.linear import pack_linears
 from fasterllm.layers.norm import RMSNorm
 from fasterllm.layers.varlen_attention import VarlenBatch, varlen_attention
+from fasterllm.models.checkpoint_copier import CheckpointCopier
 from fasterllm.models.bart import ACTIVATIONS
 
 
@@ -186,35 +187,13 @@ class T5ForConditionalGeneration(nn.Module):
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors (Hugging Face names) in, fusing q/k/v, the cross k/v and a gated FFN's two inputs."""
-        cfg = self.config
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
+        copier = CheckpointCopier(self, self.config.architecture, _PARTS)
         for hf_name, tensor in weights:
             ours = _our_name(hf_name)
-            if ours is None:
-                continue
-            target, part = ours
-            if target not in params:
-                raise ValueError(f"checkpoint tensor {hf_name!r} does not belong to a {cfg.architecture} with this "
-                                 "config; the checkpoint and its config disagree")
-            rows = params[target].shape[0] // _PARTS.get(target.split(".")[-2], 1)
-            dest = params[target] if part is None else params[target].narrow(0, part * rows, rows)
-            if dest.shape != tensor.shape:
-                raise ValueError(f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)} but the config "
-                                 f"implies {tuple(dest.shape)}; the checkpoint and its config disagree")
-            dest.copy_(tensor)
-            loaded.add(target if part is None else f"{target}#{part}")
-        self.tied_head = "lm_head.weight" not in loaded
-        for name in params:
-            parts = _PARTS.get(name.split(".")[-2], 1)
-            if name.endswith("wi.weight") and not cfg.gated_ffn:
-                parts = 1
-            if parts > 1 and all(f"{name}#{part}" in loaded for part in range(parts)):
-                loaded.add(name)
-        missing = set(params) - loaded - ({"lm_head.weight"} if self.tied_head else set())
-        if missing:
-            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}; "
-                             "the file is incomplete or for another architecture")
+            if ours is not None:
+                copier.copy(hf_name, *ours, tensor)
+        self.tied_head = not copier.has("lm_head.weight")
+        copier.check_complete({"lm_head.weight"} if self.tied_head else set())
 
 
 _PARTS = {"qkv_proj": 3, "cross_kv_proj": 2, "wi": 2}  # fused projections: how many checkpoint tensors each holds
