@@ -27,6 +27,10 @@ SHAPES = {
     "bart-large": ("BartConfig", dict(vocab_size=50265, d_model=1024, encoder_layers=12, decoder_layers=12,
                                       encoder_attention_heads=16, decoder_attention_heads=16, encoder_ffn_dim=4096,
                                       decoder_ffn_dim=4096, max_position_embeddings=1024)),
+    # google/flan-t5-large: 24 + 24 layers, d_model 1024, 16 heads of 64, gated GELU FFN of 2816, untied head
+    "flan-t5-large": ("T5Config", dict(vocab_size=32128, d_model=1024, d_kv=64, d_ff=2816, num_layers=24,
+                                       num_decoder_layers=24, num_heads=16, feed_forward_proj="gated-gelu",
+                                       tie_word_embeddings=False, decoder_start_token_id=0, eos_token_id=1)),
 }
 
 
@@ -51,7 +55,7 @@ def main() -> None:
         model = transformers.AutoModelForSeq2SeqLM.from_config(config)  # initialised N(0, 0.02)
         model.save_pretrained(ns.directory, safe_serialization=True)
         print(f"wrote {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters to {ns.directory}")
-    save_word_tokenizer(ns.directory, config.vocab_size, config.bos_token_id or eos, eos)
+    save_word_tokenizer(ns.directory, config.vocab_size, getattr(config, "bos_token_id", None) or eos, eos)
 
 
 if __name__ == "__main__":

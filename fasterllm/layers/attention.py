@@ -50,6 +50,7 @@ class KernelInputs:
     query_start_loc: torch.Tensor  # [S + 1] int32: sequence s owns new-token rows [start[s], start[s + 1])
     max_query_len: int
     sliding_window: int | None
+    position_bias: torch.Tensor | None = None  # T5: [distance rows, Hq] added to the scores (set by the model)
 
 
 @dataclass
@@ -192,7 +193,7 @@ def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv
         rotary_and_store_kv(query, key, value, meta.positions, cos_sin, kv_cache[0], kv_cache[1], meta.slot_mapping)
     k = meta.kernel
     out = paged_attention_kernel(query, kv_cache[0], kv_cache[1], k.block_tables, k.seq_lens, k.query_start_loc,
-                                 k.max_query_len, scale, k.sliding_window)
+                                 k.max_query_len, scale, k.sliding_window, position_bias=k.position_bias)
     return out.view(qkv.shape[0], num_heads * qkv.shape[2])
 
 

@@ -5,8 +5,9 @@ step over a flat batch of new decoder tokens.
 T5 differs from BART in four ways, each handled here: no position embeddings but a learned bias per head and
 relative-distance bucket added to the attention scores (bidirectional buckets in the encoder, causal ones in the
 decoder; computed once per step and shared by all layers, AttentionMetadata.add_position_bias); unscaled scores;
-pre-norm RMS-style norms without biases; an FFN that may be gated (v1.1). Attention with a bias runs the torch path
-(on a GPU too): the Triton kernels take no bias.
+pre-norm RMS-style norms without biases; an FFN that may be gated (v1.1). On a GPU the decoder's self-attention
+takes its bias in the Triton paged kernel, from a table of the bias of each distance back (causal_bias_table); the
+encoder's bidirectional bias runs through SDPA (the varlen kernel takes none).
 """
 from __future__ import annotations
 
@@ -125,11 +126,15 @@ class T5Stack(nn.Module):
                                            cfg.num_buckets, cfg.max_distance)
         return self.relative_bias(buckets).permute(2, 0, 1)
 
+    def causal_bias_table(self) -> torch.Tensor:
+        """[max_distance + 1, heads]: row d is the bias of a key d positions back (every longer distance shares the
+        last row's bucket), the form the Triton kernels read."""
+        distances = torch.arange(self.config.max_distance + 1, device=self.relative_bias.weight.device)
+        return self.position_bias(distances, torch.zeros_like(distances[:1]))[:, :, 0].t().contiguous()
+
 
 class T5ForConditionalGeneration(nn.Module):
     """Encoder-decoder over flat token batches: encode() once per request, forward() every step."""
-
-    relative_position_bias = True  # its attention adds a bias the Triton kernels do not take: torch path only
 
     def __init__(self, cfg: T5Config, max_positions: int, device: torch.device, dtype: torch.dtype):
         super().__init__()
@@ -142,6 +147,7 @@ class T5ForConditionalGeneration(nn.Module):
         self.to(dtype).to_empty(device=device).requires_grad_(False)
         self.output_scale = cfg.hidden_size ** -0.5 if cfg.scale_decoder_outputs else 1.0
         self.tied_head = True  # until load_weights finds a head of the checkpoint's own
+        self.bias_table: torch.Tensor | None = None  # the decoder's, for the kernels: made on the first GPU step
 
     def kv_cache_specs(self) -> list[KVCacheSpec]:
         """The decoder's self-attention layers, then its cross-attention layers (a second cache group)."""
@@ -177,7 +183,12 @@ class T5ForConditionalGeneration(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,
                 meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """Flat batch of new decoder tokens -> fp32 logits of the rows in logits_indices only."""
-        meta.add_position_bias(self.decoder.position_bias)
+        if meta.kernel is None:
+            meta.add_position_bias(self.decoder.position_bias)
+        else:  # before any CUDA graph is captured: the first forward is an eager one
+            if self.bias_table is None:
+                self.bias_table = self.decoder.causal_bias_table()
+            meta.kernel.position_bias = self.bias_table
         hidden, residual = self.embed_tokens(input_ids), None
         for layer, kv_cache in zip(self.decoder.layers, kv_caches):
             hidden, residual = layer(hidden, residual, kv_cache, meta)

@@ -68,8 +68,7 @@ class ModelRunner:
 
     def prepare_inputs(self, block_size: int, sched: SchedulerConfig) -> None:
         """On a GPU, the fixed buffers every step's inputs are staged into (the Triton kernels' path)."""
-        # a model whose attention adds a position bias (T5) runs the torch path on a GPU too: the kernels take none
-        if self.device.type == "cuda" and not getattr(self.model, "relative_position_bias", False):
+        if self.device.type == "cuda":
             longest = max(self.max_model_len, sched.max_num_batched_tokens)
             cross_blocks = -(-self.model_config.max_encoder_len // block_size) if self.encoder_decoder else 0
             self.buffers = InputBuffers(sched.max_num_batched_tokens, sched.max_num_seqs, -(-longest // block_size),

@@ -149,3 +149,25 @@ def test_cross_attention_sees_every_encoder_key(splits):
     kv_cache = torch.stack([args["key_cache"], args["value_cache"]])
     expected = layers_attention.paged_attention(args["query"], None, None, kv_cache, meta.cross, args["scale"])
     torch.testing.assert_close(got.flatten(1), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("splits", [None, 3])
+def test_position_bias_table_matches_reference_and_the_model_path(splits):
+    """T5's causal relative-position bias: a [rows, Hq] table of the bias of a key d positions back (longer
+    distances use the last row), added to the scores; the kernel, its reference and the torch path agree."""
+    query_lens = [1, 1, 1] if splits else MIXED[1]
+    context_lens = [0, 150, 33] if splits else MIXED[0]
+    args = make_batch(context_lens, query_lens, 4, 4, 64, torch.float32, block_size=32 if splits else 16)
+    table = torch.randn(9, 4, generator=torch.Generator().manual_seed(3)).to(DEVICE)  # distances 0..7, then 8+
+    got = paged_attention(**args, position_bias=table, num_kv_splits=splits)
+    torch.testing.assert_close(got, paged_attention_reference(**args, position_bias=table), atol=1e-4, rtol=1e-4)
+    block_size = args["key_cache"].shape[1]
+    seq_lens = args["seq_lens"].tolist()
+    tables = [row[:-(-n // block_size)] for row, n in zip(args["block_tables"].tolist(), seq_lens)]
+    meta = layers_attention.AttentionMetadata.build(query_lens, seq_lens, tables, block_size, DEVICE)
+    meta.add_position_bias(lambda q, k: table[(q[:, None] - k[None, :]).clamp(0, 8)].permute(2, 0, 1))
+    kv_cache = torch.stack([args["key_cache"], args["value_cache"]])
+    flat = kv_cache.view(2, -1, 4, 64)
+    key, value = flat[0, meta.slot_mapping], flat[1, meta.slot_mapping]
+    expected = layers_attention.paged_attention(args["query"], key, value, kv_cache, meta, args["scale"])
+    torch.testing.assert_close(got.flatten(1), expected, atol=1e-4, rtol=1e-4)

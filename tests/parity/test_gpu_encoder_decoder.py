@@ -1,7 +1,7 @@
-"""On a GPU: encoder-decoder models through the Triton kernels (self-attention stored without rotary positions,
-cross-attention non-causal over the cross blocks, the encoder's varlen kernel) and decode steps replayed from CUDA
-graphs (T5: the torch path, its position bias is not in the kernels), fp32 against transformers on the GPU: greedy
-tokens of a staggered batch and beam search hypotheses. Skipped without CUDA."""
+"""On a GPU: encoder-decoder models through the Triton kernels (self-attention stored without rotary positions, T5's
+relative-position bias from its table, cross-attention non-causal over the cross blocks, the encoder's varlen
+kernel) and decode steps replayed from CUDA graphs, fp32 against transformers on the GPU: greedy tokens of a
+staggered batch and beam search hypotheses. Skipped without CUDA."""
 from __future__ import annotations
 
 import pytest
@@ -24,8 +24,7 @@ def gpu_llm(directory):
 def test_greedy_tokens_match_transformers_on_the_gpu(tiny_seq2seq, family):
     directory, model = tiny_seq2seq[family]
     llm = gpu_llm(directory)
-    # decode steps replay CUDA graphs; T5's position bias runs the torch path
-    assert (llm.engine.runner.graphs is None) == family.startswith("t5")
+    assert llm.engine.runner.graphs is not None  # decode steps replay CUDA graphs (T5's bias in the kernel too)
     prompts = INPUTS + [{"encoder_prompt": INPUTS[0], "decoder_prompt": DECODER_PROMPT}]
     got = run_staggered(llm, prompts, SamplingParams(max_tokens=12, temperature=0), arrivals=[0, 0, 2, 3, 1])
     model = model.cuda()
@@ -37,7 +36,7 @@ def test_greedy_tokens_match_transformers_on_the_gpu(tiny_seq2seq, family):
         model.cpu()
 
 
-@pytest.mark.parametrize("family", ["bart", "marian"])
+@pytest.mark.parametrize("family", ["bart", "marian", "t5_v1_1"])
 def test_beam_search_matches_transformers_on_the_gpu(tiny_seq2seq, family):
     directory, model = tiny_seq2seq[family]
     llm = gpu_llm(directory)
