@@ -10,7 +10,12 @@ from fasterllm.engine.embedding_engine import EmbeddingEngine
 from fasterllm.engine.engine import Engine
 from fasterllm.engine.input_processor import as_prompt_list, prompt_value
 from fasterllm.loader.tokenizer import TokenizerWrapper
-from fasterllm.outputs import BeamSearchOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from fasterllm.outputs import (
+    BeamSearchOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    RequestOutput,
+)
 from fasterllm.sampling_params import BeamSearchParams, SamplingParams
 
 # a text, a list of token ids, or vLLM's {"prompt": ...} / {"prompt_token_ids": [...]}

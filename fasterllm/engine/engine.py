@@ -7,10 +7,15 @@ import time
 import torch
 
 from fasterllm.config import CacheConfig, EngineArgs, SchedulerConfig
-from fasterllm.engine.beam_search import BeamSearch, continue_beams, end_beams, report_beams
+from fasterllm.engine.beam_search import (
+    BeamSearch,
+    continue_beams,
+    end_beams,
+    report_beams,
+)
 from fasterllm.engine.engine_stats import EngineStats
-from fasterllm.engine.kv_cache_manager import KVCacheManager, SwapSpace
 from fasterllm.engine.input_processor import InputProcessor
+from fasterllm.engine.kv_cache_manager import KVCacheManager, SwapSpace
 from fasterllm.engine.limits import check_kv_cache_fits, resolve_max_model_len
 from fasterllm.engine.output_processor import OutputProcessor
 from fasterllm.engine.parallel_sampling import fork_sample, name_samples

@@ -10,10 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fasterllm.config import Seq2SeqConfig
-
 from fasterllm.errors import InvalidInputError
 from fasterllm.sampling_params import SamplingParams
+from fasterllm.seq2seq_config import Seq2SeqConfig, T5Config
 
 
 def check_token_ids(token_ids: list, vocab_size: int, what: str, param: str | None = None) -> None:
@@ -67,7 +66,8 @@ class InputProcessor:
     """The checks that need the model: its tokenizer, vocabulary and context length (max_model_len); for an
     encoder-decoder model (seq2seq), its encoder's limit and its decoder's start tokens."""
 
-    def __init__(self, tokenizer, vocab_size: int, max_model_len: int, seq2seq: Seq2SeqConfig | None = None):
+    def __init__(self, tokenizer, vocab_size: int, max_model_len: int,
+                 seq2seq: Seq2SeqConfig | T5Config | None = None):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len

@@ -183,7 +183,9 @@ def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv
     place (cos_sin None: no rotary positions) and stores the new K/V by slot, then one launch attends every
     sequence (prefill, chunk or decode)."""
     from fasterllm.kernels.kv_store import store_kv as store_kv_kernel
-    from fasterllm.kernels.paged_attention import paged_attention as paged_attention_kernel
+    from fasterllm.kernels.paged_attention import (
+        paged_attention as paged_attention_kernel,
+    )
     from fasterllm.kernels.rotary import rotary_and_store_kv
 
     query, key, value = qkv.split([num_heads, num_kv_heads, num_kv_heads], dim=1)
@@ -200,7 +202,9 @@ def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv
 def cross_attend_with_kernels(query: torch.Tensor, kv_cache: torch.Tensor, cross: KernelInputs,
                               scale: float) -> torch.Tensor:
     """GPU cross-attention: query [T, H, D] over each sequence's cross blocks, all its keys visible -> [T, H * D]."""
-    from fasterllm.kernels.paged_attention import paged_attention as paged_attention_kernel
+    from fasterllm.kernels.paged_attention import (
+        paged_attention as paged_attention_kernel,
+    )
 
     out = paged_attention_kernel(query, kv_cache[0], kv_cache[1], cross.block_tables, cross.seq_lens,
                                  cross.query_start_loc, cross.max_query_len, scale, causal=False)

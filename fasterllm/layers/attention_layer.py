@@ -11,8 +11,13 @@ import torch
 from torch import nn
 
 from fasterllm.config import KVCacheSpec
-from fasterllm.layers.attention import (AttentionMetadata, attend_with_kernels, cross_attend_with_kernels,
-                                        paged_attention, store_kv)
+from fasterllm.layers.attention import (
+    AttentionMetadata,
+    attend_with_kernels,
+    cross_attend_with_kernels,
+    paged_attention,
+    store_kv,
+)
 from fasterllm.layers.rotary import apply_rotary
 
 

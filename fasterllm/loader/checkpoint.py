@@ -7,17 +7,22 @@ from pathlib import Path
 
 import torch
 
-from fasterllm.config import ModelConfig, Seq2SeqConfig
+from fasterllm.config import ModelConfig
 from fasterllm.loader.gguf_checkpoint import GGUFFile
 from fasterllm.loader.hf_checkpoint import iter_safetensors, load_hf_config
 from fasterllm.loader.model_source import ModelSource, resolve_model
-from fasterllm.loader.tokenizer import TokenizerWrapper, load_gguf_tokenizer, load_hf_tokenizer
+from fasterllm.loader.tokenizer import (
+    TokenizerWrapper,
+    load_gguf_tokenizer,
+    load_hf_tokenizer,
+)
+from fasterllm.seq2seq_config import Seq2SeqConfig, T5Config
 
 
 @dataclass
 class Checkpoint:
     source: ModelSource
-    config: ModelConfig | Seq2SeqConfig
+    config: ModelConfig | Seq2SeqConfig | T5Config
     tokenizer: TokenizerWrapper
     weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]  # Hugging Face names
     # a GGUF whose projections are all Q4_0/Q4_1: the same stream with those kept as blocks (quantization='gguf')

@@ -10,8 +10,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import safe_open
 
-from fasterllm.config import (ENCODER_DECODER_ARCHITECTURES, ModelConfig, Seq2SeqConfig, T5Config,
-                              check_architecture)
+from fasterllm.config import (
+    ENCODER_DECODER_ARCHITECTURES,
+    ModelConfig,
+    check_architecture,
+)
+from fasterllm.seq2seq_config import Seq2SeqConfig, T5Config
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -16,7 +16,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 from tokenizers.models import Unigram
 
 from fasterllm.loader.hf_checkpoint import read_json

@@ -5,7 +5,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, processors
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    pre_tokenizers,
+    processors,
+)
 from tokenizers.models import BPE
 
 from fasterllm.loader.hf_checkpoint import read_json

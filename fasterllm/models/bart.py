@@ -18,12 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fasterllm.config import KVCacheSpec, Seq2SeqConfig
+from fasterllm.config import KVCacheSpec
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.attention_layer import Attention, CrossAttention
 from fasterllm.layers.linear import pack_linears
 from fasterllm.layers.varlen_attention import VarlenBatch, varlen_attention
 from fasterllm.models.checkpoint_copier import CheckpointCopier
+from fasterllm.seq2seq_config import Seq2SeqConfig
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}

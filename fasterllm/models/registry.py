@@ -3,7 +3,11 @@ from __future__ import annotations
 
 from torch import nn
 
-from fasterllm.config import DECODER_ARCHITECTURES, ENCODER_DECODER_ARCHITECTURES, check_architecture
+from fasterllm.config import (
+    DECODER_ARCHITECTURES,
+    ENCODER_DECODER_ARCHITECTURES,
+    check_architecture,
+)
 from fasterllm.models.bart import BartForConditionalGeneration
 from fasterllm.models.llama import LlamaForCausalLM
 from fasterllm.models.t5 import T5ForConditionalGeneration

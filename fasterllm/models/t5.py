@@ -18,14 +18,15 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from fasterllm.config import KVCacheSpec, T5Config
+from fasterllm.config import KVCacheSpec
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.attention_layer import Attention, CrossAttention
 from fasterllm.layers.linear import pack_linears
 from fasterllm.layers.norm import RMSNorm
 from fasterllm.layers.varlen_attention import VarlenBatch, varlen_attention
-from fasterllm.models.checkpoint_copier import CheckpointCopier
 from fasterllm.models.bart import ACTIVATIONS
+from fasterllm.models.checkpoint_copier import CheckpointCopier
+from fasterllm.seq2seq_config import T5Config
 
 
 def relative_position_bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int,

@@ -14,8 +14,8 @@ from fasterllm.config import CacheConfig, KVCacheSpec, ModelConfig, SchedulerCon
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.worker.cuda_graphs import DecodeGraphs
-from fasterllm.worker.encoder_decoder_inputs import encode_starting, run_encoders
 from fasterllm.worker.decoder_builder import build_decoder
+from fasterllm.worker.encoder_decoder_inputs import encode_starting, run_encoders
 from fasterllm.worker.input_buffers import InputBuffers, host_to_device
 from fasterllm.worker.logit_controls import LogitControls
 from fasterllm.worker.request_states import RequestState, RequestStates

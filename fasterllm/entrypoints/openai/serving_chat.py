@@ -7,11 +7,19 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from jinja2 import TemplateError
-
 from starlette.responses import StreamingResponse
 
-from fasterllm.entrypoints.openai.protocol import ChatCompletionRequest, OpenAIError, usage
-from fasterllm.entrypoints.openai.serving_common import DeltaTracker, OpenAIServing, StreamChunks, ranked_logprobs
+from fasterllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    OpenAIError,
+    usage,
+)
+from fasterllm.entrypoints.openai.serving_common import (
+    DeltaTracker,
+    OpenAIServing,
+    StreamChunks,
+    ranked_logprobs,
+)
 from fasterllm.outputs import SampleLogprobs
 
 

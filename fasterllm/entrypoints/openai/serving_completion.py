@@ -9,7 +9,12 @@ from typing import Any
 from starlette.responses import StreamingResponse
 
 from fasterllm.entrypoints.openai.protocol import CompletionRequest, OpenAIError, usage
-from fasterllm.entrypoints.openai.serving_common import DeltaTracker, OpenAIServing, StreamChunks, ranked_logprobs
+from fasterllm.entrypoints.openai.serving_common import (
+    DeltaTracker,
+    OpenAIServing,
+    StreamChunks,
+    ranked_logprobs,
+)
 from fasterllm.outputs import SampleLogprobs
 
 
