@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fasterllm.sampling_params import MAX_LOGPROBS
 
@@ -112,14 +112,48 @@ class TextPart(_Body):
 
 
 class ChatMessage(BaseModel):
+    """Checked as OpenAI checks a message: a known role, content wherever the role needs it (an assistant turn may
+    carry tool calls instead), a tool result naming its call."""
     model_config = ConfigDict(extra="allow")  # name, tool_call_id, ...: passed to the chat template
 
-    role: str
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[Union[str, list[TextPart]]] = None
+
+    @model_validator(mode="after")
+    def _content_where_needed(self) -> "ChatMessage":
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content (a string or text parts)")
+        if self.role == "tool" and not getattr(self, "tool_call_id", None):
+            raise ValueError("a tool message needs tool_call_id, the id of the call it answers")
+        return self
+
+
+class FunctionDefinition(_Body):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None  # a JSON schema of the arguments object
+    strict: Optional[bool] = None
+
+
+class ToolDefinition(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: Optional[list[ToolDefinition]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
+    parallel_tool_calls: Optional[bool] = None  # "auto" returns every call the model writes
     max_tokens: Optional[int] = Field(None, ge=1)  # None: as many as the context allows
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: bool = False
