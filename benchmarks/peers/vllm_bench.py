@@ -8,7 +8,8 @@ same session on the same GPU for our side. Several workloads share one vLLM star
         --workload a:1:128:256 --workload c:64:512:256 --workload d:1000:256-1024:256
 
 A workload is NAME:NUM_PROMPTS:INPUT_LEN[-INPUT_LEN_MAX]:OUTPUT_LEN (lengths uniform in the range, as
-`fasterllm bench --input-len-max` draws them). Throughput is output tokens over the wall time of one generate() call
+`fasterllm bench --input-len-max` draws them), or NAME:NUM_PROMPTS:sharegpt (each request's lengths as
+`fasterllm bench --sharegpt-like` draws them, fasterllm/bench/sharegpt_like.py). Throughput is output tokens over the wall time of one generate() call
 holding every prompt (as `fasterllm bench` adds them all at once), the median of --repeats runs after a warm-up.
 With one prompt, TPOT is taken as vLLM's offline API gives no per-token times: (time of the N-token generate - time
 of a 1-token generate) / (N - 1). ../shared/peers/vllm-0.25.md says what running vLLM 0.25.0 on the GPU machines
@@ -26,12 +27,16 @@ from types import SimpleNamespace
 
 def parse_workload(spec: str) -> dict:
     try:
+        if spec.endswith(":sharegpt"):  # NAME:NUM_PROMPTS:sharegpt, `fasterllm bench --sharegpt-like`'s lengths
+            name, num_prompts, _ = spec.split(":")
+            return {"name": name, "num_prompts": int(num_prompts), "sharegpt_like": True}
         name, num_prompts, lengths, output_len = spec.split(":")
         low, _, high = lengths.partition("-")
         return {"name": name, "num_prompts": int(num_prompts), "input_len": int(low),
                 "input_len_max": int(high) if high else None, "output_len": int(output_len)}
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"workload {spec!r} is not NAME:NUM_PROMPTS:INPUT_LEN[-MAX]:OUTPUT_LEN") from exc
+        raise argparse.ArgumentTypeError(f"workload {spec!r} is not NAME:NUM_PROMPTS:INPUT_LEN[-MAX]:OUTPUT_LEN or "
+                                         "NAME:NUM_PROMPTS:sharegpt") from exc
 
 
 def main() -> None:
@@ -48,6 +53,7 @@ def main() -> None:
     import vllm
 
     from fasterllm.bench.offline import random_prompts
+    from fasterllm.bench.sharegpt_like import MIN_LEN, sharegpt_like_lengths
     from fasterllm.loader.hf_checkpoint import load_hf_config
     from fasterllm.loader.tokenizer import load_hf_tokenizer
 
@@ -63,23 +69,30 @@ def main() -> None:
     llm = vllm.LLM(**settings)
     startup = time.perf_counter() - start
 
-    def generate(prompts: list[list[int]], max_tokens: int) -> float:
-        params = vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    def generate(prompts: list[list[int]], output_lens: list[int]) -> float:
+        params = [vllm.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in output_lens]
         begin = time.perf_counter()
         llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return time.perf_counter() - begin
 
     for workload in args.workload:
-        num_prompts, input_len, output_len = workload["num_prompts"], workload["input_len"], workload["output_len"]
-        generate(random_prompts(source, min(num_prompts, 4), input_len, seed=10**6), 4)  # warm-up, as ours
+        num_prompts, sharegpt = workload["num_prompts"], workload.get("sharegpt_like", False)
+        input_len = MIN_LEN if sharegpt else workload["input_len"]
+        warm_up = random_prompts(source, min(num_prompts, 4), input_len, seed=10**6)
+        generate(warm_up, [4] * len(warm_up))  # as ours
         runs = []
         for repeat in range(args.repeats):  # the seeds `fasterllm bench` uses for its runs
-            prompts = random_prompts(source, num_prompts, input_len, args.seed + repeat,
-                                     input_len_max=workload["input_len_max"])
-            seconds = generate(prompts, output_len)
-            run = {"seconds": round(seconds, 3), "output_tokens_per_s": round(num_prompts * output_len / seconds, 1)}
-            if num_prompts == 1 and output_len > 1:
-                run["tpot_ms"] = round(1e3 * (seconds - generate(prompts, 1)) / (output_len - 1), 3)
+            if sharegpt:
+                prompt_lens, output_lens = sharegpt_like_lengths(num_prompts, args.seed + repeat)
+                prompts = random_prompts(source, num_prompts, 0, args.seed + repeat, lengths=prompt_lens)
+            else:
+                prompts = random_prompts(source, num_prompts, input_len, args.seed + repeat,
+                                         input_len_max=workload["input_len_max"])
+                output_lens = [workload["output_len"]] * num_prompts
+            seconds = generate(prompts, output_lens)
+            run = {"seconds": round(seconds, 3), "output_tokens_per_s": round(sum(output_lens) / seconds, 1)}
+            if num_prompts == 1 and output_lens[0] > 1:
+                run["tpot_ms"] = round(1e3 * (seconds - generate(prompts, [1])) / (output_lens[0] - 1), 3)
             runs.append(run)
         median = sorted(runs, key=lambda r: r["output_tokens_per_s"])[len(runs) // 2]
         print(json.dumps({"engine": "vllm", "version": vllm.__version__, "settings": settings,

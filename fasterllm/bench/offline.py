@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from fasterllm.bench.sharegpt_like import INPUT_MAX, INPUT_MEDIAN, MIN_LEN, OUTPUT_MAX, OUTPUT_MEDIAN, sharegpt_like_lengths
 from fasterllm.bench.stats import percentile
 from fasterllm.config import EngineArgs
 from fasterllm.engine.engine import Engine
@@ -14,33 +15,38 @@ from fasterllm.sampling_params import BeamSearchParams, SamplingParams
 
 
 def random_prompts(engine: Engine, num_prompts: int, input_len: int, seed: int = 0,
-                   shared_prefix_len: int = 0, input_len_max: int | None = None) -> list[list[int]]:
+                   shared_prefix_len: int = 0, input_len_max: int | None = None,
+                   lengths: list[int] | None = None) -> list[list[int]]:
     """Random token prompts; with shared_prefix_len, all start with the same random prefix; with
-    input_len_max, lengths are uniform in [input_len, input_len_max]."""
+    input_len_max, lengths are uniform in [input_len, input_len_max]; lengths: each prompt's own."""
     rng = random.Random(seed)
     special = engine.tokenizer.special_ids
     usable = [t for t in range(min(engine.model_config.vocab_size, engine.tokenizer.vocab_size)) if t not in special]
     prefix = [rng.choice(usable) for _ in range(shared_prefix_len)]
-    lengths = [rng.randint(input_len, input_len_max or input_len) for _ in range(num_prompts)]
+    if lengths is None:
+        lengths = [rng.randint(input_len, input_len_max or input_len) for _ in range(num_prompts)]
     return [prefix + [rng.choice(usable) for _ in range(length)] for length in lengths]
 
 
-def run_engine(engine: Engine, prompts: list[list[int]], output_len: int,
+def run_engine(engine: Engine, prompts: list[list[int]], output_len: int | list[int],
                late_prompt: list[int] | None = None, sequences: int = 1, beam_search: bool = False) -> dict[str, float]:
     """All prompts arrive at once; late_prompt (if any) arrives once every one of them is decoding.
 
-    sequences > 1: that many per prompt, sampled (n, temperature 1) or, with beam_search, beams.
-    Inter-token latencies (ITL) are those of the prompts' requests, the late one excluded.
+    output_len: one for all, or each prompt's. sequences > 1: that many per prompt, sampled (n, temperature 1) or,
+    with beam_search, beams. Inter-token latencies (ITL) are those of the prompts' requests, the late one excluded.
     """
-    if beam_search:
-        params = BeamSearchParams(beam_width=sequences, max_tokens=output_len, ignore_eos=True)
-    else:
-        params = SamplingParams(n=sequences, temperature=0.0 if sequences == 1 else 1.0, seed=0,
-                                max_tokens=output_len, ignore_eos=True)
+    output_lens = output_len if isinstance(output_len, list) else [output_len] * len(prompts)
+
+    def params(max_tokens: int) -> SamplingParams | BeamSearchParams:
+        if beam_search:
+            return BeamSearchParams(beam_width=sequences, max_tokens=max_tokens, ignore_eos=True)
+        return SamplingParams(n=sequences, temperature=0.0 if sequences == 1 else 1.0, seed=0, max_tokens=max_tokens,
+                              ignore_eos=True)
+
     start = time.perf_counter()
     wall_start = time.time()
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"bench-{i}", prompt, params, arrival_time=wall_start)
+    for i, (prompt, max_tokens) in enumerate(zip(prompts, output_lens)):
+        engine.add_request(f"bench-{i}", prompt, params(max_tokens), arrival_time=wall_start)
     token_times: dict[str, list[float]] = {f"bench-{i}": [] for i in range(len(prompts))}
     finished = []
     peak_blocks = steps = 0
@@ -62,7 +68,7 @@ def run_engine(engine: Engine, prompts: list[list[int]], output_len: int,
     itl = [b - a for times in token_times.values() for a, b in zip(times, times[1:])]
     tpot = [(times[-1] - times[0]) / (len(times) - 1) for times in token_times.values() if len(times) > 1]
     return {"seconds": elapsed, "requests_per_s": len(prompts) / elapsed,
-            "output_tokens_per_s": len(prompts) * output_len * sequences / elapsed,
+            "output_tokens_per_s": sum(output_lens) * sequences / elapsed,
             "ttft_median_ms": 1e3 * statistics.median(ttft), "ttft_max_ms": 1e3 * max(ttft),
             "tpot_median_ms": 1e3 * statistics.median(tpot) if tpot else float("nan"),
             "itl_p50_ms": 1e3 * percentile(itl, 50), "itl_p99_ms": 1e3 * percentile(itl, 99),
@@ -129,13 +135,17 @@ def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
 def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output_len: int,
                       with_transformers: bool, repeats: int = 3, shared_prefix_len: int = 0,
                       long_prompt_len: int = 0, input_len_max: int | None = None, sequences: int = 1,
-                      beam_search: bool = False) -> dict[str, dict[str, float]]:
+                      beam_search: bool = False, sharegpt_like: bool = False) -> dict[str, dict[str, float]]:
+    """sharegpt_like: workload (e), each request's prompt and output lengths from bench/sharegpt_like.py (input_len
+    and output_len then only size the warm-up and the length checks' upper bounds)."""
+    if sharegpt_like:
+        input_len, input_len_max, output_len = MIN_LEN, INPUT_MAX, OUTPUT_MAX
     if min(num_prompts, input_len, output_len, repeats) < 1 or min(shared_prefix_len, long_prompt_len) < 0:
         raise ValueError(f"num_prompts={num_prompts}, input_len={input_len}, output_len={output_len}, "
                          f"repeats={repeats} must all be >= 1 (shared_prefix_len, long_prompt_len >= 0)")
     if input_len_max is not None and input_len_max < input_len:
         raise ValueError(f"input_len_max={input_len_max} must be >= input_len={input_len}")
-    if input_len_max is not None and with_transformers:
+    if (input_len_max is not None or sharegpt_like) and with_transformers:
         raise ValueError("mixed prompt lengths run through our engine only; add --no-hf")
     engine = Engine(args)
     prompt_len = shared_prefix_len + (input_len_max or input_len)
@@ -150,9 +160,11 @@ def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output
         raise ValueError(f"the workload needs {longest} tokens per request but max_model_len="
                          f"{engine.max_model_len}; shorten it")
     hf_model = load_transformers(engine) if with_transformers else None
-    print(f"workload: {num_prompts} prompts x {input_len}{f'..{input_len_max}' if input_len_max else ''} input tokens"
+    lengths = (f"ShareGPT-like lengths ({INPUT_MEDIAN} / {OUTPUT_MEDIAN} median input / output tokens)"
+               if sharegpt_like else f"{input_len}{f'..{input_len_max}' if input_len_max else ''} input tokens")
+    print(f"workload: {num_prompts} prompts x {lengths}"
           + (f" after a shared {shared_prefix_len}-token prefix" if shared_prefix_len else "")
-          + f", {output_len} output tokens ("
+          + ("" if sharegpt_like else f", {output_len} output tokens") + " ("
           + (f"beam search, width {sequences}" if beam_search else f"n={sequences} samples" if sequences > 1
              else "greedy") + ", ignore_eos)"
           + (f", one {long_prompt_len}-token prompt arriving mid-decode" if long_prompt_len else "")
@@ -167,9 +179,15 @@ def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output
     ours_runs, hf_runs = [], []
     for repeat in range(repeats):  # interleaved, so a noisy spell on the machine hits both
         # fresh prompts each run, so no run reuses the prefix cache a previous one filled
-        prompts = random_prompts(engine, num_prompts, input_len, args.seed + repeat, shared_prefix_len, input_len_max)
+        if sharegpt_like:
+            prompt_lens, output_lens = sharegpt_like_lengths(num_prompts, args.seed + repeat)
+            prompts = random_prompts(engine, num_prompts, 0, args.seed + repeat, lengths=prompt_lens)
+        else:
+            prompts = random_prompts(engine, num_prompts, input_len, args.seed + repeat, shared_prefix_len,
+                                     input_len_max)
+            output_lens = [output_len] * num_prompts
         late = random_prompts(engine, 1, long_prompt_len, 10**6 + 1 + repeat)[0] if long_prompt_len else None
-        ours_runs.append(run_engine(engine, prompts, output_len, late, sequences, beam_search))
+        ours_runs.append(run_engine(engine, prompts, output_lens, late, sequences, beam_search))
         if hf_model is not None:
             hf_runs.append(run_transformers(hf_model, prompts, output_len, sequences, beam_search))
     ours = _median_run(ours_runs)
@@ -186,7 +204,7 @@ def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output
     if engine.device.type == "cuda" and not engine.model_config.is_encoder_decoder:
         from fasterllm.bench.gpu_roofline import print_roofline
 
-        results["roofline"] = print_roofline(engine, ours, sum(len(p) for p in prompts) + num_prompts * output_len)
+        results["roofline"] = print_roofline(engine, ours, sum(len(p) for p in prompts) + sum(output_lens))
     if hf_runs:
         hf = results["transformers"] = _median_run(hf_runs)
         print(f"transformers  : {hf['requests_per_s']:8.2f} req/s {hf['output_tokens_per_s']:9.1f} output tok/s  "

@@ -137,7 +137,7 @@ def cmd_bench(ns: argparse.Namespace) -> None:
 
     run_offline_bench(engine_args_from(ns), ns.num_prompts, ns.input_len, ns.output_len, not ns.no_hf, ns.repeats,
                       ns.shared_prefix_len, ns.long_prompt_len, ns.input_len_max, ns.beam_width or ns.n,
-                      bool(ns.beam_width))
+                      bool(ns.beam_width), ns.sharegpt_like)
 
 
 def cmd_serve(ns: argparse.Namespace) -> None:
@@ -256,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--input-len-max", type=int, default=None,
                        help="prompt lengths uniform in [input-len, input-len-max] (default: all input-len)")
     bench.add_argument("--output-len", type=int, default=128)
+    bench.add_argument("--sharegpt-like", action="store_true",
+                       help="each request's prompt and output lengths from a fixed ShareGPT-like distribution "
+                            "(workload (e); ignores --input-len, --output-len; needs --no-hf)")
     bench.add_argument("--no-hf", action="store_true", help="skip the transformers run")
     bench.add_argument("--repeats", type=int, default=3, help="interleaved runs of each; the median is reported")
     bench.add_argument("--shared-prefix-len", type=int, default=0,
