@@ -240,7 +240,7 @@ class ModelRunner:
                                            self.model_config.sliding_window)
             if cross is not None:
                 meta.cross = AttentionMetadata.build_cross(query_lens, *cross, self.block_size, self.device)
-            input_ids = torch.tensor(token_ids, device=self.device)  # a GPU runs this path for T5
+            input_ids = torch.tensor(token_ids, device=self.device)
             if carried is not None:
                 input_ids[carried[0]] = carried[1]
             return self.model(input_ids, meta.positions, self.kv_caches, meta,
