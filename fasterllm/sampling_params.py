@@ -22,6 +22,9 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+    # JSON only: no whitespace between tokens (compact separators), so an answer of bounded content has a bounded
+    # length; by default JSON may carry any whitespace, as vLLM allows
+    disable_any_whitespace: bool = False
 
     @property
     def kind(self) -> str:

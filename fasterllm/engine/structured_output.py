@@ -38,10 +38,13 @@ class StructuredOutputs:
         import llguidance
 
         params = request.sampling_params.structured_outputs
-        matcher = llguidance.LLMatcher(self._tokenizer(), self._grammar(params), log_level=0)
+        field = f"structured_outputs.{params.kind}"
+        try:  # a JSON schema that is not JSON fails here, a grammar llguidance rejects in the matcher
+            matcher = llguidance.LLMatcher(self._tokenizer(), self._grammar(params), log_level=0)
+        except ValueError as exc:
+            raise InvalidInputError(f"{field} could not be compiled: {exc}", field) from exc
         if matcher.is_error():
-            raise InvalidInputError(f"structured_outputs.{params.kind} could not be compiled: {matcher.get_error()}",
-                                    f"structured_outputs.{params.kind}")
+            raise InvalidInputError(f"{field} could not be compiled: {matcher.get_error()}", field)
         request.matcher = matcher
         self._live.add(request)
 
@@ -83,13 +86,14 @@ class StructuredOutputs:
     def _grammar(self, params: StructuredOutputsParams) -> str:
         import llguidance
 
-        key = json.dumps([params.json, params.json_object, params.regex, params.choice, params.grammar],
-                         sort_keys=True)
+        key = json.dumps([params.json, params.json_object, params.regex, params.choice, params.grammar,
+                          params.disable_any_whitespace], sort_keys=True)
         if key not in self._grammars:  # the grammar's text; llguidance checks it when a matcher is made
             if params.kind in ("json", "json_object"):
                 schema = params.json if params.kind == "json" else {"type": "object"}
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                    schema if isinstance(schema, str) else json.dumps(schema))
+                    schema if isinstance(schema, str) else json.dumps(schema),
+                    defaults={"whitespace_flexible": not params.disable_any_whitespace})
             elif params.kind == "regex":
                 grammar = llguidance.LLMatcher.grammar_from_regex(params.regex)
             elif params.kind == "choice":

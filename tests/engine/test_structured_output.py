@@ -121,3 +121,21 @@ def test_a_constraint_sets_exactly_one_kind():
     with pytest.raises(InvalidInputError) as error:
         StructuredOutputsParams(choice=[])
     assert error.value.param == "structured_outputs.choice"
+
+
+def test_a_hundred_sampled_requests_all_validate():
+    """100 constrained requests at once, each with its own seed: every answer parses and validates against the
+    nested schema (objects, an array, an enum, bounded integers, a pattern, required fields), per jsonschema. Without
+    free whitespace (vLLM's disable_any_whitespace) every valid answer of this bounded schema fits well inside 200
+    tokens (sampled whitespace could otherwise run a small model past any limit)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    many = LLM(dtype="float32", max_model_len=512, num_kv_blocks=1300, max_num_seqs=128)
+    compact = constrained(json=SCHEMA, disable_any_whitespace=True)
+    params = [SamplingParams(temperature=0.8, seed=seed, max_tokens=200, structured_outputs=compact)
+              for seed in range(100)]
+    outputs = many.generate([PROMPTS[i % len(PROMPTS)] for i in range(100)], params, use_tqdm=False)
+    for output in outputs:
+        completion = output.outputs[0]
+        assert completion.finish_reason == "stop", completion.text
+        jsonschema.validate(json.loads(completion.text), SCHEMA)
+    assert len({o.outputs[0].text for o in outputs}) > 50  # sampled, not one answer a hundred times

@@ -242,10 +242,11 @@ def structured_outputs(request: SamplingFields) -> StructuredOutputsParams | Non
     if not sources:
         return None
     fields = next(iter(sources.values()))
-    unknown = set(fields) - {"json", "json_object", "regex", "choice", "grammar"}
+    unknown = set(fields) - {"json", "json_object", "regex", "choice", "grammar", "disable_any_whitespace"}
     if unknown:
         raise InvalidInputError(f"structured_outputs has unknown fields {sorted(unknown)}; it takes one of json, "
-                                "json_object, regex, choice, grammar", "structured_outputs")
+                                "json_object, regex, choice, grammar (and disable_any_whitespace)",
+                                "structured_outputs")
     return StructuredOutputsParams(**fields)
 
 
