@@ -2,7 +2,7 @@
 schema, then all free, on the default SmolLM2 (or --model), interleaved runs, every request producing
 --output-len tokens (the schema asks for a long array, the free requests ignore eos).
 
-    python benchmarks/structured_output_cost.py [--model PATH] [--device cpu|cuda] [--repeats 3]
+    python benchmarks/structured_output_cost.py [--model PATH [--load-format dummy]] [--device cpu|cuda] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--load-format", default="auto", help="dummy: random weights of --model's shape")
     args = parser.parse_args()
-    llm = LLM(args.model, device=args.device, max_model_len=512)
+    llm = LLM(args.model, device=args.device, max_model_len=512, load_format=args.load_format)
     prompts = [f"List {i + 10} words about the sea, as JSON." for i in range(args.num_requests)]
     runs = {
         "json schema": SamplingParams(temperature=0.8, seed=0, max_tokens=args.output_len,
