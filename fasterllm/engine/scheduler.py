@@ -163,7 +163,8 @@ class Scheduler:
         return min(num_new, threshold) if threshold else num_new
 
     def _swap_in(self, out: ScheduledBatch, budget: int) -> int:
-        while self.swapped and budget > 0 and _num_sequences(self.running) < self.config.max_num_seqs:
+        num_sequences = _num_sequences(self.running)
+        while self.swapped and budget > 0 and num_sequences < self.config.max_num_seqs:
             request = self.swapped[0]
             num_new = self._chunk(request, budget)
             if not self.kv_cache.allocate_slots(request, num_new, reserve=self.watermark_blocks):
@@ -172,6 +173,7 @@ class Scheduler:
             cpu_blocks = self.swap_space.release(request.request_id)
             out.message.swap_in.extend(zip(cpu_blocks, self.kv_cache.block_table(request.request_id)))
             self.stats.num_swapped_in += 1
+            num_sequences += _num_sequences([request])
             self._start(request, num_new, out)
             budget -= num_new
         return budget

@@ -60,8 +60,9 @@ class CrossAttention(nn.Module):
         self.kv_spec = KVCacheSpec("cross", num_heads, head_dim)
 
     def store(self, key_value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        """key_value [T_enc, 2 H, D]: the encoder tokens' keys then values, into their cross slots."""
-        store_kv(kv_cache, key_value, slot_mapping)
+        """key_value [T_enc, 2 H D]: the encoder tokens' keys then values (a fused K/V projection's output), into
+        their cross slots."""
+        store_kv(kv_cache, key_value.view(-1, 2 * self.num_heads, self.head_dim), slot_mapping)
 
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """query [T, H, D] -> [T, H * D]."""

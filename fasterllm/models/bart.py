@@ -83,8 +83,7 @@ class DecoderLayer(nn.Module):
         self.final_layer_norm = nn.LayerNorm(hidden)
 
     def store_cross(self, encoder_hidden: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        key_value = self.cross_kv_proj(encoder_hidden).view(-1, 2 * self.num_heads, self.head_dim)
-        self.cross_attn.store(key_value, kv_cache, slot_mapping)
+        self.cross_attn.store(self.cross_kv_proj(encoder_hidden), kv_cache, slot_mapping)
 
     def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         heads, head_dim = self.num_heads, self.head_dim

@@ -98,8 +98,7 @@ class DecoderLayer(nn.Module):
         self.ffn = FeedForward(cfg)
 
     def store_cross(self, encoder_hidden: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        key_value = self.cross_kv_proj(encoder_hidden).view(-1, 2 * self.num_heads, self.head_dim)
-        self.cross_attn.store(key_value, kv_cache, slot_mapping)
+        self.cross_attn.store(self.cross_kv_proj(encoder_hidden), kv_cache, slot_mapping)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:

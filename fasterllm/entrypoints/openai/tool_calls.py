@@ -34,8 +34,8 @@ class ToolCall:
 
 
 def tool_mode(request: ChatCompletionRequest) -> str | None:
-    """"auto", "required", a function's name, or None (no tool calls: no tools, or tool_choice "none"); a choice
-    that names no tool of the request is a 400 naming tool_choice."""
+    """The request's tool mode: "auto", "required", a function's name, or None (no tool calls: no tools, or
+    tool_choice "none"); a choice that names no tool of the request is a 400 naming tool_choice."""
     choice = request.tool_choice
     if not request.tools:
         if choice is not None and choice != "none":
@@ -83,7 +83,7 @@ def parse_tool_calls(text: str, mode: str, tool_names: list[str]) -> tuple[str |
 def hermes_tool_calls(text: str, tool_names: list[str]) -> list[ToolCall]:
     """Every <tool_call> block's call, or none if any block is not a call of one of the tools."""
     blocks = _HERMES.findall(text)
-    calls = [_call(block, tool_names, "arguments") for block in blocks]
+    calls = [_call(block, tool_names) for block in blocks]
     return calls if blocks and all(calls) else []
 
 
@@ -94,21 +94,22 @@ def llama3_tool_calls(text: str, tool_names: list[str]) -> list[ToolCall]:
     except ValueError:
         return []
     objects = value if isinstance(value, list) else [value]
-    calls = [_call_from(obj, tool_names, "parameters") for obj in objects]
+    calls = [_call_from(obj, tool_names) for obj in objects]
     return calls if objects and all(calls) else []
 
 
-def _call(block: str, tool_names: list[str], arguments_key: str) -> ToolCall | None:
+def _call(block: str, tool_names: list[str]) -> ToolCall | None:
     try:
-        return _call_from(json.loads(block), tool_names, arguments_key)
+        return _call_from(json.loads(block), tool_names)
     except ValueError:
         return None
 
 
-def _call_from(obj: Any, tool_names: list[str], arguments_key: str) -> ToolCall | None:
+def _call_from(obj: Any, tool_names: list[str]) -> ToolCall | None:
+    """A call object of either format: Hermes writes its arguments under "arguments", Llama 3 under "parameters"."""
     if not isinstance(obj, dict) or obj.get("name") not in tool_names:
         return None
-    arguments = obj.get(arguments_key, obj.get("arguments", obj.get("parameters", {})))
+    arguments = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(arguments, str):  # some models write the arguments as JSON text
         try:
             arguments = json.loads(arguments)
