@@ -90,7 +90,7 @@ def main() -> None:
                                                                   ignore_eos=True))
     engine.step()  # the prompt, eager
     if args.whole:
-        use_whole(engine.runner.model)
+        use_whole(engine.executor.runner.model)
         for step in range(args.rounds * args.steps):
             start = time.perf_counter()
             engine.step()

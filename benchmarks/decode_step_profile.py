@@ -36,7 +36,7 @@ def main() -> None:
     for _ in range(args.steps):
         engine.step()
     step_ms = (time.perf_counter() - start) / args.steps * 1e3
-    graph = engine.runner.graphs.graphs[1]
+    graph = engine.executor.runner.graphs.graphs[1]
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     begin.record()
     for _ in range(args.steps):

@@ -168,6 +168,10 @@ class EngineArgs:
     watermark: float = 0.01
     long_prefill_token_threshold: int = 0
     task: str = "generate"  # or "embed": an encoder (BERT family) that returns one vector per input
+    # shard the model over this many devices (one process each; the GPUs of one machine, or CPU processes)
+    tensor_parallel_size: int = 1
+    # where the ranks run: None picks "uni" (in process) for one rank and "mp" (one process per rank) for more
+    distributed_executor_backend: str | None = None
 
     def validate(self) -> None:
         check_method_name(self.quantization)
@@ -179,6 +183,17 @@ class EngineArgs:
                              "(random weights of its shape)")
         if self.task not in ("generate", "embed"):
             raise ValueError(f"task={self.task!r} is not supported; use 'generate' or 'embed'")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} must be >= 1")
+        if self.task == "embed" and self.tensor_parallel_size > 1:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size}: task='embed' runs its encoder on one "
+                             "device; use tensor_parallel_size=1")
+        if self.distributed_executor_backend not in (None, "uni", "mp"):
+            raise ValueError(f"distributed_executor_backend={self.distributed_executor_backend!r} must be 'uni' (in "
+                             "process), 'mp' (one process per rank) or None (uni for one rank, mp for more)")
+        if self.distributed_executor_backend == "uni" and self.tensor_parallel_size > 1:
+            raise ValueError(f"distributed_executor_backend='uni' runs one rank in process, but tensor_parallel_size="
+                             f"{self.tensor_parallel_size}; use 'mp' or leave it unset")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size={self.block_size} is not supported; use one of 8, 16, 32, 64, 128")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -19,3 +19,8 @@ class StepFailedError(RuntimeError):
     def __init__(self, request_ids: list[str], cause: Exception):
         super().__init__(f"the forward pass failed for requests {request_ids}: {cause!r}")
         self.request_ids = request_ids
+
+
+class WorkerFailedError(RuntimeError):
+    """A worker process (one rank of a model sharded over several) failed or died. The ranks step together, so the
+    engine cannot go on: every worker is stopped and each later call raises this again."""

@@ -67,13 +67,13 @@ def test_a_shared_prefix_is_computed_once():
     llm = LLM(dtype="float32", max_model_len=256, num_kv_blocks=64)
     engine = llm.engine
     computed = []
-    execute = engine.runner.execute
+    execute = engine.executor.runner.execute
 
     def counting_execute(message):
         computed.append(dict(zip(message.request_ids, message.num_new_tokens)))
         return execute(message)
 
-    engine.runner.execute = counting_execute
+    engine.executor.runner.execute = counting_execute
     first, second = prompts(llm)[:2]
     shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)  # system prompt + template
     assert shared >= 32

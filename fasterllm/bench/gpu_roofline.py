@@ -62,7 +62,7 @@ def weight_bytes_per_step(model: torch.nn.Module) -> int:
 
 
 def print_roofline(engine: Engine, run: dict[str, float], tokens_processed: int) -> dict[str, float]:
-    model = engine.runner.model
+    model = engine.executor.runner.model
     parameters = sum(p.numel() for p in model.parameters())
     weight_bytes = weight_bytes_per_step(model)
     bandwidth = copy_bandwidth(engine.device)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import time
 
-import torch
 
 from fasterllm.config import CacheConfig, EngineArgs, SchedulerConfig
 from fasterllm.engine.beam_search import (
@@ -24,11 +23,12 @@ from fasterllm.engine.scheduler import AsyncScheduler, ScheduledBatch, Scheduler
 from fasterllm.engine.sequence_forks import SequenceForks
 from fasterllm.engine.stop_checker import check_stop
 from fasterllm.engine.structured_output import StructuredOutputs
-from fasterllm.errors import StepFailedError
+from fasterllm.errors import StepFailedError, WorkerFailedError
+from fasterllm.executor import make_executor
 from fasterllm.loader.checkpoint import open_checkpoint
 from fasterllm.outputs import RequestOutput
 from fasterllm.sampling_params import BeamSearchParams, SamplingParams
-from fasterllm.worker.model_runner import ModelRunner, PendingOutput
+from fasterllm.worker.model_runner import PendingOutput
 
 logger = logging.getLogger("fasterllm")
 
@@ -40,7 +40,6 @@ class Engine:
         self.args = args
         self.device = args.resolve_device()
         self.dtype = args.resolve_dtype(self.device)
-        torch.manual_seed(args.seed)
         checkpoint = open_checkpoint(args.model, args.tokenizer)
         self.source = checkpoint.source
         self.model_name = checkpoint.source.name
@@ -56,27 +55,22 @@ class Engine:
         self.scheduler_config = SchedulerConfig(args.max_num_seqs, max_batched, self.max_model_len,
                                                 args.preemption_mode, args.watermark,
                                                 args.long_prefill_token_threshold)
-        self.runner = ModelRunner(checkpoint, self.max_model_len, self.device, self.dtype, args.load_format,
-                                  args.quantization)
+        self.executor = make_executor(args, checkpoint, self.max_model_len, self.scheduler_config)
         cache = CacheConfig(args.block_size)
-        self.runner.prepare_inputs(cache.block_size, self.scheduler_config)
         profile_start = time.perf_counter()
-        cache.num_blocks = args.num_kv_blocks or self.runner.determine_num_blocks(
+        cache.num_blocks = args.num_kv_blocks or self.executor.determine_num_blocks(
             cache, self.scheduler_config, args.gpu_memory_utilization, args.cpu_kv_cache_gib)
         check_kv_cache_fits(cache, self.max_model_len, self.device)
-        self.runner.allocate_kv_cache(cache.num_blocks, cache.block_size)
+        swap_blocks = 0
+        if args.preemption_mode == "swap":
+            swap_blocks = int(args.swap_space_gib * 2**30) // self.executor.bytes_per_block(cache.block_size)
         profile_seconds = time.perf_counter() - profile_start
-        graph_seconds = 0.0
-        if self.runner.buffers is not None and not args.enforce_eager:  # the GPU's kernel path
-            graph_seconds = self.runner.capture_graphs()
+        graph_seconds = self.executor.initialize_cache(cache.num_blocks, cache.block_size, swap_blocks,
+                                                       capture_graphs=not args.enforce_eager)
         # a decoder's KV depends on its encoder input too, which block hashes do not cover: no prefix caching there
         self.kv_cache = KVCacheManager(cache.num_blocks, cache.block_size,
                                        args.enable_prefix_caching and not encoder_decoder)
-        swap_space = None
-        if args.preemption_mode == "swap":
-            cpu_blocks = int(args.swap_space_gib * 2**30) // self.runner.bytes_per_block(cache.block_size)
-            self.runner.allocate_swap_space(cpu_blocks)
-            swap_space = SwapSpace(cpu_blocks)
+        swap_space = SwapSpace(swap_blocks) if args.preemption_mode == "swap" else None
         self.async_scheduling = self.device.type == "cuda" if args.async_scheduling is None else args.async_scheduling
         self.scheduler = (AsyncScheduler if self.async_scheduling else Scheduler)(
             self.scheduler_config, self.kv_cache, swap_space)
@@ -85,11 +79,11 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self.forks = SequenceForks(self.requests, self.kv_cache, self.scheduler, self._eos_ids(), self.max_model_len)
         self._in_flight: tuple[ScheduledBatch, PendingOutput] | None = None  # launched, tokens not read
-        self.startup_seconds = {"total": time.perf_counter() - start, "weights": self.runner.load_seconds,
+        self.startup_seconds = {"total": time.perf_counter() - start, "weights": self.executor.load_seconds,
                                 "kv_sizing": profile_seconds, "cuda_graphs": graph_seconds}
         logger.info("engine ready in %.1fs (weights %.1fs, KV sizing %.1fs, CUDA graphs %.1fs): %s, %s on %s, "
                     "%d KV blocks of %d tokens, max_model_len %d", self.startup_seconds["total"],
-                    self.runner.load_seconds, profile_seconds, graph_seconds, self.model_name,
+                    self.executor.load_seconds, profile_seconds, graph_seconds, self.model_name,
                     str(self.dtype).removeprefix("torch."), self.device, cache.num_blocks, cache.block_size,
                     self.max_model_len)
 
@@ -153,7 +147,9 @@ class Engine:
     def _launch(self, batch: ScheduledBatch) -> tuple[ScheduledBatch, PendingOutput] | None:
         self.structured.attach_masks(batch)
         try:
-            pending = self.runner.execute(batch.message)
+            pending = self.executor.execute(batch.message)
+        except WorkerFailedError:  # the ranks are gone: nothing goes on
+            raise
         except Exception as exc:
             # a failed sample or beam fails its whole request: the samples and beams not in this step too
             ids = list(dict.fromkeys(_added_as(item.request).request_id for item in batch.scheduled))
@@ -174,7 +170,9 @@ class Engine:
             return None
         self.structured.attach_masks(lookahead)  # a request admitted here may sample under a grammar
         try:
-            launched = self.runner.execute(lookahead.message)
+            launched = self.executor.execute(lookahead.message)
+        except WorkerFailedError:
+            raise
         except Exception:  # nothing was accounted: the next step schedules every chunk again, synchronously
             logger.warning("a lookahead step failed to launch; continuing synchronously", exc_info=True)
             return None
@@ -234,6 +232,10 @@ class Engine:
 
     def stats(self) -> EngineStats:
         return EngineStats.collect(self.kv_cache, self.scheduler)
+
+    def shutdown(self) -> None:
+        """Stop the executor's worker processes, if it has any (they stop by themselves when this process exits)."""
+        self.executor.shutdown()
 
 
 def _added_as(request: Request) -> Request:

@@ -16,6 +16,7 @@ from fasterllm.loader.tokenizer import (
     load_gguf_tokenizer,
     load_hf_tokenizer,
 )
+from fasterllm.loader.weight_parts import WeightSource
 from fasterllm.seq2seq_config import Seq2SeqConfig, T5Config
 
 
@@ -25,6 +26,8 @@ class Checkpoint:
     config: ModelConfig | Seq2SeqConfig | T5Config
     tokenizer: TokenizerWrapper
     weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]  # Hugging Face names
+    # the same stream as WeightSources that read only the part asked for (safetensors slices; a GGUF's tensors)
+    weight_parts: Callable[[], Iterator[tuple[str, WeightSource]]]
     # a GGUF whose projections are all Q4_0/Q4_1: the same stream with those kept as blocks (quantization='gguf')
     q4_block_weights: Callable[[], Iterator[tuple[str, torch.Tensor]]] | None = None
 
@@ -45,8 +48,8 @@ def open_checkpoint(model: str | None, tokenizer: str | None = None) -> Checkpoi
         tok = (load_gguf_tokenizer(gguf_file.metadata, config.eos_token_ids) if tokenizer is None
                else load_hf_tokenizer(resolve_model(tokenizer).path, config.eos_token_ids))
         q4_blocks = (lambda: gguf_file.iter_weights(keep_q4_blocks=True)) if gguf_file.projections_are_q4() else None
-        return Checkpoint(source, config, tok, gguf_file.iter_weights, q4_blocks)
+        return Checkpoint(source, config, tok, gguf_file.iter_weights, gguf_file.iter_weights, q4_blocks)
     config = load_hf_config(source.path)  # an unsupported architecture is the first thing it reports
     tok_dir = source.path if tokenizer is None else Path(resolve_model(tokenizer).path)
     return Checkpoint(source, config, load_hf_tokenizer(tok_dir, config.eos_token_ids),
-                      lambda: iter_safetensors(source.path))
+                      lambda: iter_safetensors(source.path), lambda: iter_safetensors(source.path, lazy=True))

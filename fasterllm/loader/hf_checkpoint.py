@@ -76,8 +76,9 @@ def load_hf_config(model_dir: Path) -> ModelConfig | Seq2SeqConfig | T5Config:
     )
 
 
-def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every tensor of the checkpoint, shard by shard."""
+def iter_safetensors(model_dir: Path, lazy: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor of the checkpoint, shard by shard. lazy: safetensors slices instead, read
+    when indexed (loader/weight_parts.py), each only until the next is yielded."""
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(set(read_json(index)["weight_map"].values()))
@@ -92,6 +93,6 @@ def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
         try:
             with safe_open(str(path), framework="pt") as f:
                 for key in f.keys():
-                    yield key, f.get_tensor(key)
+                    yield key, f.get_slice(key) if lazy else f.get_tensor(key)
         except SafetensorError as exc:
             raise ValueError(f"{path} is not a readable safetensors file ({exc}); the checkpoint is corrupt") from exc

@@ -13,35 +13,41 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fasterllm.config import ModelConfig
+from fasterllm.config import KVCacheSpec, ModelConfig
+from fasterllm.distributed.tensor_parallel import SINGLE_DEVICE, TensorParallel
 from fasterllm.layers.activation import SiluAndMul
-from fasterllm.config import KVCacheSpec
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.attention_layer import Attention
 from fasterllm.layers.linear import pack_linears
 from fasterllm.layers.norm import RMSNorm
 from fasterllm.layers.rotary import RotaryEmbedding, rope_inv_freq
+from fasterllm.layers.vocab_parallel import VocabParallelEmbedding
+from fasterllm.loader.weight_parts import WeightSource, read_part, read_whole, shape_of
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel):
+        """tp: this rank's heads and FFN rows only (attention heads and the intermediate size split over ranks)."""
         super().__init__()
-        heads = cfg.num_attention_heads + 2 * cfg.num_key_value_heads
-        q_size, kv_size = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        num_heads = tp.shard(cfg.num_attention_heads, "num_attention_heads")
+        num_kv_heads = tp.kv_heads(cfg.num_key_value_heads)[1]
+        intermediate = tp.shard(cfg.intermediate_size, "intermediate_size")
+        q_size, kv_size = num_heads * cfg.head_dim, num_kv_heads * cfg.head_dim
+        self.tp = tp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
-        self.qkv_shape = (heads, cfg.head_dim)
-        self.num_q_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.qkv_shape = (num_heads + 2 * num_kv_heads, cfg.head_dim)
+        self.num_q_heads, self.num_kv_heads = num_heads, num_kv_heads
         if cfg.qk_norm:  # Qwen3: each head's query and key normalised before RoPE
             self.q_norm, self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps), RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.sliding_window)
+        self.attn = Attention(num_heads, num_kv_heads, cfg.head_dim, cfg.sliding_window)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * intermediate, bias=cfg.mlp_bias)
         self.act = SiluAndMul()
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(intermediate, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None,
                 rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor | None,
@@ -51,8 +57,9 @@ class DecoderLayer(nn.Module):
         if self.q_norm is not None:
             qkv = self._norm_heads(qkv)
         attention = self.attn(qkv, rope, kv_cache, meta)
-        hidden, residual = self.post_attention_layernorm(self.o_proj(attention), residual)
-        return self.down_proj(self.act(self.gate_up_proj(hidden))), residual
+        # row-parallel o_proj and down_proj: each rank's partial sum, summed over ranks before the residual add
+        hidden, residual = self.post_attention_layernorm(self.tp.all_reduce(self.o_proj(attention)), residual)
+        return self.tp.all_reduce(self.down_proj(self.act(self.gate_up_proj(hidden)))), residual
 
     def _norm_heads(self, qkv: torch.Tensor) -> torch.Tensor:
         """The query heads through q_norm and the key heads through k_norm, the value heads as they are."""
@@ -64,14 +71,17 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_positions: int, device: torch.device, dtype: torch.dtype):
+    def __init__(self, cfg: ModelConfig, max_positions: int, device: torch.device, dtype: torch.dtype,
+                 tp: TensorParallel = SINGLE_DEVICE):
+        """tp: build this rank's shard only (heads, FFN rows and vocabulary rows split over tp.size ranks)."""
         super().__init__()
-        self.config = cfg
+        self.config, self.tp = cfg, tp
+        vocab_rows = tp.vocab_rows(cfg.vocab_size)[1]
         with torch.device("meta"):  # allocate once, below, without a random init
-            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-            self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+            self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+            self.layers = nn.ModuleList(DecoderLayer(cfg, tp) for _ in range(cfg.num_hidden_layers))
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-            self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, vocab_rows, bias=False)
         self.to(dtype).to_empty(device=device).requires_grad_(False)
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.rope_freq_factors)
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, inv_freq, device, dtype)
@@ -81,7 +91,7 @@ class LlamaForCausalLM(nn.Module):
         layers replace it like the projections: a tied head gets one over the embedding table's weight (the
         table keeps its rows for lookups; the replacement makes the head's own copy or view)."""
         if self.lm_head is None:
-            self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False, device="meta")
+            self.lm_head = nn.Linear(self.config.hidden_size, self.embed_tokens.num_rows, bias=False, device="meta")
             self.lm_head.weight = self.embed_tokens.weight
 
     def kv_cache_specs(self) -> list[KVCacheSpec]:
@@ -97,6 +107,8 @@ class LlamaForCausalLM(nn.Module):
         """Flat batch of new tokens -> fp32 logits of the rows in logits_indices only."""
         hidden = self.hidden_states(input_ids, positions, kv_caches, meta, logits_indices)
         logits = F.linear(hidden, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(hidden)
+        if self.tp.size > 1:  # each rank's vocabulary rows, gathered (the last rank's padding dropped)
+            logits = self.tp.gather_last_dim(logits)[:, :self.config.vocab_size]
         return logits.float()
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor | None,
@@ -113,15 +125,16 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(hidden, residual)[0]
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy checkpoint tensors (Hugging Face names) in, fusing q/k/v and gate/up as they arrive."""
-        cfg = self.config
-        q_size, kv_size = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    def load_weights(self, weights: Iterable[tuple[str, WeightSource]]) -> None:
+        """Copy checkpoint tensors (Hugging Face names) in, fusing q/k/v and gate/up as they arrive; with tensor
+        parallelism, read only this rank's part of each (loader/weight_parts.py)."""
+        cfg, layer = self.config, self.layers[0]
+        q_size, kv_size = layer.num_q_heads * cfg.head_dim, layer.num_kv_heads * cfg.head_dim
+        intermediate = layer.down_proj.in_features
         fused = {"q_proj": ("qkv_proj", 0, q_size), "k_proj": ("qkv_proj", q_size, kv_size),
                  "v_proj": ("qkv_proj", q_size + kv_size, kv_size),
-                 "gate_proj": ("gate_up_proj", 0, cfg.intermediate_size),
-                 "up_proj": ("gate_up_proj", cfg.intermediate_size, cfg.intermediate_size)}
-        fused_names = {new for new, _, _ in fused.values()}
+                 "gate_proj": ("gate_up_proj", 0, intermediate),
+                 "up_proj": ("gate_up_proj", intermediate, intermediate)}
         params = dict(self.named_parameters())
         expected = set()
         for pname in params:
@@ -132,31 +145,77 @@ class LlamaForCausalLM(nn.Module):
             else:
                 expected.add(pname)
         loaded = set()
-        for name, tensor in weights:
+        for name, source in _unfused(weights, cfg):
             target, rows = _our_name(name), None
             if target.endswith(".rotary_emb.inv_freq") or (target == "lm_head.weight" and self.lm_head is None):
                 continue  # a RoPE table we compute, or a copy of the tied embedding
             parts = target.split(".")
-            if len(parts) >= 2 and parts[-2] in fused:
-                new, start, size = fused[parts[-2]]
+            kind = parts[-2] if len(parts) >= 2 else ""
+            if kind in fused:
+                new, start, size = fused[kind]
                 target, rows = ".".join(parts[:-2] + [new, parts[-1]]), (start, size)
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name!r} does not belong to a {cfg.architecture} "
                                  "with this config; the checkpoint and its config disagree")
+            tensor = self._rank_part(kind, parts[-1], source)
             param = params[target]
             dest = param if rows is None else param.narrow(0, *rows)
+            if kind in ("embed_tokens", "lm_head") and tensor.shape[0] < dest.shape[0]:
+                dest[tensor.shape[0]:].zero_()  # the last rank's rows past the vocabulary
+                dest = dest[:tensor.shape[0]]
             if dest.shape != tensor.shape:
-                raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)} but the config "
-                                 f"implies {tuple(dest.shape)}; the checkpoint and its config disagree")
+                raise ValueError(f"checkpoint tensor {name!r} has shape {shape_of(source)} but the config "
+                                 f"implies {tuple(dest.shape)} (this rank's part); the checkpoint and its config "
+                                 "disagree")
             dest.copy_(tensor)
-            if rows is None and parts[-2] in fused_names:  # stored fused already (Phi-3)
-                loaded.update(part for part in expected if part.startswith(f"{target}#"))
-            else:
-                loaded.add(target if rows is None else f"{target}#{rows[0]}")
+            loaded.add(target if rows is None else f"{target}#{rows[0]}")
         missing = expected - loaded
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}; "
                              "the file is incomplete or for another architecture")
+
+    def _rank_part(self, kind: str, leaf: str, source: WeightSource) -> torch.Tensor:
+        """This rank's part of a checkpoint tensor of module `kind` (q_proj, o_proj, embed_tokens, ...): rows of the
+        column-parallel projections, columns of the row-parallel ones (whose bias rank 0 alone adds), rows of the
+        vocabulary; the norms whole."""
+        tp, cfg = self.tp, self.config
+        if tp.size == 1:
+            return read_whole(source)
+        layer = self.layers[0]
+        q_size, intermediate = layer.num_q_heads * cfg.head_dim, layer.down_proj.in_features
+        kv_first = tp.kv_heads(cfg.num_key_value_heads)[0] * cfg.head_dim
+        rows = {"q_proj": (tp.rank * q_size, q_size), "k_proj": (kv_first, layer.num_kv_heads * cfg.head_dim),
+                "gate_proj": (tp.rank * intermediate, intermediate)}
+        rows["v_proj"], rows["up_proj"] = rows["k_proj"], rows["gate_proj"]
+        if kind in rows:
+            return read_part(source, 0, *rows[kind])
+        if kind in ("o_proj", "down_proj"):
+            if leaf == "bias":
+                return read_whole(source) if tp.rank == 0 else torch.zeros(shape_of(source))
+            size = q_size if kind == "o_proj" else intermediate
+            return read_part(source, 1, tp.rank * size, size)
+        if kind in ("embed_tokens", "lm_head"):
+            first, per_rank = tp.vocab_rows(cfg.vocab_size)
+            return read_part(source, 0, first, min(per_rank, cfg.vocab_size - first))
+        return read_whole(source)
+
+
+def _unfused(weights: Iterable[tuple[str, WeightSource]], cfg: ModelConfig
+             ) -> Iterable[tuple[str, WeightSource]]:
+    """The stream with tensors stored fused (Phi-3's qkv_proj and gate_up_proj) split into the q/k/v and gate/up
+    tensors the loader fuses again, so every checkpoint is sharded the same way."""
+    q_size, kv_size = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    pieces = {"qkv_proj": (("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)),
+              "gate_up_proj": (("gate_proj", cfg.intermediate_size), ("up_proj", cfg.intermediate_size))}
+    for name, source in weights:
+        parts = name.split(".")
+        if len(parts) < 2 or parts[-2] not in pieces:
+            yield name, source
+            continue
+        tensor, start = read_whole(source), 0
+        for piece, size in pieces[parts[-2]]:
+            yield ".".join(parts[:-2] + [piece, parts[-1]]), tensor.narrow(0, start, size)
+            start += size
 
 
 def _our_name(hf_name: str) -> str:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from fasterllm.distributed.tensor_parallel import SINGLE_DEVICE, TensorParallel, check_tensor_parallel
 from fasterllm.layers.linear import can_pack
 from fasterllm.layers.quantization import check_supported, quantize_model
 from fasterllm.layers.quantization.gguf import prepare_gguf_linears
@@ -12,21 +13,26 @@ from fasterllm.models.registry import model_class
 
 
 def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.device, dtype: torch.dtype,
-                  load_format: str = "auto", quantization: str | None = None, with_head: bool = True
-                  ) -> torch.nn.Module:
+                  load_format: str = "auto", quantization: str | None = None, with_head: bool = True,
+                  tp: TensorParallel = SINGLE_DEVICE) -> torch.nn.Module:
     """The checkpoint's decoder on device with its weights loaded (or random: load_format='dummy'), quantized
-    when asked, packed for oneDNN on the CPU, its float linears on a GPU taking one row through gemv.py.
+    when asked, packed for oneDNN on the CPU, its float linears on a GPU taking one row through gemv.py. tp: this
+    rank's shard of a tensor-parallel model (read from the checkpoint alone).
     with_head=False (embeddings read hidden_states() only): the output head is dropped after loading, so no
     copy of it is quantized, packed or kept."""
     check_supported(quantization, device)  # refused before any weight loads
     config = checkpoint.config
-    model = model_class(config.architecture)(config, max_model_len, device, dtype)
+    check_tensor_parallel(config, quantization, tp.size)
+    cls = model_class(config.architecture)
+    model = cls(config, max_model_len, device, dtype) if tp.size == 1 else cls(config, max_model_len, device, dtype, tp)
     if load_format == "dummy":
         fill_dummy_weights(model)
     elif quantization == "gguf":  # the projections take the file's Q4 blocks as stored
         weights = checkpoint.require_q4_block_weights()
         prepare_gguf_linears(model)
         model.load_weights(weights())
+    elif tp.size > 1:
+        model.load_weights(checkpoint.weight_parts())
     else:
         model.load_weights(checkpoint.weights())
     if with_head:

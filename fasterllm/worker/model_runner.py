@@ -11,6 +11,7 @@ import time
 import torch
 
 from fasterllm.config import CacheConfig, KVCacheSpec, ModelConfig, SchedulerConfig
+from fasterllm.distributed.tensor_parallel import SINGLE_DEVICE, TensorParallel
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.worker.cuda_graphs import DecodeGraphs
@@ -47,11 +48,11 @@ class PendingOutput:
 
 class ModelRunner:
     def __init__(self, checkpoint: Checkpoint, max_model_len: int, device: torch.device, dtype: torch.dtype,
-                 load_format: str = "auto", quantization: str | None = None):
+                 load_format: str = "auto", quantization: str | None = None, tp: TensorParallel = SINGLE_DEVICE):
         self.model_config: ModelConfig = checkpoint.config
         self.device, self.dtype = device, dtype
         start = time.perf_counter()
-        self.model = build_decoder(checkpoint, max_model_len, device, dtype, load_format, quantization)
+        self.model = build_decoder(checkpoint, max_model_len, device, dtype, load_format, quantization, tp=tp)
         self.kv_specs = _cache_layers(self.model.kv_cache_specs())
         self.encoder_decoder = self.model_config.is_encoder_decoder
         self.load_seconds = time.perf_counter() - start
@@ -74,8 +75,14 @@ class ModelRunner:
             self.buffers = InputBuffers(sched.max_num_batched_tokens, sched.max_num_seqs, -(-longest // block_size),
                                         block_size, self.model_config.sliding_window, self.device, cross_blocks)
 
-    def capture_graphs(self) -> float:
-        """Capture the decode CUDA graphs (after the KV cache exists); returns the seconds it took."""
+    def initialize_cache(self, num_blocks: int, block_size: int, swap_blocks: int, capture_graphs: bool) -> float:
+        """Allocate the KV cache (and the CPU swap pool, swap_blocks > 0), then capture the decode CUDA graphs where
+        the step runs the GPU's kernels and capture_graphs; returns the seconds the capture took."""
+        self.allocate_kv_cache(num_blocks, block_size)
+        if swap_blocks:
+            self.allocate_swap_space(swap_blocks)
+        if self.buffers is None or not capture_graphs:
+            return 0.0
         self.graphs = DecodeGraphs(self.model, self.buffers, self.kv_caches, self.encoder_decoder)
         return self.graphs.capture()
 

@@ -124,13 +124,13 @@ def test_a_failed_forward_pass_fails_the_whole_search(llm):
     engine.add_request("b", PROMPT, PARAMS)
     for _ in range(4):  # by now beams have forked and some, maybe the first, were pruned
         engine.step()
-    execute = engine.runner.execute
-    engine.runner.execute = lambda *args: (_ for _ in ()).throw(RuntimeError("injected fault"))
+    execute = engine.executor.runner.execute
+    engine.executor.runner.execute = lambda *args: (_ for _ in ()).throw(RuntimeError("injected fault"))
     try:
         with pytest.raises(StepFailedError, match="injected fault") as failure:
             engine.step()
     finally:
-        engine.runner.execute = execute
+        engine.executor.runner.execute = execute
     assert failure.value.request_ids == ["b"]
     assert not engine.has_unfinished_requests() and not engine.requests
     assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks

@@ -129,8 +129,8 @@ def test_searches_wider_together_than_max_num_seqs_take_turns(tiny_seq2seq):
     roomy = LLM(directory, dtype="float32", device="cpu", num_kv_blocks=BLOCKS, block_size=8)
     tight = LLM(directory, dtype="float32", device="cpu", num_kv_blocks=BLOCKS, block_size=8, max_num_seqs=8)
     sizes = []
-    execute = tight.engine.runner.execute
-    tight.engine.runner.execute = lambda message: sizes.append(len(message.request_ids)) or execute(message)
+    execute = tight.engine.executor.runner.execute
+    tight.engine.executor.runner.execute = lambda message: sizes.append(len(message.request_ids)) or execute(message)
     expected = roomy.beam_search(prompts, params, use_tqdm=False)
     got = tight.beam_search(prompts, params, use_tqdm=False)
     assert [[s.token_ids for s in o.sequences] for o in got] == [[s.token_ids for s in o.sequences] for o in expected]

@@ -97,7 +97,7 @@ def test_a_client_that_gives_up_on_a_search_frees_every_beam(server):
 
 def test_a_forward_pass_failing_mid_search_fails_it_alone(server, client):
     wait_for(lambda: server.kv_blocks_in_use() == 0, what="an idle server")
-    runner = server.llm.engine.runner
+    runner = server.llm.engine.executor.runner
     real_execute, calls = runner.execute, []
 
     def fail_on_the_fourth_step(*args, **kwargs):  # the beams have forked by then

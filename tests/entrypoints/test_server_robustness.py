@@ -42,7 +42,7 @@ def test_a_client_that_gives_up_on_a_whole_reply_frees_its_request(server):
 
 
 def test_a_failing_forward_pass_fails_its_request_with_a_500_and_the_server_recovers(server, caplog):
-    runner = server.llm.engine.runner
+    runner = server.llm.engine.executor.runner
     real_execute = runner.execute
 
     def fail_once(*args, **kwargs):

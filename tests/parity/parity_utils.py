@@ -132,10 +132,10 @@ class StepLog:
 
 
 def watch_steps(monkeypatch, engine) -> StepLog:
-    """Record what every forward pass of `engine` holds (wraps its ModelRunner.execute)."""
+    """Record what every forward pass of `engine` holds (wraps its executor's execute)."""
     log = StepLog()
-    runner = engine.runner
-    execute = runner.execute
+    executor = engine.executor
+    execute = executor.execute
 
     def spy(message):
         items = []
@@ -146,7 +146,7 @@ def watch_steps(monkeypatch, engine) -> StepLog:
         log.steps.append(items)
         return execute(message)
 
-    monkeypatch.setattr(runner, "execute", spy)
+    monkeypatch.setattr(executor, "execute", spy)
     return log
 
 
@@ -177,6 +177,21 @@ def run_staggered(engine, prompts: Sequence[Sequence[int]], arrival_steps: Seque
         raise
     assert len(finished) == len(prompts), f"finished {sorted(finished)} of {len(prompts)} requests"
     return finished
+
+
+NEW_TOKENS = 32  # generated per prompt in the greedy parity runs
+# prompts of 3 to ~60 tokens for SmolLM2's staggered greedy runs (conftest's smollm2_prompts)
+SMOLLM2_TEXTS = [
+    "Once upon a",  # 3 tokens
+    "Photosynthesis is the process by which green plants and some other organisms use sunlight to synthesize "
+    "foods from carbon dioxide and water. Photosynthesis in plants generally involves the green pigment "
+    "chlorophyll and generates oxygen as a byproduct. The light reactions take place in the thylakoid "
+    "membranes. In simple terms,",  # ~60 tokens
+    "def fibonacci(n):\n    ",
+    "In 1969, Neil Armstrong became the first person to walk on the Moon. The mission, called Apollo 11, was",
+    "The recipe calls for",
+    "1, 2, 3, 4, 5, 6,",
+]
 
 
 # ---- tiny random-weight checkpoints -----------------------------------------------------------------

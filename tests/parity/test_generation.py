@@ -13,44 +13,14 @@ from __future__ import annotations
 import pytest
 
 from fasterllm import LLM, SamplingParams
-from parity_utils import TINY_SPECS, first_divergence, hf_greedy, random_prompt, run_staggered, watch_steps
+from parity_utils import NEW_TOKENS, SMOLLM2_TEXTS, TINY_SPECS, first_divergence, hf_greedy, random_prompt, run_staggered, watch_steps
 
 pytest.importorskip("transformers")
 
-NEW_TOKENS = 32
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 
-SMOLLM2_TEXTS = [
-    "Once upon a",  # 3 tokens
-    "Photosynthesis is the process by which green plants and some other organisms use sunlight to synthesize "
-    "foods from carbon dioxide and water. Photosynthesis in plants generally involves the green pigment "
-    "chlorophyll and generates oxygen as a byproduct. The light reactions take place in the thylakoid "
-    "membranes. In simple terms,",  # ~60 tokens
-    "def fibonacci(n):\n    ",
-    "In 1969, Neil Armstrong became the first person to walk on the Moon. The mission, called Apollo 11, was",
-    "The recipe calls for",
-    "1, 2, 3, 4, 5, 6,",
-]
 # the engine step before which each request is added: all different, most while others are decoding
 ARRIVAL_STEPS = [0, 1, 3, 6, 10, 17]
-
-
-@pytest.fixture(scope="module")
-def smollm2_prompts(smollm2_llm):
-    tok = smollm2_llm.get_tokenizer()
-    prompts = [tok.encode(t) for t in SMOLLM2_TEXTS]
-    lengths = [len(p) for p in prompts]
-    assert min(lengths) == 3 and 50 <= max(lengths) <= 70, lengths
-    return prompts
-
-
-@pytest.fixture(scope="module")
-def smollm2_reference(hf_smollm2, smollm2_prompts):
-    """transformers' greedy continuation of each prompt, run alone."""
-    refs = [hf_greedy(hf_smollm2, ids, NEW_TOKENS) for ids in smollm2_prompts]
-    for text, ref in zip(SMOLLM2_TEXTS, refs):
-        assert len(ref) == NEW_TOKENS, f"transformers hit EOS early on {text!r}; pick a prompt that runs on"
-    return refs
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ def gpu_llm(directory):
 def test_greedy_tokens_match_transformers_on_the_gpu(tiny_seq2seq, family):
     directory, model = tiny_seq2seq[family]
     llm = gpu_llm(directory)
-    assert llm.engine.runner.graphs is not None  # decode steps replay CUDA graphs (T5's bias in the kernel too)
+    assert llm.engine.executor.runner.graphs is not None  # decode steps replay CUDA graphs (T5's bias in the kernel too)
     prompts = INPUTS + [{"encoder_prompt": INPUTS[0], "decoder_prompt": DECODER_PROMPT}]
     got = run_staggered(llm, prompts, SamplingParams(max_tokens=12, temperature=0), arrivals=[0, 0, 2, 3, 1])
     model = model.cuda()

@@ -86,7 +86,7 @@ def test_graph_replay_and_chunked_batches_match_eager_single_requests(prompts, g
     eager = engine(0.6, enforce_eager=True)
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=5)
     singles = [eager.generate({"prompt_token_ids": p}, params, use_tqdm=False)[0].outputs[0] for p in prompts]
-    assert graphs_llm.engine.runner.graphs is not None and eager.engine.runner.graphs is None
+    assert graphs_llm.engine.executor.runner.graphs is not None and eager.engine.executor.runner.graphs is None
     # one request: the same kernels with and without the graph, so exactly the same tokens
     replayed = [graphs_llm.generate({"prompt_token_ids": p}, params, use_tqdm=False)[0].outputs[0] for p in prompts]
     assert [r.token_ids for r in replayed] == [s.token_ids for s in singles]

@@ -44,7 +44,7 @@ def smollm2_prompts(smollm2_llm):
 
 
 def test_smollm2_logits_match_transformers(smollm2_llm, hf_smollm2, smollm2_prompts):
-    model = smollm2_llm.engine.runner.model
+    model = smollm2_llm.engine.executor.runner.model
     for ids in smollm2_prompts:
         ref = hf_logits(hf_smollm2, ids)
         ours = full_logits(model, ids)
@@ -55,7 +55,7 @@ def test_smollm2_logits_match_transformers(smollm2_llm, hf_smollm2, smollm2_prom
 
 
 def test_smollm2_chunked_and_batched_logits_match_transformers(smollm2_llm, hf_smollm2, smollm2_prompts):
-    model = smollm2_llm.engine.runner.model
+    model = smollm2_llm.engine.executor.runner.model
     ids = smollm2_prompts[1]
     assert len(ids) > 40, len(ids)
     ref = hf_logits(hf_smollm2, ids)
@@ -85,7 +85,7 @@ def tiny_llms(tiny_checkpoints):
 @pytest.mark.parametrize("spec", TINY_SPECS, ids=lambda s: s.name)
 def test_tiny_model_logits_match_transformers(spec, tiny_checkpoints, tiny_llms):
     directory, hf_model = tiny_checkpoints[spec.name]
-    model = tiny_llms[spec.name].engine.runner.model
+    model = tiny_llms[spec.name].engine.executor.runner.model
     assert model.config.tie_word_embeddings == spec.tie_word_embeddings
     worst = 0.0
     for length, seed in ((7, 1), (100, 2)):
@@ -158,7 +158,7 @@ def test_llama_bias_variants_match_transformers(extra, tmp_path):
     hf_model = build_tiny_model(spec, tmp_path, seed=11)
     assert any(name.endswith(".bias") for name, _ in hf_model.named_parameters())
     model = LLM(str(tmp_path), dtype="float32", device="cpu", max_model_len=MAX_POS,
-                num_kv_blocks=32).engine.runner.model
+                num_kv_blocks=32).engine.executor.runner.model
     ids = random_prompt(50, spec.vocab_size, 4)
     diff = max_abs_diff(full_logits(model, ids), hf_logits(hf_model, ids))
     print(f"{spec.name}: max |diff| = {diff:.2e}")
@@ -180,7 +180,7 @@ def mistral_sliding(tmp_path_factory):
     hf_model = build_tiny_model(spec, directory, seed=7)
     ids = random_prompt(100, spec.vocab_size, 3)
     model = LLM(str(directory), dtype="float32", device="cpu", max_model_len=MAX_POS,
-                num_kv_blocks=32).engine.runner.model
+                num_kv_blocks=32).engine.executor.runner.model
     return full_logits(model, ids), hf_logits(hf_model, ids)
 
 

@@ -1,0 +1,98 @@
+"""Tensor parallelism (Megatron-style): this rank's place in the group, its share of heads and rows, and the two
+collectives a sharded layer needs (torch.distributed: NCCL on GPUs, gloo on CPUs).
+
+A model takes a TensorParallel and builds only its rank's part: column-parallel projections (Q/K/V, gate/up) keep
+rows of the output, row-parallel ones (o_proj, down_proj) columns of the input and sum over ranks with one
+all-reduce, the embedding and the output head keep rows of the vocabulary. With size 1 every collective is
+skipped: one device runs exactly as without tensor parallelism.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+# how long a collective may wait for the other ranks before it fails instead of hanging (gloo raises; NCCL's
+# watchdog ends the process, which the executor sees)
+COLLECTIVE_TIMEOUT = timedelta(minutes=5)
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    rank: int = 0
+    size: int = 1
+
+    def shard(self, total: int, what: str) -> int:
+        """This rank's share of `total` (heads, rows): total / size, which must be whole."""
+        if total % self.size:
+            raise ValueError(f"{what}={total} does not divide over tensor_parallel_size={self.size}; use a "
+                             f"tensor_parallel_size that divides {total}")
+        return total // self.size
+
+    def kv_heads(self, num_kv_heads: int) -> tuple[int, int]:
+        """(first KV head, KV heads) this rank keeps: a share of them, or, with fewer KV heads than ranks, one
+        head replicated over size / num_kv_heads ranks (the query heads that read it sit on those ranks)."""
+        if num_kv_heads >= self.size:
+            local = self.shard(num_kv_heads, "num_key_value_heads")
+            return self.rank * local, local
+        if self.size % num_kv_heads:
+            raise ValueError(f"num_key_value_heads={num_kv_heads} is fewer than tensor_parallel_size={self.size} "
+                             f"and does not divide it, so its heads cannot be replicated evenly; use a "
+                             f"tensor_parallel_size that {num_kv_heads} divides")
+        return self.rank * num_kv_heads // self.size, 1
+
+    def vocab_rows(self, vocab_size: int) -> tuple[int, int]:
+        """(first row, rows per rank) of the vocabulary: ceil(vocab / size) each, the last rank's padded."""
+        per_rank = -(-vocab_size // self.size)
+        return self.rank * per_rank, per_rank
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks, in place (a row-parallel layer's partial products)."""
+        if self.size > 1:
+            dist.all_reduce(x)
+        return x
+
+    def gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., n] on every rank -> [..., size * n], rank order (the vocabulary shards of the logits), on every
+        rank: each samples the same tokens from the same logits, so every rank holds them for the next step."""
+        if self.size == 1:
+            return x
+        gathered = torch.empty((self.size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+        _all_gather_single(gathered, x.contiguous())  # rank after rank along dim 0
+        return gathered.view(self.size, *x.shape).movedim(0, -2).reshape(*x.shape[:-1], self.size * x.shape[-1])
+
+
+SINGLE_DEVICE = TensorParallel()
+# all_gather_into_tensor's newer name (torch 2.13 warns at the old one; torch 2.11 has only the old one)
+_all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+
+
+def init_tensor_parallel(rank: int, size: int, init_method: str, device: torch.device) -> TensorParallel:
+    """Join the group of `size` ranks (one process each) at init_method (tcp://host:port): NCCL on a GPU, gloo on
+    the CPU."""
+    if size > 1:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        extra = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
+                                timeout=COLLECTIVE_TIMEOUT, **extra)
+    return TensorParallel(rank, size)
+
+
+def check_tensor_parallel(config, quantization: str | None, size: int) -> None:
+    """A ValueError naming what cannot be split over `size` ranks: a model family without tensor parallelism, a GGUF's
+    Q4 blocks as stored, a head count or FFN size that does not divide."""
+    if size == 1:
+        return
+    if config.is_encoder_decoder:
+        raise ValueError(f"tensor_parallel_size={size}: {config.architecture} (encoder-decoder) runs on one device "
+                         "only; tensor parallelism covers the decoder-only families; use tensor_parallel_size=1")
+    if quantization == "gguf":
+        raise ValueError(f"tensor_parallel_size={size}: quantization='gguf' keeps the file's Q4 blocks whole and "
+                         "cannot split them; use quantization='int4' (quantized per rank at load) or "
+                         "tensor_parallel_size=1")
+    tp = TensorParallel(0, size)
+    tp.shard(config.num_attention_heads, "num_attention_heads")
+    tp.kv_heads(config.num_key_value_heads)
+    tp.shard(config.intermediate_size, "intermediate_size")
