@@ -61,19 +61,26 @@ def weight_bytes_per_step(model: torch.nn.Module) -> int:
     return sum(sizes.values())
 
 
+def rank_weights(runner) -> tuple[int, int]:
+    """(parameters, weight bytes a decode step reads) of one rank's model (run on each rank by the executor)."""
+    return sum(p.numel() for p in runner.model.parameters()), weight_bytes_per_step(runner.model)
+
+
 def print_roofline(engine: Engine, run: dict[str, float], tokens_processed: int) -> dict[str, float]:
-    model = engine.executor.runner.model
-    parameters = sum(p.numel() for p in model.parameters())
-    weight_bytes = weight_bytes_per_step(model)
+    """With tensor parallelism: the weights and bandwidth of one GPU (the rank reading most), the MFU of all."""
+    ranks = engine.executor.collective_rpc(rank_weights)
+    parameters = sum(count for count, _ in ranks)
+    weight_bytes = max(size for _, size in ranks)
     bandwidth = copy_bandwidth(engine.device)
     peak = matmul_peak(engine.device, engine.dtype)
     achieved = weight_bytes / (run["tpot_median_ms"] / 1e3)
-    mfu = 2 * parameters * tokens_processed / run["seconds"] / peak
-    print(f"device        : {torch.cuda.get_device_name(engine.device)}; weights {weight_bytes / 1e9:.2f} GB "
+    mfu = 2 * parameters * tokens_processed / run["seconds"] / (peak * len(ranks))
+    per_gpu = f" on each of {len(ranks)} GPUs" if len(ranks) > 1 else ""
+    print(f"device        : {torch.cuda.get_device_name(engine.device)}; weights {weight_bytes / 1e9:.2f} GB{per_gpu} "
           f"({parameters / 1e9:.2f} B parameters); copy bandwidth {bandwidth / 1e12:.2f} TB/s; "
           f"{str(engine.dtype).removeprefix('torch.')} matmul {peak / 1e12:.0f} TFLOP/s")
-    print(f"roofline      : decode step reads weights at {achieved / 1e12:.2f} TB/s = {achieved / bandwidth:.0%} of "
-          f"copy bandwidth; MFU {mfu:.1%} ({tokens_processed} tokens in {run['seconds']:.2f} s)")
+    print(f"roofline      : decode step reads weights at {achieved / 1e12:.2f} TB/s{per_gpu} = {achieved / bandwidth:.0%} "
+          f"of copy bandwidth; MFU {mfu:.1%} ({tokens_processed} tokens in {run['seconds']:.2f} s)")
     print("start-up      : " + ", ".join(f"{k} {v:.1f}s" for k, v in engine.startup_seconds.items()))
     return {"weight_bytes": weight_bytes, "copy_bandwidth": bandwidth, "matmul_peak": peak,
             "achieved_bandwidth": achieved, "mfu": mfu}

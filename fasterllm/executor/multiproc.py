@@ -18,6 +18,7 @@ import socket
 import threading
 import traceback
 import weakref
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 
 import torch
@@ -67,14 +68,18 @@ class MultiprocExecutor:
 
     def execute(self, message: SchedulerOutput) -> RemoteOutput | None:
         self._send(("step", pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)))
-        return RemoteOutput(self) if message.request_ids else None
+        return RemoteOutput(self, message.sampled_request_ids) if message.request_ids else None
+
+    def collective_rpc(self, method: str | Callable, *args) -> list:
+        """runner.method(*args), or method(runner, *args) for a module-level function, on every rank; the results in
+        rank order."""
+        return self._call(method, *args)
 
     def shutdown(self) -> None:
         self._stop()
 
     # ---- transport ----------------------------------------------------------------------------------------
-    def _call(self, method: str, *args) -> list:
-        """Run runner.method(*args) on every rank; their results in rank order."""
+    def _call(self, method: str | Callable, *args) -> list:
         self._send(("call", (method, args)))
         return self._receive_all()
 
@@ -124,10 +129,11 @@ class MultiprocExecutor:
 
 
 class RemoteOutput:
-    """A step launched on the workers: get() waits for rank 0's sampled tokens (steps answer in launch order)."""
+    """A step launched on the workers: get() waits for rank 0's sampled tokens (steps answer in launch order).
+    request_ids: the request of each sampled row, known before the tokens (the lookahead step reads them)."""
 
-    def __init__(self, executor: MultiprocExecutor):
-        self._executor = executor
+    def __init__(self, executor: MultiprocExecutor, request_ids: list[str]):
+        self._executor, self.request_ids = executor, request_ids
 
     def get(self) -> ModelRunnerOutput:
         return self._executor._receive(0)
@@ -150,7 +156,8 @@ def run_worker(rank: int, args: EngineArgs, max_model_len: int, sched: Scheduler
                     sender.put("output", pending)
             else:
                 method, call_args = payload
-                sender.put("result", getattr(runner, method)(*call_args))
+                result = method(runner, *call_args) if callable(method) else getattr(runner, method)(*call_args)
+                sender.put("result", result)
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     except EOFError:  # the engine's process is gone
@@ -203,16 +210,16 @@ def _last_error(connection: Connection) -> str | None:
 
 
 def _stop_workers(processes: list, commands: list[Connection]) -> None:
-    for connection in commands:
+    """Rank 0 last: it hosts the group's store, which the others' NCCL watchdogs poll until they have exited."""
+    for rank in [*range(1, len(processes)), 0]:
         try:
-            connection.send(("stop", None))
+            commands[rank].send(("stop", None))
         except OSError:
             pass
-    for process in processes:
-        process.join(timeout=10)
-        if process.is_alive():  # stuck in a collective with a failed peer
-            process.kill()
-            process.join()
+        processes[rank].join(timeout=10)
+        if processes[rank].is_alive():  # stuck in a collective with a failed peer
+            processes[rank].kill()
+            processes[rank].join()
 
 
 def _free_port() -> int:

@@ -2,6 +2,8 @@
 message, no extra process)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fasterllm.config import CacheConfig, EngineArgs, SchedulerConfig
 from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.worker.model_runner import PendingOutput
@@ -26,6 +28,10 @@ class UniProcExecutor:
 
     def execute(self, message: SchedulerOutput) -> PendingOutput | None:
         return self.runner.execute(message)
+
+    def collective_rpc(self, method: str | Callable, *args) -> list:
+        """[runner.method(*args)], or [method(runner, *args)]: the one rank's result, as MultiprocExecutor answers."""
+        return [method(self.runner, *args) if callable(method) else getattr(self.runner, method)(*args)]
 
     def shutdown(self) -> None:
         pass

@@ -37,7 +37,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
         self.qkv_shape = (num_heads + 2 * num_kv_heads, cfg.head_dim)
-        self.num_q_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.num_q_heads, self.num_kv_heads, self.intermediate_size = num_heads, num_kv_heads, intermediate
         if cfg.qk_norm:  # Qwen3: each head's query and key normalised before RoPE
             self.q_norm, self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps), RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         else:
@@ -130,7 +130,7 @@ class LlamaForCausalLM(nn.Module):
         parallelism, read only this rank's part of each (loader/weight_parts.py)."""
         cfg, layer = self.config, self.layers[0]
         q_size, kv_size = layer.num_q_heads * cfg.head_dim, layer.num_kv_heads * cfg.head_dim
-        intermediate = layer.down_proj.in_features
+        intermediate = layer.intermediate_size
         fused = {"q_proj": ("qkv_proj", 0, q_size), "k_proj": ("qkv_proj", q_size, kv_size),
                  "v_proj": ("qkv_proj", q_size + kv_size, kv_size),
                  "gate_proj": ("gate_up_proj", 0, intermediate),
@@ -182,7 +182,7 @@ class LlamaForCausalLM(nn.Module):
         if tp.size == 1:
             return read_whole(source)
         layer = self.layers[0]
-        q_size, intermediate = layer.num_q_heads * cfg.head_dim, layer.down_proj.in_features
+        q_size, intermediate = layer.num_q_heads * cfg.head_dim, layer.intermediate_size
         kv_first = tp.kv_heads(cfg.num_key_value_heads)[0] * cfg.head_dim
         rows = {"q_proj": (tp.rank * q_size, q_size), "k_proj": (kv_first, layer.num_kv_heads * cfg.head_dim),
                 "gate_proj": (tp.rank * intermediate, intermediate)}

@@ -170,7 +170,7 @@ class ModelRunner:
         token_ids: list[int] = []
         query_lens, seq_lens, tables = [], [], []
         logits_rows: list[int] = []
-        sampling: list[str] = []  # the request of each sampled row
+        sampling = message.sampled_request_ids  # the request of each sampled row
         prompt_rows: list[tuple[str, RequestState, int, int, int]] = []  # id, state, first position, first row, count
         carried: list[tuple[int, str]] = []  # (token row, request) whose input is the previous step's sample
         states = self.requests.states
@@ -190,12 +190,7 @@ class ModelRunner:
             scored_end = min(end, state.num_prompt_tokens - 1)  # positions that predict a prompt token
             if state.sampling_params.prompt_logprobs is not None and start < scored_end:
                 prompt_rows.append((request_id, state, start, len(token_ids) - num_new, scored_end - start))
-            if num_samples == 1:
-                logits_rows.append(len(token_ids) - 1)
-                sampling.append(request_id)
-            elif num_samples:
-                logits_rows.extend([len(token_ids) - 1] * num_samples)
-                sampling.extend([request_id] * num_samples)
+            logits_rows.extend([len(token_ids) - 1] * num_samples)
         for *_, first_row, count in prompt_rows:  # prompt-scoring rows go after the sampling rows
             logits_rows.extend(range(first_row, first_row + count))
         cross = None

@@ -67,6 +67,11 @@ class SchedulerOutput:
     def num_tokens(self) -> int:
         return sum(self.num_new_tokens)
 
+    @property
+    def sampled_request_ids(self) -> list[str]:
+        """The request of each row the step samples, in row order (a best_of request's rows repeat it)."""
+        return [request_id for request_id, count in zip(self.request_ids, self.num_samples) for _ in range(count)]
+
 
 @dataclass
 class ModelRunnerOutput:

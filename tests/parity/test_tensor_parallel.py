@@ -75,8 +75,10 @@ def test_vocabulary_that_does_not_divide_and_kv_heads_replicated_over_4_ranks(tm
 
 def _check_greedy(directory, hf_model, vocab_size: int, tensor_parallel_size: int) -> None:
     prompts = [random_prompt(length, vocab_size, seed) for seed, length in enumerate((5, 23, 40))]
+    # the 40-token prompt is prefilled in two chunks beside the others; each step launched before the last one's
+    # tokens are read (asynchronous scheduling, as on a GPU)
     llm = LLM(str(directory), dtype="float32", device="cpu", tensor_parallel_size=tensor_parallel_size,
-              max_num_batched_tokens=32)  # the 40-token prompt is prefilled in two chunks beside the others
+              max_num_batched_tokens=32, async_scheduling=True)
     try:
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
     finally:
