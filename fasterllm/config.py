@@ -170,7 +170,8 @@ class EngineArgs:
     task: str = "generate"  # or "embed": an encoder (BERT family) that returns one vector per input
     # shard the model over this many devices (one process each; the GPUs of one machine, or CPU processes)
     tensor_parallel_size: int = 1
-    # where the ranks run: None picks "uni" (in process) for one rank and "mp" (one process per rank) for more
+    # where the ranks run: "uni" (in process, one rank), "mp" (a process per rank on this machine), "ray" (a Ray
+    # actor per rank across the nodes of a Ray cluster); None: uni for one rank, mp for more
     distributed_executor_backend: str | None = None
 
     def validate(self) -> None:
@@ -188,9 +189,10 @@ class EngineArgs:
         if self.task == "embed" and self.tensor_parallel_size > 1:
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size}: task='embed' runs its encoder on one "
                              "device; use tensor_parallel_size=1")
-        if self.distributed_executor_backend not in (None, "uni", "mp"):
+        if self.distributed_executor_backend not in (None, "uni", "mp", "ray"):
             raise ValueError(f"distributed_executor_backend={self.distributed_executor_backend!r} must be 'uni' (in "
-                             "process), 'mp' (one process per rank) or None (uni for one rank, mp for more)")
+                             "process), 'mp' (one process per rank), 'ray' (Ray actors, across nodes) or None (uni "
+                             "for one rank, mp for more)")
         if self.distributed_executor_backend == "uni" and self.tensor_parallel_size > 1:
             raise ValueError(f"distributed_executor_backend='uni' runs one rank in process, but tensor_parallel_size="
                              f"{self.tensor_parallel_size}; use 'mp' or leave it unset")

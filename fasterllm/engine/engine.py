@@ -29,6 +29,7 @@ from fasterllm.loader.checkpoint import open_checkpoint
 from fasterllm.outputs import RequestOutput
 from fasterllm.sampling_params import BeamSearchParams, SamplingParams
 from fasterllm.worker.model_runner import PendingOutput
+from fasterllm.worker.worker import WorkerConfig
 
 logger = logging.getLogger("fasterllm")
 
@@ -55,7 +56,8 @@ class Engine:
         self.scheduler_config = SchedulerConfig(args.max_num_seqs, max_batched, self.max_model_len,
                                                 args.preemption_mode, args.watermark,
                                                 args.long_prefill_token_threshold)
-        self.executor = make_executor(args, checkpoint, self.max_model_len, self.scheduler_config)
+        self.executor = make_executor(WorkerConfig(args, self.max_model_len, self.scheduler_config, self.dtype),
+                                      checkpoint)
         cache = CacheConfig(args.block_size)
         profile_start = time.perf_counter()
         cache.num_blocks = args.num_kv_blocks or self.executor.determine_num_blocks(

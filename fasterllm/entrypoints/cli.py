@@ -42,10 +42,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="quantized at load: int8 / int4 weight-only, w8a8 (INT8 weights and activations), fp8 (Hopper "
                         "GPUs); gguf: a GGUF's Q4_0/Q4_1 blocks as stored (README: Quantization)")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=defaults.tensor_parallel_size,
-                   help="shard the model over this many GPUs of this machine (one process each)")
-    g.add_argument("--distributed-executor-backend", choices=["uni", "mp"], default=None,
-                   help="uni: one rank in this process; mp: one process per rank (default: uni for one rank, mp "
-                        "for more)")
+                   help="shard the model over this many GPUs (one process each)")
+    g.add_argument("--distributed-executor-backend", choices=["uni", "mp", "ray"], default=None,
+                   help="uni: one rank in this process; mp: one process per rank on this machine; ray: a Ray actor "
+                        "per rank across the nodes of a Ray cluster (default: uni for one rank, mp for more)")
     g.add_argument("--load-format", choices=["auto", "dummy"], default=defaults.load_format,
                    help="dummy: random weights of the model's shape (config.json is enough; for benchmarks)")
 

@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import torch
 
-from fasterllm.config import EngineArgs, SchedulerConfig
 from fasterllm.distributed.tensor_parallel import check_tensor_parallel
 from fasterllm.executor.multiproc import MultiprocExecutor
+from fasterllm.executor.ray_executor import RayExecutor
 from fasterllm.executor.uniproc import UniProcExecutor
 from fasterllm.loader.checkpoint import Checkpoint
+from fasterllm.worker.worker import WorkerConfig
 
 
-def make_executor(args: EngineArgs, checkpoint: Checkpoint, max_model_len: int, sched: SchedulerConfig
-                  ) -> UniProcExecutor | MultiprocExecutor:
-    """UniProcExecutor (one rank, in process) or MultiprocExecutor (a process per rank), as args say; a tensor
-    parallel size the model or the machine cannot take is refused before any process starts."""
+def make_executor(config: WorkerConfig, checkpoint: Checkpoint) -> UniProcExecutor | MultiprocExecutor | RayExecutor:
+    """UniProcExecutor (one rank, in process), MultiprocExecutor (a process per rank on this machine) or RayExecutor
+    (a Ray actor per rank, across a cluster's nodes), as args say; a tensor parallel size the model or this machine
+    cannot take is refused before any process starts."""
+    args = config.args
     size = args.tensor_parallel_size
     check_tensor_parallel(checkpoint.config, args.quantization, size)
-    if args.resolve_device().type == "cuda" and size > torch.cuda.device_count():
+    if args.resolve_device().type == "cuda" and size > torch.cuda.device_count() and \
+            args.distributed_executor_backend != "ray":  # a Ray cluster's GPUs may be on other nodes
         raise ValueError(f"tensor_parallel_size={size} needs {size} GPUs but this machine has "
                          f"{torch.cuda.device_count()}; use tensor_parallel_size <= {torch.cuda.device_count()}")
     if size == 1 and args.distributed_executor_backend in (None, "uni"):
-        return UniProcExecutor(args, max_model_len, sched, checkpoint)
-    return MultiprocExecutor(args, max_model_len, sched)
+        return UniProcExecutor(config, checkpoint)
+    if args.distributed_executor_backend == "ray":
+        return RayExecutor(config)
+    return MultiprocExecutor(config)

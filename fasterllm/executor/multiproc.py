@@ -24,26 +24,25 @@ from multiprocessing.connection import Connection, wait
 import torch
 import torch.multiprocessing as mp
 
-from fasterllm.config import CacheConfig, EngineArgs, SchedulerConfig
 from fasterllm.errors import WorkerFailedError
+from fasterllm.executor.ranks import RankExecutor
 from fasterllm.worker.step_messages import ModelRunnerOutput, SchedulerOutput
-from fasterllm.worker.worker import init_worker
+from fasterllm.worker.worker import WorkerConfig, call_runner, init_worker
 
 logger = logging.getLogger("fasterllm")
 
 
-class MultiprocExecutor:
-    def __init__(self, args: EngineArgs, max_model_len: int, sched: SchedulerConfig):
+class MultiprocExecutor(RankExecutor):
+    def __init__(self, config: WorkerConfig):
         context = mp.get_context("spawn")
-        size = args.tensor_parallel_size
+        size = config.args.tensor_parallel_size
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         self._processes, self._commands, self._results = [], [], []
         for rank in range(size):
             command_reader, command_writer = context.Pipe(duplex=False)
             result_reader, result_writer = context.Pipe(duplex=False)
             process = context.Process(target=run_worker, name=f"fasterllm-rank-{rank}", daemon=True,
-                                      args=(rank, args, max_model_len, sched, init_method, command_reader,
-                                            result_writer))
+                                      args=(rank, config, init_method, command_reader, result_writer))
             process.start()
             command_reader.close()
             result_writer.close()
@@ -54,26 +53,10 @@ class MultiprocExecutor:
         self._stop = weakref.finalize(self, _stop_workers, self._processes, self._commands)
         self.load_seconds = max(self._receive_all())  # each rank's seconds to load its shard
 
-    # ---- what the engine calls ----------------------------------------------------------------------------
-    def determine_num_blocks(self, cache: CacheConfig, sched: SchedulerConfig, gpu_memory_utilization: float,
-                             cpu_kv_cache_gib: float) -> int:
-        """The fewest blocks any rank has room for: block ids mean the same slots on every rank."""
-        return min(self._call("determine_num_blocks", cache, sched, gpu_memory_utilization, cpu_kv_cache_gib))
-
-    def bytes_per_block(self, block_size: int) -> int:
-        return self._call("bytes_per_block", block_size)[0]  # one rank's: each holds its heads' share
-
-    def initialize_cache(self, num_blocks: int, block_size: int, swap_blocks: int, capture_graphs: bool) -> float:
-        return max(self._call("initialize_cache", num_blocks, block_size, swap_blocks, capture_graphs))
-
+    # ---- what the engine calls (and RankExecutor's methods) ------------------------------------------------
     def execute(self, message: SchedulerOutput) -> RemoteOutput | None:
         self._send(("step", pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)))
         return RemoteOutput(self, message.sampled_request_ids) if message.request_ids else None
-
-    def collective_rpc(self, method: str | Callable, *args) -> list:
-        """runner.method(*args), or method(runner, *args) for a module-level function, on every rank; the results in
-        rank order."""
-        return self._call(method, *args)
 
     def shutdown(self) -> None:
         self._stop()
@@ -139,12 +122,11 @@ class RemoteOutput:
         return self._executor._receive(0)
 
 
-def run_worker(rank: int, args: EngineArgs, max_model_len: int, sched: SchedulerConfig, init_method: str,
-               commands: Connection, results: Connection) -> None:
+def run_worker(rank: int, config: WorkerConfig, init_method: str, commands: Connection, results: Connection) -> None:
     """A worker process: start the rank, then run what the engine sends until told to stop or a call fails."""
     sender = _Sender(results)
     try:
-        runner = init_worker(args, max_model_len, sched, rank, init_method)
+        runner = init_worker(config, rank, init_method)
         sender.put("result", runner.load_seconds)
         while True:
             kind, payload = commands.recv()
@@ -155,9 +137,7 @@ def run_worker(rank: int, args: EngineArgs, max_model_len: int, sched: Scheduler
                 if rank == 0 and pending is not None:
                     sender.put("output", pending)
             else:
-                method, call_args = payload
-                result = method(runner, *call_args) if callable(method) else getattr(runner, method)(*call_args)
-                sender.put("result", result)
+                sender.put("result", call_runner(runner, *payload))
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     except EOFError:  # the engine's process is gone

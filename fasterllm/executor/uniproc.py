@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fasterllm.config import CacheConfig, EngineArgs, SchedulerConfig
+from fasterllm.config import CacheConfig, SchedulerConfig
 from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.worker.model_runner import PendingOutput
 from fasterllm.worker.step_messages import SchedulerOutput
-from fasterllm.worker.worker import init_worker
+from fasterllm.worker.worker import WorkerConfig, call_runner, init_worker
 
 
 class UniProcExecutor:
-    def __init__(self, args: EngineArgs, max_model_len: int, sched: SchedulerConfig, checkpoint: Checkpoint):
-        self.runner = init_worker(args, max_model_len, sched, checkpoint=checkpoint)
+    def __init__(self, config: WorkerConfig, checkpoint: Checkpoint):
+        self.runner = init_worker(config, checkpoint=checkpoint)
         self.load_seconds = self.runner.load_seconds
 
     def determine_num_blocks(self, cache: CacheConfig, sched: SchedulerConfig, gpu_memory_utilization: float,
@@ -31,7 +31,7 @@ class UniProcExecutor:
 
     def collective_rpc(self, method: str | Callable, *args) -> list:
         """[runner.method(*args)], or [method(runner, *args)]: the one rank's result, as MultiprocExecutor answers."""
-        return [method(self.runner, *args) if callable(method) else getattr(self.runner, method)(*args)]
+        return [call_runner(self.runner, method, args)]
 
     def shutdown(self) -> None:
         pass

@@ -73,12 +73,12 @@ def test_vocabulary_that_does_not_divide_and_kv_heads_replicated_over_4_ranks(tm
     _check_greedy(tmp_path, hf_model, spec.vocab_size, tensor_parallel_size=4)
 
 
-def _check_greedy(directory, hf_model, vocab_size: int, tensor_parallel_size: int) -> None:
+def _check_greedy(directory, hf_model, vocab_size: int, tensor_parallel_size: int, **kwargs) -> None:
     prompts = [random_prompt(length, vocab_size, seed) for seed, length in enumerate((5, 23, 40))]
     # the 40-token prompt is prefilled in two chunks beside the others; each step launched before the last one's
     # tokens are read (asynchronous scheduling, as on a GPU)
     llm = LLM(str(directory), dtype="float32", device="cpu", tensor_parallel_size=tensor_parallel_size,
-              max_num_batched_tokens=32, async_scheduling=True)
+              max_num_batched_tokens=32, async_scheduling=True, **kwargs)
     try:
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
     finally:
@@ -129,3 +129,14 @@ def test_encoder_decoder_models_refuse_tensor_parallelism(tiny_seq2seq):
     directory = next(iter(tiny_seq2seq.values()))[0]
     with pytest.raises(ValueError, match="encoder-decoder.*tensor_parallel_size=1"):
         LLM(str(directory), device="cpu", tensor_parallel_size=2)
+
+
+def test_ray_backend_on_one_machine_matches_transformers(tiny_checkpoints):
+    """The ranks as Ray actors (a local Ray instance: no cluster runs here), over gloo, steps launched ahead."""
+    ray = pytest.importorskip("ray")
+    directory, hf_model = tiny_checkpoints["llama3_gqa"]
+    try:
+        _check_greedy(directory, hf_model, TINY_SPECS[0].vocab_size, tensor_parallel_size=2,
+                      distributed_executor_backend="ray")
+    finally:
+        ray.shutdown()
