@@ -140,3 +140,18 @@ def test_ray_backend_on_one_machine_matches_transformers(tiny_checkpoints):
                       distributed_executor_backend="ray")
     finally:
         ray.shutdown()
+
+
+@pytest.mark.parametrize("method", ["int8", "int4", "w8a8"])
+def test_quantized_linears_are_sharded_and_still_answer(gguf, method):
+    """Each rank quantizes its own shard at load (a row-parallel layer's channel scales come from its columns only,
+    so the numbers are near tp = 1's, not equal): the answer must survive."""
+    llm = LLM(str(gguf), dtype="float32", device="cpu", tensor_parallel_size=3, quantization=method,
+              max_model_len=256)
+    try:
+        chat = llm.get_tokenizer().encode_chat([{"role": "user", "content": "What is the capital of France?"}])
+        answer = llm.generate([{"prompt_token_ids": chat}], SamplingParams(temperature=0, max_tokens=24),
+                              use_tqdm=False)[0].outputs[0].text
+    finally:
+        llm.engine.shutdown()
+    assert "Paris" in answer, answer
