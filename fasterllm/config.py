@@ -54,8 +54,23 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     # llama3-style per-frequency divisors stored as a tensor in some GGUF files
     rope_freq_factors: torch.Tensor | None = None
+    # Gemma 2: GELU (tanh) gates, norms of the (1 + weight) form, embeddings scaled by sqrt(hidden), a norm after
+    # attention and one after the FFN besides the two before ("sandwich"), queries scaled by query_pre_attn_scalar,
+    # attention scores and final logits soft-capped (cap * tanh(x / cap)), and a sliding window on some layers only
+    hidden_act: str = "silu"
+    norm_plus_one: bool = False
+    embedding_multiplier: float | None = None
+    sandwich_norms: bool = False
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    layer_sliding_windows: list[int | None] | None = None  # per layer; None: every layer has sliding_window
 
     is_encoder_decoder = False
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of layer `layer` (None: it attends to the whole sequence)."""
+        return self.sliding_window if self.layer_sliding_windows is None else self.layer_sliding_windows[layer]
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -65,8 +80,10 @@ class ModelConfig:
 
 
 # the Hugging Face decoder architectures models/registry.py runs (all through models/llama.py)
-DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM",
-                         "Qwen3ForCausalLM")
+DECODER_ARCHITECTURES = ("Gemma2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
+                         "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# the GELU forms of a gated FFN (hidden_act / hidden_activation), besides "silu"
+GATED_GELU_FORMS = {"gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu": "none"}
 
 
 # the Hugging Face encoder-decoder architectures (models/bart.py, models/t5.py) -> their family's model_type
@@ -85,8 +102,9 @@ def check_architecture(architecture: str) -> None:
 # Hugging Face hidden_act -> (F.gelu approximate=, oneDNN gelu algorithm)
 GELU_FORMS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
 
-# model_type -> how many position rows come before position 0 (RoBERTa counts from padding_idx + 1)
-_POSITION_OFFSET_FROM_PAD = {"bert": False, "roberta": True, "xlm-roberta": True}
+# the encoders task='embed' runs (model_type) -> whether position 0 is a later row (RoBERTa counts from
+# padding_idx + 1)
+ENCODER_MODEL_TYPES = {"bert": False, "roberta": True, "xlm-roberta": True}
 
 
 @dataclass
@@ -110,16 +128,16 @@ class BertConfig:
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> BertConfig:
         model_type = raw.get("model_type", "bert")
-        if model_type not in _POSITION_OFFSET_FROM_PAD:
+        if model_type not in ENCODER_MODEL_TYPES:
             raise ValueError(f"model_type {model_type!r} is not a supported encoder; supported: "
-                             f"{', '.join(_POSITION_OFFSET_FROM_PAD)}")
+                             f"{', '.join(ENCODER_MODEL_TYPES)}")
         if raw.get("position_embedding_type", "absolute") != "absolute":
             raise ValueError(f"position_embedding_type={raw['position_embedding_type']!r} is not supported; "
                              "only 'absolute' position embeddings are")
         hidden_act = raw.get("hidden_act", "gelu")
         if hidden_act not in GELU_FORMS:
             raise ValueError(f"hidden_act={hidden_act!r} is not supported; use one of {', '.join(GELU_FORMS)}")
-        offset = raw.get("pad_token_id", 1) + 1 if _POSITION_OFFSET_FROM_PAD[model_type] else 0
+        offset = raw.get("pad_token_id", 1) + 1 if ENCODER_MODEL_TYPES[model_type] else 0
         return cls(model_type, raw["vocab_size"], raw["hidden_size"], raw["intermediate_size"],
                    raw["num_hidden_layers"], raw["num_attention_heads"], raw.get("max_position_embeddings", 512),
                    raw.get("type_vocab_size", 2), raw.get("layer_norm_eps", 1e-12), hidden_act, offset)

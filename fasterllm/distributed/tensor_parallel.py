@@ -8,6 +8,7 @@ skipped: one device runs exactly as without tensor parallelism.
 """
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -96,3 +97,10 @@ def check_tensor_parallel(config, quantization: str | None, size: int) -> None:
     tp.shard(config.num_attention_heads, "num_attention_heads")
     tp.kv_heads(config.num_key_value_heads)
     tp.shard(config.intermediate_size, "intermediate_size")
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for a group's rendezvous (init_method)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]

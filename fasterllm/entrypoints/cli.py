@@ -137,6 +137,16 @@ def cmd_chat(ns: argparse.Namespace) -> None:
         history.append({"role": "assistant", "content": shown})
 
 
+def cmd_models(ns: argparse.Namespace) -> None:
+    from fasterllm.models.registry import supported_models
+
+    rows = supported_models()
+    columns = list(rows[0])
+    widths = [max(len(c), *(len(r[c]) for r in rows)) for c in columns]
+    for values in [dict(zip(columns, columns)), *rows]:
+        print("  ".join(values[c].ljust(w) for c, w in zip(columns, widths)).rstrip())
+
+
 def cmd_bench(ns: argparse.Namespace) -> None:
     from fasterllm.bench.offline import run_offline_bench
 
@@ -253,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(chat, temperature=0.7)
     chat.set_defaults(func=cmd_chat)
 
+    models = sub.add_parser("models", help="every architecture fasterllm runs, and what it runs with")
+    models.set_defaults(func=cmd_models)
     bench = sub.add_parser("bench", help="offline throughput/latency benchmark, next to transformers")
     bench.add_argument("--num-prompts", type=int, default=32)
     bench.add_argument("--input-len", type=int, default=128)

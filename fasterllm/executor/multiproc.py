@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import pickle
 import queue
-import socket
 import threading
 import traceback
 import weakref
@@ -24,6 +23,7 @@ from multiprocessing.connection import Connection, wait
 import torch
 import torch.multiprocessing as mp
 
+from fasterllm.distributed.tensor_parallel import free_port
 from fasterllm.errors import WorkerFailedError
 from fasterllm.executor.ranks import RankExecutor
 from fasterllm.worker.step_messages import ModelRunnerOutput, SchedulerOutput
@@ -36,7 +36,7 @@ class MultiprocExecutor(RankExecutor):
     def __init__(self, config: WorkerConfig):
         context = mp.get_context("spawn")
         size = config.args.tensor_parallel_size
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        init_method = f"tcp://127.0.0.1:{free_port()}"
         self._processes, self._commands, self._results = [], [], []
         for rank in range(size):
             command_reader, command_writer = context.Pipe(duplex=False)
@@ -200,9 +200,3 @@ def _stop_workers(processes: list, commands: list[Connection]) -> None:
         if processes[rank].is_alive():  # stuck in a collective with a failed peer
             processes[rank].kill()
             processes[rank].join()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]

@@ -19,6 +19,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 
+from fasterllm.distributed.tensor_parallel import free_port
 from fasterllm.errors import WorkerFailedError
 from fasterllm.executor.ranks import RankExecutor
 from fasterllm.worker.step_messages import ModelRunnerOutput, SchedulerOutput
@@ -43,9 +44,7 @@ class RayWorker:
 
     def node_address(self) -> tuple[str, int]:
         """This node's IP and a free port on it: where rank 0 hosts the group's rendezvous."""
-        from fasterllm.executor.multiproc import _free_port
-
-        return _ray().util.get_node_ip_address(), _free_port()
+        return _ray().util.get_node_ip_address(), free_port()
 
     def start(self, rank: int, config: WorkerConfig, init_method: str) -> float:
         # Ray shows an actor only the GPU it was given: device 0 of its own

@@ -31,12 +31,13 @@ _DECODE_STAGES = 2
 @triton.jit
 def _paged_attention_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr, out_ptr,
-        part_out_ptr, part_max_ptr, part_sum_ptr, bias_ptr, bias_rows, scale_log2, window,
+        part_out_ptr, part_max_ptr, part_sum_ptr, bias_ptr, bias_rows, scale_log2, window, softcap,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_bt, stride_ot, stride_oh,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        USE_WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE_DOT: tl.constexpr):
+        USE_WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+        IEEE_DOT: tl.constexpr):
     seq, tile, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
     query_start = tl.load(query_start_ptr + seq)
@@ -85,6 +86,9 @@ def _paged_attention_kernel(
             v = tl.load(v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
                         + kv_head * stride_vh + dims[None, :], mask=kv_mask, other=0.0)
             scores = dot(q, tl.trans(k), IEEE_DOT) * scale_log2
+            if HAS_SOFTCAP:  # Gemma 2: softcap * tanh(score / softcap), on the natural-log score (tanh written out)
+                capped = 2.0 / (1.0 + tl.exp(scores * (-2.0 / (softcap * 1.4426950408889634)))) - 1.0
+                scores = capped * (softcap * 1.4426950408889634)
             if HAS_BIAS:  # T5: a learned bias per query head and distance back, from a [rows, Hq] table
                 distance = tl.minimum(tl.maximum(position[:, None] - keys[None, :], 0), bias_rows - 1)
                 bias = tl.load(bias_ptr + distance * (tl.num_programs(2) * GROUP) + head[:, None],
@@ -141,7 +145,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                     block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                     max_query_len: int, scale: float, sliding_window: int | None = None,
                     out: torch.Tensor | None = None, num_kv_splits: int | None = None,
-                    causal: bool = True, position_bias: torch.Tensor | None = None) -> torch.Tensor:
+                    causal: bool = True, position_bias: torch.Tensor | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
     """Causal attention of the new tokens' queries [T, Hq, D] to their sequences' cached keys/values.
 
     key_cache/value_cache [num_blocks, block_size, Hkv, D]; block_tables [S, max_blocks] int32;
@@ -149,7 +154,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     int32. num_kv_splits overrides the decode split count (tests; None picks one from the shapes).
     causal=False: cross-attention, every query of a sequence sees all its seq_lens keys (the encoder's).
     position_bias [R, Hq]: added to the score of a query and a key d positions back (d >= R - 1: row R - 1), T5's
-    relative-position bias of a causal stack, tabulated by the model.
+    relative-position bias of a causal stack, tabulated by the model. softcap: each score becomes
+    softcap * tanh(score / softcap) before the mask (Gemma 2).
     """
     num_tokens, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, cache_dim = key_cache.shape
@@ -198,13 +204,13 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     _paged_attention_kernel[(num_seqs, tiles, num_kv_heads)](
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out,
         part_out, part_max, part_sum, out if position_bias is None else position_bias,
-        0 if position_bias is None else position_bias.shape[0], scale * LOG2E, sliding_window or 0,
+        0 if position_bias is None else position_bias.shape[0], scale * LOG2E, sliding_window or 0, softcap or 0.0,
         query.stride(0), query.stride(1), *key_cache.stride()[:3], *value_cache.stride()[:3],
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
         BLOCK_N=max(block_size, 64), BLOCK_SIZE=block_size, NUM_SPLITS=splits,
         USE_WINDOW=sliding_window is not None, CAUSAL=causal, HAS_BIAS=position_bias is not None,
-        IEEE_DOT=query.dtype == torch.float32,
+        HAS_SOFTCAP=softcap is not None, IEEE_DOT=query.dtype == torch.float32,
         num_stages=_DECODE_STAGES if max_query_len == 1 else 3)
     if splits > 1:
         _merge_splits_kernel[(num_seqs, num_heads)](
@@ -217,7 +223,7 @@ def paged_attention_reference(query: torch.Tensor, key_cache: torch.Tensor, valu
                               block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                               max_query_len: int, scale: float, sliding_window: int | None = None,
                               out: torch.Tensor | None = None, causal: bool = True,
-                              position_bias: torch.Tensor | None = None) -> torch.Tensor:
+                              position_bias: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
     """The same attention in plain torch, one sequence at a time, softmax in fp32."""
     out = torch.zeros_like(query) if out is None else out
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
@@ -237,6 +243,8 @@ def paged_attention_reference(query: torch.Tensor, key_cache: torch.Tensor, valu
         if sliding_window is not None:
             visible &= keys > positions - sliding_window
         scores = q @ k.transpose(1, 2) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         if position_bias is not None:
             distance = (positions - keys).clamp(0, position_bias.shape[0] - 1)
             scores = scores + position_bias.float()[distance].permute(2, 0, 1)

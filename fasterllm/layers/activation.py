@@ -1,4 +1,4 @@
-"""SiLU(gate) * up over the fused gate_up projection's output [T, 2I] -> [T, I]."""
+"""act(gate) * up over the fused gate_up projection's output [T, 2I] -> [T, I]: SiLU (Llama), GELU (Gemma 2)."""
 from __future__ import annotations
 
 import torch
@@ -21,3 +21,15 @@ class SiluAndMul(nn.Module):
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         return silu_and_mul(gate_up)
+
+
+class GeluAndMul(nn.Module):
+    """GELU(gate) * up (Gemma 2's GeGLU); approximate: 'tanh' or 'none', as F.gelu takes it."""
+
+    def __init__(self, approximate: str):
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.gelu(gate, approximate=self.approximate) * up

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +49,6 @@ class KernelInputs:
     seq_lens: torch.Tensor  # [S] int32: tokens in the cache once this step's are stored
     query_start_loc: torch.Tensor  # [S + 1] int32: sequence s owns new-token rows [start[s], start[s + 1])
     max_query_len: int
-    sliding_window: int | None
     position_bias: torch.Tensor | None = None  # T5: [distance rows, Hq] added to the scores (set by the model)
 
 
@@ -63,6 +62,10 @@ class AttentionMetadata:
     kernel: KernelInputs | None = None  # set on a GPU, where the Triton kernels replace the groups above
     # encoder-decoder models: the same rows' attention over the encoder's K/V (build_cross), for cross-attention
     cross: AttentionMetadata | None = None
+    sliding_window: int | None = None  # the window the groups above were built for
+    # build()'s inputs, and the metadata of other windows built from them (layers with windows of their own)
+    build_inputs: tuple | None = None
+    by_window: dict = field(default_factory=dict)
 
     @staticmethod
     def build(query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
@@ -71,13 +74,14 @@ class AttentionMetadata:
 
         With a sliding window, a query at position p sees keys p - window < k <= p.
         """
+        inputs = (query_lens, seq_lens, block_tables, block_size, device)
         if max(query_lens) == 1:  # a decode batch: positions and slots in plain Python (fewer tensor ops a step)
             positions = [seq_len - 1 for seq_len in seq_lens]
             slots = [table[p // block_size] * block_size + p % block_size for table, p in zip(block_tables, positions)]
             decode = _decode_group(list(range(len(seq_lens))), query_lens, seq_lens, block_tables, block_size, device,
                                    sliding_window)
             return AttentionMetadata(torch.tensor(positions, device=device), torch.tensor(slots, device=device),
-                                     len(seq_lens), [], decode)
+                                     len(seq_lens), [], decode, sliding_window=sliding_window, build_inputs=inputs)
         width = max(len(t) for t in block_tables)
         tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.long)
         seq_index = torch.repeat_interleave(torch.arange(len(query_lens)), torch.tensor(query_lens))
@@ -103,8 +107,17 @@ class AttentionMetadata:
             start += query_len
         decode = _decode_group(decode_rows, query_lens, seq_lens, block_tables, block_size, device,
                                sliding_window) if decode_rows else None
-        return AttentionMetadata(positions.to(device), slot_mapping.to(device), start, prefills, decode)
+        return AttentionMetadata(positions.to(device), slot_mapping.to(device), start, prefills, decode,
+                                 sliding_window=sliding_window, build_inputs=inputs)
 
+    def for_window(self, sliding_window: int | None) -> AttentionMetadata:
+        """The same step's metadata for a layer with another window (Gemma 2 alternates windowed and full layers):
+        built once a step, on first use (torch path)."""
+        if sliding_window == self.sliding_window:
+            return self
+        if sliding_window not in self.by_window:
+            self.by_window[sliding_window] = AttentionMetadata.build(*self.build_inputs, sliding_window)
+        return self.by_window[sliding_window]
 
     def add_position_bias(self, bias: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
         """Make every group's mask additive: bias(query positions [q], key positions [k]) -> [H, q, k] where a key is
@@ -178,10 +191,11 @@ def _decode_group(rows: list[int], query_lens: list[int], seq_lens: list[int], b
 
 
 def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv_cache: torch.Tensor,
-                        meta: AttentionMetadata, cos_sin: torch.Tensor | None, scale: float) -> torch.Tensor:
+                        meta: AttentionMetadata, cos_sin: torch.Tensor | None, scale: float,
+                        sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """GPU: qkv [T, Hq + 2 Hkv, D] -> attention output [T, Hq * D]; one launch applies RoPE to Q and K in
     place (cos_sin None: no rotary positions) and stores the new K/V by slot, then one launch attends every
-    sequence (prefill, chunk or decode)."""
+    sequence (prefill, chunk or decode), within the layer's sliding window."""
     from fasterllm.kernels.kv_store import store_kv as store_kv_kernel
     from fasterllm.kernels.paged_attention import (
         paged_attention as paged_attention_kernel,
@@ -195,7 +209,8 @@ def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv
         rotary_and_store_kv(query, key, value, meta.positions, cos_sin, kv_cache[0], kv_cache[1], meta.slot_mapping)
     k = meta.kernel
     out = paged_attention_kernel(query, kv_cache[0], kv_cache[1], k.block_tables, k.seq_lens, k.query_start_loc,
-                                 k.max_query_len, scale, k.sliding_window, position_bias=k.position_bias)
+                                 k.max_query_len, scale, sliding_window, position_bias=k.position_bias,
+                                 softcap=softcap)
     return out.view(qkv.shape[0], num_heads * qkv.shape[2])
 
 
@@ -222,18 +237,20 @@ def store_kv(kv_cache: torch.Tensor, key_value: torch.Tensor, slot_mapping: torc
 
 
 def paged_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
-                    kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                    kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                    softcap: float | None = None) -> torch.Tensor:
     """query [T, Hq, D], key/value [T, Hkv, D] of the new tokens -> [T, Hq * D].
 
     The new K/V must already be stored (store_kv); cached context is read back whole blocks at a
     time (a block is one contiguous run of memory, far cheaper to gather than single slots). key/value are read
     only for a sequence with nothing cached before its new tokens; cross-attention (every key cached) passes None.
+    softcap: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2).
     """
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[-2] if key is None else key.shape[1]
     decode = meta.decode
     if decode is not None and decode.token_index is None:  # a pure decode batch: no scatter needed
-        return _decode_attention(query, kv_cache, decode, scale).reshape(num_tokens, num_heads * head_dim)
+        return _decode_attention(query, kv_cache, decode, scale, softcap).reshape(num_tokens, num_heads * head_dim)
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=query.dtype, device=query.device)
     for group in meta.prefills:
         # SDPA's GQA support wants [batch, heads, tokens, D]: 3-D inputs give wrong results on CUDA
@@ -241,20 +258,20 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.
         if group.context_blocks is None:  # the whole sequence is new: attend to it directly
             k = key[group.token_start:group.token_end].transpose(0, 1)[None]
             v = value[group.token_start:group.token_end].transpose(0, 1)[None]
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask, is_causal=group.mask is None,
-                                               scale=scale, enable_gqa=True)
+            o = _attend(q, k, v, group.mask, scale, softcap, is_causal=group.mask is None)
         else:
             seq_len = group.mask.shape[-1]
             k, v = (kv_cache[i].index_select(0, group.context_blocks).view(-1, num_kv_heads, head_dim)[:seq_len]
                     .transpose(0, 1)[None] for i in (0, 1))
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask, scale=scale, enable_gqa=True)
+            o = _attend(q, k, v, group.mask, scale, softcap)
         out[group.token_start:group.token_end] = o[0].transpose(0, 1)
     if decode is not None:
-        out[decode.token_index] = _decode_attention(query[decode.token_index], kv_cache, decode, scale)
+        out[decode.token_index] = _decode_attention(query[decode.token_index], kv_cache, decode, scale, softcap)
     return out.view(num_tokens, num_heads * head_dim)
 
 
-def _decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, d: DecodeGroup, scale: float) -> torch.Tensor:
+def _decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, d: DecodeGroup, scale: float,
+                      softcap: float | None) -> torch.Tensor:
     """One new token per sequence: [B, Hq, D] -> [B, Hq, D], all sequences in one padded batch."""
     batch, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[-2]
@@ -268,5 +285,22 @@ def _decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, d: DecodeGrou
     mask = d.mask
     if mask is not None and mask.shape[1] == num_heads:  # an additive mask per query head: rows of its KV head
         mask = mask.view(mask.shape[0], num_kv_heads, num_heads // num_kv_heads, -1)
-    return F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, scale=scale).reshape(
-        batch, num_heads, head_dim)
+    return _attend(q, kv[0], kv[1], mask, scale, softcap).reshape(batch, num_heads, head_dim)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+            softcap: float | None, is_causal: bool = False) -> torch.Tensor:
+    """SDPA over [B, H, q, D] queries and [B, Hkv, k, D] keys/values (Hkv dividing H); mask: bool (True: visible)
+    or additive. With softcap the scores are capped before the mask, which SDPA cannot do: the product is written
+    out, in fp32."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                              enable_gqa=True)
+    if k.shape[1] != q.shape[1]:
+        k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)).mul_(scale / softcap).tanh_().mul_(softcap)
+    if is_causal:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril_()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)

@@ -23,11 +23,13 @@ from fasterllm.layers.rotary import apply_rotary
 
 class Attention(nn.Module):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sliding_window: int | None = None,
-                 scale: float | None = None):
-        """scale: of the scores, head_dim ** -0.5 unless given (T5: 1)."""
+                 scale: float | None = None, softcap: float | None = None):
+        """scale: of the scores, head_dim ** -0.5 unless given (T5: 1). sliding_window: this layer's (layers of one
+        model may differ). softcap: scores capped to softcap * tanh(score / softcap) before the mask (Gemma 2)."""
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim ** -0.5 if scale is None else scale
+        self.sliding_window, self.softcap = sliding_window, softcap
         kind = "full" if sliding_window is None else "sliding_window"
         self.kv_spec = KVCacheSpec(kind, num_kv_heads, head_dim, sliding_window)
 
@@ -38,14 +40,16 @@ class Attention(nn.Module):
         positions (the model adds its positions to the embeddings; torch path only). kv_cache None: a
         pass without a cache (embeddings: whole prompts, nothing kept; torch path only)."""
         if meta.kernel is not None:
-            return attend_with_kernels(qkv, self.num_heads, self.num_kv_heads, kv_cache, meta, rope, self.scale)
+            return attend_with_kernels(qkv, self.num_heads, self.num_kv_heads, kv_cache, meta, rope, self.scale,
+                                       self.sliding_window, self.softcap)
         if rope is not None:  # Q and K rotated together in one call, in place: K then V stay side by side
             qk = qkv[:, :self.num_heads + self.num_kv_heads]
             apply_rotary(qk, *rope, out=qk)
         query, key, value = qkv.split_with_sizes([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         if kv_cache is not None:
             store_kv(kv_cache, qkv[:, self.num_heads:], meta.slot_mapping)
-        return paged_attention(query, key, value, kv_cache, meta, self.scale)
+        return paged_attention(query, key, value, kv_cache, meta.for_window(self.sliding_window), self.scale,
+                               self.softcap)
 
 
 class CrossAttention(nn.Module):

@@ -13,7 +13,7 @@ from fasterllm.config import ModelConfig
 from fasterllm.loader.gguf_blocks import Q4_TYPES, dequantize_q4_blocks, unpack_q4_blocks
 
 # GGUF architecture -> (our model class name, whether llama.cpp permuted Q/K rows for interleaved RoPE)
-_ARCHITECTURES = {
+GGUF_ARCHITECTURES = {
     "llama": ("LlamaForCausalLM", True),
     "mistral": ("MistralForCausalLM", True),
     "qwen2": ("Qwen2ForCausalLM", False),
@@ -64,9 +64,9 @@ class GGUFFile:
         stat = path.stat()
         self.reader, self.metadata = _read_gguf(str(path), stat.st_size, stat.st_mtime_ns)
         self.arch = self.metadata.get("general.architecture")
-        if self.arch not in _ARCHITECTURES:
+        if self.arch not in GGUF_ARCHITECTURES:
             raise ValueError(f"GGUF architecture {self.arch!r} in {path.name} is not supported; "
-                             f"supported: {', '.join(sorted(_ARCHITECTURES))}")
+                             f"supported: {', '.join(sorted(GGUF_ARCHITECTURES))}")
 
     def required(self, key: str) -> Any:
         if key not in self.metadata:
@@ -89,7 +89,7 @@ class GGUFFile:
         if meta.get(f"{arch}.rope.scaling.type") == "linear":
             scaling = {"rope_type": "linear", "factor": meta[f"{arch}.rope.scaling.factor"]}
         return ModelConfig(
-            architecture=_ARCHITECTURES[arch][0],
+            architecture=GGUF_ARCHITECTURES[arch][0],
             vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=required(f"{arch}.feed_forward_length"),
@@ -122,7 +122,7 @@ class GGUFFile:
         .qscales and .qmins (loader/gguf_blocks.py)."""
         cfg_heads = self.required(f"{self.arch}.attention.head_count")
         kv_heads = self.metadata.get(f"{self.arch}.attention.head_count_kv", cfg_heads)
-        permuted = _ARCHITECTURES[self.arch][1]
+        permuted = GGUF_ARCHITECTURES[self.arch][1]
         for tensor in self.reader.tensors:
             if tensor.name == "rope_freqs.weight":
                 continue  # folded into the rotary embedding by model_config()

@@ -12,6 +12,7 @@ from safetensors.torch import safe_open
 
 from fasterllm.config import (
     ENCODER_DECODER_ARCHITECTURES,
+    GATED_GELU_FORMS,
     ModelConfig,
     check_architecture,
 )
@@ -51,6 +52,7 @@ def load_hf_config(model_dir: Path) -> ModelConfig | Seq2SeqConfig | T5Config:
         scaling = None
     num_heads = raw["num_attention_heads"]
     qwen2 = architectures[0].startswith("Qwen2")
+    gemma2 = architectures[0] == "Gemma2ForCausalLM"
     return ModelConfig(
         architecture=architectures[0],
         vocab_size=raw["vocab_size"],
@@ -64,16 +66,35 @@ def load_hf_config(model_dir: Path) -> ModelConfig | Seq2SeqConfig | T5Config:
         rope_theta=float(rope_theta),
         rope_scaling=scaling,
         max_position_embeddings=raw.get("max_position_embeddings", 2048),
-        tie_word_embeddings=raw.get("tie_word_embeddings", False),
+        tie_word_embeddings=raw.get("tie_word_embeddings", gemma2),  # Gemma's config leaves its default out
         # Qwen2 always has q/k/v biases (and no o_proj bias); LLaMA-style configs say so with attention_bias
         attention_bias=raw.get("attention_bias", qwen2),
         o_proj_bias=raw.get("attention_bias", False) and not qwen2,
-        sliding_window=raw.get("sliding_window") if raw.get("use_sliding_window", not qwen2) else None,
+        sliding_window=None if gemma2 else raw.get("sliding_window") if raw.get("use_sliding_window", not qwen2)
+        else None,
         mlp_bias=raw.get("mlp_bias", False),
         qk_norm=architectures[0] == "Qwen3ForCausalLM",
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+        **(_gemma2_fields(raw) if gemma2 else {}),
     )
+
+
+def _gemma2_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 2's departures from the Llama layer (ModelConfig says what each is)."""
+    hidden_act = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
+    if hidden_act not in GATED_GELU_FORMS:
+        raise ValueError(f"hidden_activation={hidden_act!r} is not supported for Gemma2ForCausalLM; supported: "
+                         f"{', '.join(GATED_GELU_FORMS)}")
+    layers = raw["num_hidden_layers"]
+    # transformers' default: even layers (0, 2, ...) slide, odd ones see everything
+    types = raw.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    window = raw.get("sliding_window", 4096)
+    return dict(hidden_act=hidden_act, norm_plus_one=True, embedding_multiplier=raw["hidden_size"] ** 0.5,
+                sandwich_norms=True, query_pre_attn_scalar=raw.get("query_pre_attn_scalar", 256),
+                attn_logit_softcap=raw.get("attn_logit_softcapping", 50.0),
+                final_logit_softcap=raw.get("final_logit_softcapping", 30.0),
+                layer_sliding_windows=[window if kind == "sliding_attention" else None for kind in types])
 
 
 def iter_safetensors(model_dir: Path, lazy: bool = False) -> Iterator[tuple[str, torch.Tensor]]:

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fasterllm.config import KVCacheSpec, ModelConfig
+from fasterllm.config import GATED_GELU_FORMS, KVCacheSpec, ModelConfig
 from fasterllm.distributed.tensor_parallel import SINGLE_DEVICE, TensorParallel
-from fasterllm.layers.activation import SiluAndMul
+from fasterllm.layers.activation import GeluAndMul, SiluAndMul
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.attention_layer import Attention
 from fasterllm.layers.linear import pack_linears
@@ -26,8 +26,9 @@ from fasterllm.loader.weight_parts import WeightSource, read_part, read_whole, s
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel):
-        """tp: this rank's heads and FFN rows only (attention heads and the intermediate size split over ranks)."""
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel, index: int):
+        """tp: this rank's heads and FFN rows only (attention heads and the intermediate size split over ranks).
+        index: the layer's place in the stack (its sliding window, where layers differ)."""
         super().__init__()
         num_heads = tp.shard(cfg.num_attention_heads, "num_attention_heads")
         num_kv_heads = tp.kv_heads(cfg.num_key_value_heads)[1]
@@ -42,11 +43,20 @@ class DecoderLayer(nn.Module):
             self.q_norm, self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps), RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.attn = Attention(num_heads, num_kv_heads, cfg.head_dim, cfg.sliding_window)
+        scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5
+        self.attn = Attention(num_heads, num_kv_heads, cfg.head_dim, cfg.layer_window(index), scale,
+                              cfg.attn_logit_softcap)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
+        # Llama: the norm before the FFN (Hugging Face's name for it). Gemma 2: the norm after attention, with one
+        # before and one after the FFN besides
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if cfg.sandwich_norms:
+            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        else:
+            self.pre_feedforward_layernorm = self.post_feedforward_layernorm = None
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * intermediate, bias=cfg.mlp_bias)
-        self.act = SiluAndMul()
+        self.act = SiluAndMul() if cfg.hidden_act == "silu" else GeluAndMul(GATED_GELU_FORMS[cfg.hidden_act])
         self.down_proj = nn.Linear(intermediate, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None,
@@ -56,10 +66,14 @@ class DecoderLayer(nn.Module):
         qkv = self.qkv_proj(hidden).view(-1, *self.qkv_shape)
         if self.q_norm is not None:
             qkv = self._norm_heads(qkv)
-        attention = self.attn(qkv, rope, kv_cache, meta)
         # row-parallel o_proj and down_proj: each rank's partial sum, summed over ranks before the residual add
-        hidden, residual = self.post_attention_layernorm(self.tp.all_reduce(self.o_proj(attention)), residual)
-        return self.tp.all_reduce(self.down_proj(self.act(self.gate_up_proj(hidden)))), residual
+        attention = self.tp.all_reduce(self.o_proj(self.attn(qkv, rope, kv_cache, meta)))
+        if self.pre_feedforward_layernorm is None:
+            hidden, residual = self.post_attention_layernorm(attention, residual)
+            return self.tp.all_reduce(self.down_proj(self.act(self.gate_up_proj(hidden)))), residual
+        hidden, residual = self.pre_feedforward_layernorm(self.post_attention_layernorm(attention)[0], residual)
+        ffn = self.tp.all_reduce(self.down_proj(self.act(self.gate_up_proj(hidden))))
+        return self.post_feedforward_layernorm(ffn)[0], residual
 
     def _norm_heads(self, qkv: torch.Tensor) -> torch.Tensor:
         """The query heads through q_norm and the key heads through k_norm, the value heads as they are."""
@@ -79,7 +93,7 @@ class LlamaForCausalLM(nn.Module):
         vocab_rows = tp.vocab_rows(cfg.vocab_size)[1]
         with torch.device("meta"):  # allocate once, below, without a random init
             self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-            self.layers = nn.ModuleList(DecoderLayer(cfg, tp) for _ in range(cfg.num_hidden_layers))
+            self.layers = nn.ModuleList(DecoderLayer(cfg, tp, index) for index in range(cfg.num_hidden_layers))
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
             self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, vocab_rows, bias=False)
         self.to(dtype).to_empty(device=device).requires_grad_(False)
@@ -109,13 +123,16 @@ class LlamaForCausalLM(nn.Module):
         logits = F.linear(hidden, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(hidden)
         if self.tp.size > 1:  # each rank's vocabulary rows, gathered (the last rank's padding dropped)
             logits = self.tp.gather_last_dim(logits)[:, :self.config.vocab_size]
-        return logits.float()
+        cap = self.config.final_logit_softcap
+        return logits.float() if cap is None else logits.float().div_(cap).tanh_().mul_(cap)
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor | None,
                       meta: AttentionMetadata, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Flat batch of new tokens -> the final norm's output (what the output head reads) at `rows`, or at
         every row when None. kv_caches=None: no cache (torch path only, every sequence a whole prompt)."""
         hidden = self.embed_tokens(input_ids)
+        if self.config.embedding_multiplier is not None:  # Gemma: by sqrt(hidden), rounded to the dtype first
+            hidden = hidden * torch.tensor(self.config.embedding_multiplier, dtype=hidden.dtype)
         rope = self.rotary.cos_sin if meta.kernel is not None else self.rotary.cos_sin_for(positions)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches if kv_caches is not None else [None] * len(self.layers)):
@@ -168,6 +185,8 @@ class LlamaForCausalLM(nn.Module):
                                  f"implies {tuple(dest.shape)} (this rank's part); the checkpoint and its config "
                                  "disagree")
             dest.copy_(tensor)
+            if cfg.norm_plus_one and parts[-1] == "weight" and kind.endswith("norm"):
+                dest.add_(1.0)  # Gemma's norms multiply by (1 + weight): stored so, the norm is the usual one
             loaded.add(target if rows is None else f"{target}#{rows[0]}")
         missing = expected - loaded
         if missing:

@@ -1,4 +1,4 @@
-"""Hugging Face architecture names -> our model classes."""
+"""Hugging Face architecture names -> our model classes, and what each one runs with (`fasterllm models`)."""
 from __future__ import annotations
 
 from torch import nn
@@ -6,8 +6,12 @@ from torch import nn
 from fasterllm.config import (
     DECODER_ARCHITECTURES,
     ENCODER_DECODER_ARCHITECTURES,
+    ENCODER_MODEL_TYPES,
+    POOLING_MODES,
+    QUANTIZATION_METHODS,
     check_architecture,
 )
+from fasterllm.loader.gguf_checkpoint import GGUF_ARCHITECTURES
 from fasterllm.models.bart import BartForConditionalGeneration
 from fasterllm.models.llama import LlamaForCausalLM
 from fasterllm.models.t5 import T5ForConditionalGeneration
@@ -20,3 +24,27 @@ _MODELS["T5ForConditionalGeneration"] = T5ForConditionalGeneration
 def model_class(architecture: str) -> type[nn.Module]:
     check_architecture(architecture)
     return _MODELS[architecture]
+
+
+def supported_models() -> list[dict[str, str]]:
+    """One row per architecture (and per encoder model_type) with what runs it and what it runs with."""
+    gguf = {hf_name for hf_name, _ in GGUF_ARCHITECTURES.values()}
+    generating = ", ".join(m for m in QUANTIZATION_METHODS if m != "gguf") + " (fp8: Hopper GPUs)"
+    rows = []
+    for name, cls in _MODELS.items():
+        decoder_only = name in DECODER_ARCHITECTURES
+        rows.append({
+            "architecture": name,
+            "code": f"models/{cls.__module__.rsplit('.', 1)[-1]}.py",
+            "kind": "decoder" if decoder_only else "encoder-decoder",
+            "gpu": "Triton kernels, CUDA graphs",
+            "quantization": generating + (", gguf (Q4_0/Q4_1 files)" if name in gguf else ""),
+            "gguf": "yes" if name in gguf else "no",
+            "tensor_parallel": "yes" if decoder_only else "no",
+            "embeddings": "last-token pooling" if decoder_only else "no",
+        })
+    for model_type in ENCODER_MODEL_TYPES:
+        rows.append({"architecture": f"model_type {model_type} (task='embed')", "code": "models/bert.py",
+                     "kind": "encoder", "gpu": "Triton kernels, CUDA graphs", "quantization": "none", "gguf": "no",
+                     "tensor_parallel": "no", "embeddings": " / ".join(POOLING_MODES) + " pooling"})
+    return rows

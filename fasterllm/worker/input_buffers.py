@@ -25,9 +25,9 @@ class StagedBatch:
 
 class InputBuffers:
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, block_size: int,
-                 sliding_window: int | None, device: torch.device, max_cross_blocks_per_seq: int = 0):
+                 device: torch.device, max_cross_blocks_per_seq: int = 0):
         """max_cross_blocks_per_seq: an encoder-decoder model's cross tables' width (0: a decoder-only model)."""
-        self.block_size, self.sliding_window = block_size, sliding_window
+        self.block_size = block_size
         self.max_tokens, self.max_seqs = max_tokens, max_seqs
         max_rows = 2 * max_tokens + max_seqs  # logits rows: samples (best_of at a first token) + prompt scoring
 
@@ -87,12 +87,12 @@ class InputBuffers:
         seq_lens_t = fill(self.seq_lens, total, rows)
         query_start = fill(self.query_start_loc, starts, rows + 1, pad=num_tokens)
         max_query_len = int(query.max())
-        kernel = KernelInputs(device_tables, seq_lens_t, query_start, max_query_len, self.sliding_window)
+        kernel = KernelInputs(device_tables, seq_lens_t, query_start, max_query_len)
         meta = AttentionMetadata(positions_t, slot_mapping, num_tokens, [], None, kernel)
         if cross is not None:
             encoder_lens, cross_tables = cross
             cross_kernel = KernelInputs(self._tables(self.cross_tables, cross_tables, rows),
-                                        fill(self.encoder_lens, encoder_lens, rows), query_start, max_query_len, None)
+                                        fill(self.encoder_lens, encoder_lens, rows), query_start, max_query_len)
             meta.cross = AttentionMetadata(positions_t, slot_mapping, num_tokens, [], None, cross_kernel)
         return StagedBatch(input_ids, logits_indices, meta)
 

@@ -73,7 +73,7 @@ class ModelRunner:
             longest = max(self.max_model_len, sched.max_num_batched_tokens)
             cross_blocks = -(-self.model_config.max_encoder_len // block_size) if self.encoder_decoder else 0
             self.buffers = InputBuffers(sched.max_num_batched_tokens, sched.max_num_seqs, -(-longest // block_size),
-                                        block_size, self.model_config.sliding_window, self.device, cross_blocks)
+                                        block_size, self.device, cross_blocks)
 
     def initialize_cache(self, num_blocks: int, block_size: int, swap_blocks: int, capture_graphs: bool) -> float:
         """Allocate the KV cache (and the CPU swap pool, swap_blocks > 0), then capture the decode CUDA graphs where
@@ -277,12 +277,15 @@ class ModelRunner:
 
 
 def _cache_layers(specs: list[KVCacheSpec]) -> list[KVCacheSpec]:
-    """The layers that own a KV tensor: the self-attention ones, all caching alike (one block table per request). An
-    encoder-decoder's cross-attention layers (a second group, its own block table) share their decoder layer's
-    tensor, so one pool of blocks serves both groups; they must match its shape."""
+    """The layers that own a KV tensor: the self-attention ones, all of one shape (one block table per request; a
+    sliding-window layer keeps every token too, as a full one does: no block is freed early). An encoder-decoder's
+    cross-attention layers (a second group, its own block table) share their decoder layer's tensor, so one pool of
+    blocks serves both groups; they must match its shape."""
     own = [spec for spec in specs if spec.kind != "cross"]
+    shapes = {(spec.num_kv_heads, spec.head_dim) for spec in own}
     cross = {(spec.num_kv_heads, spec.head_dim) for spec in specs if spec.kind == "cross"}
-    if len(set(own)) != 1 or (cross and cross != {(own[0].num_kv_heads, own[0].head_dim)}):
+    if len(shapes) != 1 or any(spec.kind not in ("full", "sliding_window") for spec in own) or \
+            (cross and cross != shapes):
         raise ValueError(f"the model's layers cache differently ({sorted({s.kind for s in specs})}): this engine "
                          "runs one self-attention KV cache group (and a cross-attention one of the same shape); "
                          "such a model is not supported yet")

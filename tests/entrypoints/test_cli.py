@@ -20,6 +20,17 @@ def test_generate_with_the_default_model_answers():
     assert "Paris" in result.stdout
 
 
+def test_models_lists_every_architecture_the_loader_accepts():
+    from fasterllm.config import DECODER_ARCHITECTURES, ENCODER_DECODER_ARCHITECTURES
+
+    result = run(["models"])
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
+    assert set(DECODER_ARCHITECTURES) | set(ENCODER_DECODER_ARCHITECTURES) <= set(rows)
+    assert " yes " in rows["LlamaForCausalLM"] and "gguf (Q4_0/Q4_1 files)" in rows["LlamaForCausalLM"]
+    assert "encoder-decoder" in rows["T5ForConditionalGeneration"]
+
+
 def test_chat_streams_replies_and_keeps_the_conversation():
     result = run(["chat", "--temperature", "0", *SMALL],
                  stdin="What is the capital of France?\nAnd what is the capital of Italy?\n\n")

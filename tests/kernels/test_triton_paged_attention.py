@@ -99,17 +99,31 @@ def test_block_size_32():
     check(make_batch(*MIXED, 4, 2, 64, torch.float32, block_size=32), torch.float32)
 
 
-def test_reference_equals_the_model_attention_path():
-    """The reference computes what layers/attention.py computes for the same mixed batch (fp32)."""
+@pytest.mark.parametrize("window, softcap", [(None, None), (None, 2.0), (8, 2.0)])
+def test_reference_equals_the_model_attention_path(window, softcap):
+    """The reference computes what layers/attention.py computes for the same mixed batch (fp32), soft-capped
+    (Gemma 2: the model path writes the product out, SDPA cannot cap) and windowed too."""
     args = make_batch(*MIXED, 4, 2, 64, torch.float32)
+    args["scale"] *= 4  # scores well past the cap, so capping changes them
     seq_lens = args["seq_lens"].tolist()
     tables = [row[:-(-n // 16)] for row, n in zip(args["block_tables"].tolist(), seq_lens)]
-    meta = layers_attention.AttentionMetadata.build(MIXED[1], seq_lens, tables, 16, DEVICE)
+    meta = layers_attention.AttentionMetadata.build(MIXED[1], seq_lens, tables, 16, DEVICE).for_window(window)
     kv_cache = torch.stack([args["key_cache"], args["value_cache"]])
     flat = kv_cache.view(2, -1, 2, 64)
     key, value = flat[0, meta.slot_mapping], flat[1, meta.slot_mapping]  # the new tokens' K/V, already stored
-    expected = layers_attention.paged_attention(args["query"], key, value, kv_cache, meta, args["scale"])
-    torch.testing.assert_close(paged_attention_reference(**args).flatten(1), expected, atol=2e-5, rtol=2e-5)
+    expected = layers_attention.paged_attention(args["query"], key, value, kv_cache, meta, args["scale"], softcap)
+    reference = paged_attention_reference(**args, sliding_window=window, softcap=softcap)
+    torch.testing.assert_close(reference.flatten(1), expected, atol=2e-5, rtol=2e-5)
+    if softcap is not None:  # the cap mattered
+        assert (reference - paged_attention_reference(**args, sliding_window=window)).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("splits", [None, 1, 3])
+@pytest.mark.parametrize("window", [None, 8])
+def test_softcap_matches_reference(splits, window):
+    args = make_batch(*MIXED, 4, 2, 64, torch.float32)
+    args["scale"] *= 4
+    check(args, torch.float32, sliding_window=window, softcap=2.0, num_kv_splits=splits)
 
 
 def test_mismatched_heads_are_refused():

@@ -103,7 +103,7 @@ def test_attention_layer_kernels_match_torch_path():
     meta = AttentionMetadata.build(query_lens, seq_lens, tables, block_size, DEVICE)
     meta.kernel = KernelInputs(torch.tensor([[3, 1], [0, 0]], dtype=torch.int32, device=DEVICE),
                                torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
-                               torch.tensor([0, 1, 5], dtype=torch.int32, device=DEVICE), 4, None)
+                               torch.tensor([0, 1, 5], dtype=torch.int32, device=DEVICE), 4)
     scale = head_dim ** -0.5
     kernel_cache = cache.clone()
     kernel_out = attend_with_kernels(qkv.clone(), num_heads, num_kv_heads, kernel_cache, meta, rotary.cos_sin, scale)

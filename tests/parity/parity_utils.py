@@ -232,14 +232,20 @@ TINY_SPECS = [
     # q/k/v and gate/up stored fused in the checkpoint
     TinySpec("phi3_fused", "phi3", num_heads=4, num_kv_heads=2, vocab_size=416, rms_norm_eps=1e-5,
              rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, extra={"sliding_window": None}),
+    # GeGLU, (1 + weight) norms, four norms a layer, scaled embeddings, attention and final soft-capping, queries
+    # scaled by query_pre_attn_scalar, an 8-token window on layer 0 only (prompts run far past it), tied head
+    TinySpec("gemma2_softcap_window", "gemma2", num_heads=4, num_kv_heads=2, vocab_size=352, tie_word_embeddings=True,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+             extra={"sliding_window": 8, "query_pre_attn_scalar": 24, "attn_logit_softcapping": 5.0,
+                    "final_logit_softcapping": 20.0}),
 ]
 
 
 def tiny_config(spec: TinySpec, **overrides):
-    from transformers import LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
+    from transformers import Gemma2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
-    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "phi3": Phi3Config, "qwen2": Qwen2Config,
-           "qwen3": Qwen3Config}[spec.family]
+    cls = {"gemma2": Gemma2Config, "llama": LlamaConfig, "mistral": MistralConfig, "phi3": Phi3Config,
+           "qwen2": Qwen2Config, "qwen3": Qwen3Config}[spec.family]
     kwargs = dict(vocab_size=spec.vocab_size, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
                   num_hidden_layers=LAYERS, num_attention_heads=spec.num_heads,
                   num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim, max_position_embeddings=MAX_POS,

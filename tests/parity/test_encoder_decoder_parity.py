@@ -145,3 +145,15 @@ def test_beam_search_matches_transformers(tiny_seq2seq, family, width, length_pe
         for sequence, (_, score) in zip(output.sequences, reference):
             assert sequence.score == pytest.approx(score, abs=1e-4)
     assert llm.engine.kv_cache.num_free_blocks == 64
+
+
+@pytest.mark.parametrize("method", ["int8", "w8a8"])
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_quantized_encoder_decoder_models_answer_like_the_float_one(tiny_seq2seq, family, method):
+    """Every linear of the encoder and the decoder (cross-attention's too) quantized at load: the first tokens, far
+    from ties on these models, stay the float model's."""
+    directory, _ = tiny_seq2seq[family]
+    params = SamplingParams(max_tokens=2, temperature=0)
+    float_tokens = [o.outputs[0].token_ids[0] for o in make_llm(directory).generate(INPUTS, params, use_tqdm=False)]
+    quantized = make_llm(directory, quantization=method)
+    assert [o.outputs[0].token_ids[0] for o in quantized.generate(INPUTS, params, use_tqdm=False)] == float_tokens

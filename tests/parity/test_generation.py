@@ -95,14 +95,16 @@ def test_smollm2_eos_stop_matches_transformers(smollm2_llm, hf_smollm2, hf_smoll
 
 # ---- a tiny random-weight model ------------------------------------------------------------------------
 
-TINY_NAME = "llama3_gqa"  # GQA + llama3 rope scaling
 TINY_PROMPT_LENGTHS = [3, 60, 17, 41, 9]
 TINY_ARRIVALS = [0, 2, 3, 7, 12]
 
 
-def test_tiny_llama3_staggered_greedy_matches_transformers(tiny_checkpoints, monkeypatch):
-    spec = next(s for s in TINY_SPECS if s.name == TINY_NAME)
-    directory, hf_model = tiny_checkpoints[TINY_NAME]
+# llama3_gqa: GQA + llama3 rope scaling; gemma2: its 8-token window (on layer 0) and soft caps across chunks,
+# decodes and preemption
+@pytest.mark.parametrize("name", ["llama3_gqa", "gemma2_softcap_window"])
+def test_tiny_model_staggered_greedy_matches_transformers(tiny_checkpoints, monkeypatch, name):
+    spec = next(s for s in TINY_SPECS if s.name == name)
+    directory, hf_model = tiny_checkpoints[name]
     prompts = [random_prompt(n, spec.vocab_size, 100 + n) for n in TINY_PROMPT_LENGTHS]
     # the random model may well pick EOS: let transformers run on through it, as ignore_eos does for us
     monkeypatch.setattr(hf_model.generation_config, "eos_token_id", None)

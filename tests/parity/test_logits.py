@@ -129,6 +129,21 @@ def test_tiny_checkpoint_layouts(tiny_checkpoints):
         assert (directory / "tokenizer.json").is_file()
 
 
+def test_gemma2_window_and_soft_caps_are_exercised(tiny_checkpoints):
+    """Without its window or its caps the tiny Gemma 2 answers far beyond the tolerance on a 100-token prompt, so the
+    parity above checks them."""
+    spec = next(s for s in TINY_SPECS if s.family == "gemma2")
+    _, hf_model = tiny_checkpoints[spec.name]
+    ids = random_prompt(100, spec.vocab_size, 2)
+    reference = hf_logits(hf_model, ids)
+    for change in ({"sliding_window": 10_000}, {"attn_logit_softcapping": None}, {"final_logit_softcapping": None}):
+        other = transformers.AutoModelForCausalLM.from_config(tiny_config(spec, **change), dtype=torch.float32).eval()
+        other.load_state_dict(hf_model.state_dict())
+        gap = max_abs_diff(hf_logits(other, ids), reference)
+        print(f"{spec.name} with {change}: max |diff| = {gap:.2f}")
+        assert gap > 100 * LOGITS_ATOL
+
+
 def test_rope_scaling_is_exercised(tiny_checkpoints):
     """The llama3 / linear rope scalings change the logits far beyond the tolerance on a 100-token prompt,
     so the parity above really checks them (and our scaled logits match the scaled reference, not the plain one)."""

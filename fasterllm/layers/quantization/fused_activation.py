@@ -56,7 +56,10 @@ def fuse_activation_quantization(model: nn.Module) -> None:
     """Wherever a projection quantizes its own input (it has an activation_dtype: W8A8 and FP8 GPU layers) and
     its producer is an RMSNorm or a SiLU*mul, make the producer quantize instead (in place)."""
     for layer in list(model.modules()):
-        for producer_name, consumer_name in _PRODUCERS.items():
+        producers = dict(_PRODUCERS)
+        if getattr(layer, "pre_feedforward_layernorm", None) is not None:  # Gemma 2: this norm feeds gate_up
+            producers["pre_feedforward_layernorm"] = producers.pop("post_attention_layernorm")
+        for producer_name, consumer_name in producers.items():
             codes_dtype = getattr(getattr(layer, consumer_name, None), "activation_dtype", None)
             producer = getattr(layer, producer_name, None)
             if codes_dtype is None:
