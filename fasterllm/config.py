@@ -65,8 +65,15 @@ class ModelConfig:
     attn_logit_softcap: float | None = None
     final_logit_softcap: float | None = None
     layer_sliding_windows: list[int | None] | None = None  # per layer; None: every layer has sliding_window
+    # Gemma 3: each layer's RoPE (base, scaling), local and global layers differing; None: every layer's is
+    # (rope_theta, rope_scaling)
+    layer_rope: list[tuple[float, dict[str, Any] | None]] | None = None
 
     is_encoder_decoder = False
+
+    def layer_rope_of(self, layer: int) -> tuple[float, dict[str, Any] | None]:
+        """(RoPE base, scaling) of layer `layer`."""
+        return (self.rope_theta, self.rope_scaling) if self.layer_rope is None else self.layer_rope[layer]
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of layer `layer` (None: it attends to the whole sequence)."""
@@ -80,7 +87,7 @@ class ModelConfig:
 
 
 # the Hugging Face decoder architectures models/registry.py runs (all through models/llama.py)
-DECODER_ARCHITECTURES = ("Gemma2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
+DECODER_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
                          "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # the GELU forms of a gated FFN (hidden_act / hidden_activation), besides "silu"
 GATED_GELU_FORMS = {"gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu": "none"}

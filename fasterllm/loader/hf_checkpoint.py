@@ -52,7 +52,9 @@ def load_hf_config(model_dir: Path) -> ModelConfig | Seq2SeqConfig | T5Config:
         scaling = None
     num_heads = raw["num_attention_heads"]
     qwen2 = architectures[0].startswith("Qwen2")
-    gemma2 = architectures[0] == "Gemma2ForCausalLM"
+    gemma = architectures[0] in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+    if architectures[0] == "Gemma3ForCausalLM":  # a RoPE per layer kind in rope_parameters: _gemma_fields reads it
+        rope_theta, scaling = 10000.0, None
     return ModelConfig(
         architecture=architectures[0],
         vocab_size=raw["vocab_size"],
@@ -66,35 +68,55 @@ def load_hf_config(model_dir: Path) -> ModelConfig | Seq2SeqConfig | T5Config:
         rope_theta=float(rope_theta),
         rope_scaling=scaling,
         max_position_embeddings=raw.get("max_position_embeddings", 2048),
-        tie_word_embeddings=raw.get("tie_word_embeddings", gemma2),  # Gemma's config leaves its default out
+        tie_word_embeddings=raw.get("tie_word_embeddings", gemma),  # Gemma's default: tied
         # Qwen2 always has q/k/v biases (and no o_proj bias); LLaMA-style configs say so with attention_bias
         attention_bias=raw.get("attention_bias", qwen2),
         o_proj_bias=raw.get("attention_bias", False) and not qwen2,
-        sliding_window=None if gemma2 else raw.get("sliding_window") if raw.get("use_sliding_window", not qwen2)
+        sliding_window=None if gemma else raw.get("sliding_window") if raw.get("use_sliding_window", not qwen2)
         else None,
         mlp_bias=raw.get("mlp_bias", False),
-        qk_norm=architectures[0] == "Qwen3ForCausalLM",
+        qk_norm=architectures[0] in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
-        **(_gemma2_fields(raw) if gemma2 else {}),
+        **(_gemma_fields(raw, architectures[0]) if gemma else {}),
     )
 
 
-def _gemma2_fields(raw: dict[str, Any]) -> dict[str, Any]:
-    """Gemma 2's departures from the Llama layer (ModelConfig says what each is)."""
+def _gemma_fields(raw: dict[str, Any], architecture: str) -> dict[str, Any]:
+    """Gemma 2's and Gemma 3's departures from the Llama layer (ModelConfig says what each is), with transformers'
+    defaults where the config leaves a field out."""
     hidden_act = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
     if hidden_act not in GATED_GELU_FORMS:
-        raise ValueError(f"hidden_activation={hidden_act!r} is not supported for Gemma2ForCausalLM; supported: "
+        raise ValueError(f"hidden_activation={hidden_act!r} is not supported for {architecture}; supported: "
                          f"{', '.join(GATED_GELU_FORMS)}")
     layers = raw["num_hidden_layers"]
-    # transformers' default: even layers (0, 2, ...) slide, odd ones see everything
-    types = raw.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    gemma3 = architecture == "Gemma3ForCausalLM"
+    # Gemma 2 slides on even layers; Gemma 3 on five of every six (sliding_window_pattern)
+    pattern = raw.get("sliding_window_pattern", 6) if gemma3 else 2
+    types = raw.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                       for i in range(layers)]
     window = raw.get("sliding_window", 4096)
-    return dict(hidden_act=hidden_act, norm_plus_one=True, embedding_multiplier=raw["hidden_size"] ** 0.5,
-                sandwich_norms=True, query_pre_attn_scalar=raw.get("query_pre_attn_scalar", 256),
-                attn_logit_softcap=raw.get("attn_logit_softcapping", 50.0),
-                final_logit_softcap=raw.get("final_logit_softcapping", 30.0),
-                layer_sliding_windows=[window if kind == "sliding_attention" else None for kind in types])
+    fields = dict(hidden_act=hidden_act, norm_plus_one=True, embedding_multiplier=raw["hidden_size"] ** 0.5,
+                  sandwich_norms=True, query_pre_attn_scalar=raw.get("query_pre_attn_scalar", 256),
+                  attn_logit_softcap=raw.get("attn_logit_softcapping", None if gemma3 else 50.0),
+                  final_logit_softcap=raw.get("final_logit_softcapping", None if gemma3 else 30.0),
+                  layer_sliding_windows=[window if kind == "sliding_attention" else None for kind in types])
+    if gemma3:
+        fields["layer_rope"] = [_gemma3_rope(raw, kind) for kind in types]
+    return fields
+
+
+def _gemma3_rope(raw: dict[str, Any], kind: str) -> tuple[float, dict[str, Any] | None]:
+    """(base, scaling) of a Gemma 3 layer kind: rope_parameters[kind] (transformers 5), else the older rope_theta
+    (global layers, with rope_scaling) and rope_local_base_freq (sliding ones)."""
+    params = dict((raw.get("rope_parameters") or {}).get(kind) or {})
+    if kind == "full_attention":
+        theta = params.pop("rope_theta", raw.get("rope_theta", 1_000_000.0))
+        params = params or dict(raw.get("rope_scaling") or {})
+    else:
+        theta = params.pop("rope_theta", raw.get("rope_local_base_freq", 10_000.0))
+    scaling = params if params.get("rope_type", params.get("type", "default")) != "default" else None
+    return float(theta), scaling
 
 
 def iter_safetensors(model_dir: Path, lazy: bool = False) -> Iterator[tuple[str, torch.Tensor]]:

@@ -97,8 +97,13 @@ class LlamaForCausalLM(nn.Module):
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
             self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, vocab_rows, bias=False)
         self.to(dtype).to_empty(device=device).requires_grad_(False)
-        inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.rope_freq_factors)
-        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, inv_freq, device, dtype)
+        # one table per distinct (base, scaling) (Gemma 3: its local and global layers'), and each layer's
+        ropes = [cfg.layer_rope_of(index) for index in range(cfg.num_hidden_layers)]
+        distinct = [rope for index, rope in enumerate(ropes) if rope not in ropes[:index]]
+        self.rope_of_layer = [distinct.index(rope) for rope in ropes]
+        self.rotaries = [RotaryEmbedding(cfg.head_dim, max_positions,
+                                         rope_inv_freq(cfg.head_dim, theta, scaling, cfg.rope_freq_factors), device,
+                                         dtype) for theta, scaling in distinct]
 
     def head_as_linear(self) -> None:
         """Make the output head an nn.Linear module, so CPU packing, quantization and the GPU's matrix-vector
@@ -133,10 +138,12 @@ class LlamaForCausalLM(nn.Module):
         hidden = self.embed_tokens(input_ids)
         if self.config.embedding_multiplier is not None:  # Gemma: by sqrt(hidden), rounded to the dtype first
             hidden = hidden * torch.tensor(self.config.embedding_multiplier, dtype=hidden.dtype)
-        rope = self.rotary.cos_sin if meta.kernel is not None else self.rotary.cos_sin_for(positions)
+        ropes = [rotary.cos_sin if meta.kernel is not None else rotary.cos_sin_for(positions)
+                 for rotary in self.rotaries]
         residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches if kv_caches is not None else [None] * len(self.layers)):
-            hidden, residual = layer(hidden, residual, rope, kv_cache, meta)
+        caches = kv_caches if kv_caches is not None else [None] * len(self.layers)
+        for layer, kv_cache, rope in zip(self.layers, caches, self.rope_of_layer):
+            hidden, residual = layer(hidden, residual, ropes[rope], kv_cache, meta)
         if rows is not None:
             hidden, residual = hidden[rows], residual[rows]
         return self.norm(hidden, residual)[0]

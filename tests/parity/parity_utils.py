@@ -238,13 +238,21 @@ TINY_SPECS = [
              rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
              extra={"sliding_window": 8, "query_pre_attn_scalar": 24, "attn_logit_softcapping": 5.0,
                     "final_logit_softcapping": 20.0}),
+    # Gemma 3: q/k norms of the (1 + weight) form, a RoPE per layer kind (the global layer's linearly scaled), the
+    # 8-token window on layer 0, no soft-capping
+    TinySpec("gemma3_local_global", "gemma3", num_heads=4, num_kv_heads=1, vocab_size=336, tie_word_embeddings=True,
+             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                              "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0}},
+             extra={"sliding_window": 8, "query_pre_attn_scalar": 20,
+                    "layer_types": ["sliding_attention", "full_attention"]}),
 ]
 
 
 def tiny_config(spec: TinySpec, **overrides):
-    from transformers import Gemma2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
+    from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
+                              Qwen3Config)
 
-    cls = {"gemma2": Gemma2Config, "llama": LlamaConfig, "mistral": MistralConfig, "phi3": Phi3Config,
+    cls = {"gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "llama": LlamaConfig, "mistral": MistralConfig, "phi3": Phi3Config,
            "qwen2": Qwen2Config, "qwen3": Qwen3Config}[spec.family]
     kwargs = dict(vocab_size=spec.vocab_size, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
                   num_hidden_layers=LAYERS, num_attention_heads=spec.num_heads,
@@ -301,7 +309,7 @@ def build_tiny_model(spec: TinySpec, directory: Path, seed: int = 0):
     if spec.family == "qwen2":  # the q/k/v biases must be live, not zeros
         for layer in model.model.layers:
             assert layer.self_attn.q_proj.bias.abs().min() > 0
-    if spec.family == "qwen3":  # the q/k norms must be live, not ones
+    if spec.family in ("qwen3", "gemma3"):  # the q/k norms must be live, not ones
         for layer in model.model.layers:
             assert (layer.self_attn.q_norm.weight != 1).all() and (layer.self_attn.k_norm.weight != 1).all()
     model.eval()

@@ -129,14 +129,22 @@ def test_tiny_checkpoint_layouts(tiny_checkpoints):
         assert (directory / "tokenizer.json").is_file()
 
 
-def test_gemma2_window_and_soft_caps_are_exercised(tiny_checkpoints):
-    """Without its window or its caps the tiny Gemma 2 answers far beyond the tolerance on a 100-token prompt, so the
-    parity above checks them."""
-    spec = next(s for s in TINY_SPECS if s.family == "gemma2")
+ONE_ROPE = {"rope_type": "default", "rope_theta": 10_000.0}
+
+
+@pytest.mark.parametrize("family, changes", [
+    ("gemma2", ({"sliding_window": 10_000}, {"attn_logit_softcapping": None}, {"final_logit_softcapping": None})),
+    ("gemma3", ({"sliding_window": 10_000},
+                {"rope_parameters": {"sliding_attention": ONE_ROPE, "full_attention": ONE_ROPE}})),
+])
+def test_gemma_windows_caps_and_ropes_are_exercised(tiny_checkpoints, family, changes):
+    """Without its window, its caps or its per-layer RoPE, a tiny Gemma answers far beyond the tolerance on a
+    100-token prompt, so the parity above checks them."""
+    spec = next(s for s in TINY_SPECS if s.family == family)
     _, hf_model = tiny_checkpoints[spec.name]
     ids = random_prompt(100, spec.vocab_size, 2)
     reference = hf_logits(hf_model, ids)
-    for change in ({"sliding_window": 10_000}, {"attn_logit_softcapping": None}, {"final_logit_softcapping": None}):
+    for change in changes:
         other = transformers.AutoModelForCausalLM.from_config(tiny_config(spec, **change), dtype=torch.float32).eval()
         other.load_state_dict(hf_model.state_dict())
         gap = max_abs_diff(hf_logits(other, ids), reference)
@@ -148,7 +156,7 @@ def test_rope_scaling_is_exercised(tiny_checkpoints):
     """The llama3 / linear rope scalings change the logits far beyond the tolerance on a 100-token prompt,
     so the parity above really checks them (and our scaled logits match the scaled reference, not the plain one)."""
     for spec in TINY_SPECS:
-        if spec.rope_parameters.get("rope_type") == "default":
+        if spec.rope_parameters.get("rope_type", "default") == "default":  # Gemma 3's per-kind RoPE: tested above
             continue
         _, hf_model = tiny_checkpoints[spec.name]
         plain_config = tiny_config(spec, rope_parameters={"rope_type": "default",

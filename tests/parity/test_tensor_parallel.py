@@ -59,9 +59,9 @@ def test_smollm2_beam_search_over_3_ranks_matches_one_device(smollm2_tp3, smollm
 
 # mistral_mqa: 1 KV head replicated on both ranks; qwen2: q/k/v biases sharded, tied embedding; phi3: q/k/v and
 # gate/up stored fused, split per rank; qwen3: q/k norms on each rank's heads; gemma2: soft-capped heads, its window
-# on layer 0, four norms a layer (replicated)
+# on layer 0, four norms a layer (replicated); gemma3: one KV head on both ranks, a RoPE table per layer kind
 @pytest.mark.parametrize("name", ["mistral_mqa", "qwen2_bias_tied", "phi3_fused", "qwen3_qk_norm",
-                                  "gemma2_softcap_window"])
+                                  "gemma2_softcap_window", "gemma3_local_global"])
 def test_tiny_families_over_2_ranks_match_transformers(tiny_checkpoints, name):
     directory, hf_model = tiny_checkpoints[name]
     spec = next(s for s in TINY_SPECS if s.name == name)
