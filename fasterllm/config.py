@@ -68,6 +68,15 @@ class ModelConfig:
     # Gemma 3: each layer's RoPE (base, scaling), local and global layers differing; None: every layer's is
     # (rope_theta, rope_scaling)
     layer_rope: list[tuple[float, dict[str, Any] | None]] | None = None
+    # mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE): num_experts gated FFNs of moe_intermediate_size, top
+    # num_experts_per_tok per token, their weights renormalized when norm_topk_prob; a shared expert of
+    # shared_expert_intermediate_size (0: none); expert_layers[i]: layer i has experts (else the dense FFN)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    shared_expert_intermediate_size: int = 0
+    expert_layers: list[bool] | None = None
 
     is_encoder_decoder = False
 
@@ -87,8 +96,10 @@ class ModelConfig:
 
 
 # the Hugging Face decoder architectures models/registry.py runs (all through models/llama.py)
-DECODER_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
-                         "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+DECODER_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
+                         "MixtralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM",
+                         "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 # the GELU forms of a gated FFN (hidden_act / hidden_activation), besides "silu"
 GATED_GELU_FORMS = {"gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu": "none"}
 

@@ -89,6 +89,9 @@ def check_tensor_parallel(config, quantization: str | None, size: int) -> None:
     if config.is_encoder_decoder:
         raise ValueError(f"tensor_parallel_size={size}: {config.architecture} (encoder-decoder) runs on one device "
                          "only; tensor parallelism covers the decoder-only families; use tensor_parallel_size=1")
+    if config.num_experts:
+        raise ValueError(f"tensor_parallel_size={size}: {config.architecture} is a mixture of experts, whose experts "
+                         "are not sharded yet; use tensor_parallel_size=1")
     if quantization == "gguf":
         raise ValueError(f"tensor_parallel_size={size}: quantization='gguf' keeps the file's Q4 blocks whole and "
                          "cannot split them; use quantization='int4' (quantized per rank at load) or "

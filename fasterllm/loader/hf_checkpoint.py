@@ -13,6 +13,7 @@ from safetensors.torch import safe_open
 from fasterllm.config import (
     ENCODER_DECODER_ARCHITECTURES,
     GATED_GELU_FORMS,
+    MOE_ARCHITECTURES,
     ModelConfig,
     check_architecture,
 )
@@ -75,11 +76,29 @@ def load_hf_config(model_dir: Path) -> ModelConfig | Seq2SeqConfig | T5Config:
         sliding_window=None if gemma else raw.get("sliding_window") if raw.get("use_sliding_window", not qwen2)
         else None,
         mlp_bias=raw.get("mlp_bias", False),
-        qk_norm=architectures[0] in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
+        qk_norm=architectures[0] in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
         **(_gemma_fields(raw, architectures[0]) if gemma else {}),
+        **(_expert_fields(raw, architectures[0]) if architectures[0] in MOE_ARCHITECTURES else {}),
     )
+
+
+def _expert_fields(raw: dict[str, Any], architecture: str) -> dict[str, Any]:
+    """A mixture of experts' shape (ModelConfig says what each field is). Mixtral: every layer, experts of
+    intermediate_size, weights always renormalized; Qwen: experts on every decoder_sparse_step-th layer not in
+    mlp_only_layers, of moe_intermediate_size, renormalized when norm_topk_prob, a shared expert (Qwen2-MoE)."""
+    layers = raw["num_hidden_layers"]
+    if architecture == "MixtralForCausalLM":
+        return dict(num_experts=raw["num_local_experts"], num_experts_per_tok=raw["num_experts_per_tok"],
+                    moe_intermediate_size=raw["intermediate_size"], norm_topk_prob=True, expert_layers=[True] * layers)
+    step, dense = raw.get("decoder_sparse_step", 1) or 1, set(raw.get("mlp_only_layers") or [])
+    # Qwen3-MoE configs written by transformers 5 say num_local_experts
+    return dict(num_experts=raw.get("num_experts") or raw["num_local_experts"],
+                num_experts_per_tok=raw["num_experts_per_tok"],
+                moe_intermediate_size=raw["moe_intermediate_size"], norm_topk_prob=bool(raw.get("norm_topk_prob")),
+                shared_expert_intermediate_size=raw.get("shared_expert_intermediate_size") or 0,
+                expert_layers=[i not in dense and (i + 1) % step == 0 for i in range(layers)])
 
 
 def _gemma_fields(raw: dict[str, Any], architecture: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from fasterllm.layers.activation import GeluAndMul, SiluAndMul
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.attention_layer import Attention
 from fasterllm.layers.linear import pack_linears
+from fasterllm.layers.moe import SparseMoE
 from fasterllm.layers.norm import RMSNorm
 from fasterllm.layers.rotary import RotaryEmbedding, rope_inv_freq
 from fasterllm.layers.vocab_parallel import VocabParallelEmbedding
@@ -55,9 +56,14 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         else:
             self.pre_feedforward_layernorm = self.post_feedforward_layernorm = None
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * intermediate, bias=cfg.mlp_bias)
         self.act = SiluAndMul() if cfg.hidden_act == "silu" else GeluAndMul(GATED_GELU_FORMS[cfg.hidden_act])
-        self.down_proj = nn.Linear(intermediate, cfg.hidden_size, bias=cfg.mlp_bias)
+        if cfg.expert_layers is not None and cfg.expert_layers[index]:  # a mixture of experts instead of one FFN
+            self.moe = SparseMoE(cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size,
+                                 cfg.norm_topk_prob, self.act, cfg.shared_expert_intermediate_size)
+        else:
+            self.moe = None
+            self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * intermediate, bias=cfg.mlp_bias)
+            self.down_proj = nn.Linear(intermediate, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None,
                 rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor | None,
@@ -70,10 +76,14 @@ class DecoderLayer(nn.Module):
         attention = self.tp.all_reduce(self.o_proj(self.attn(qkv, rope, kv_cache, meta)))
         if self.pre_feedforward_layernorm is None:
             hidden, residual = self.post_attention_layernorm(attention, residual)
-            return self.tp.all_reduce(self.down_proj(self.act(self.gate_up_proj(hidden)))), residual
+            return self._ffn(hidden), residual
         hidden, residual = self.pre_feedforward_layernorm(self.post_attention_layernorm(attention)[0], residual)
-        ffn = self.tp.all_reduce(self.down_proj(self.act(self.gate_up_proj(hidden))))
-        return self.post_feedforward_layernorm(ffn)[0], residual
+        return self.post_feedforward_layernorm(self._ffn(hidden))[0], residual
+
+    def _ffn(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.moe is not None:
+            return self.moe(hidden)
+        return self.tp.all_reduce(self.down_proj(self.act(self.gate_up_proj(hidden))))
 
     def _norm_heads(self, qkv: torch.Tensor) -> torch.Tensor:
         """The query heads through q_norm and the key heads through k_norm, the value heads as they are."""
@@ -162,6 +172,9 @@ class LlamaForCausalLM(nn.Module):
         params = dict(self.named_parameters())
         expected = set()
         for pname in params:
+            if ".moe." in pname:
+                expected.update(_expert_parts(pname, cfg))
+                continue
             kind = pname.split(".")[-2]
             starts = [start for new, start, _ in fused.values() if new == kind]
             if starts:
@@ -173,6 +186,10 @@ class LlamaForCausalLM(nn.Module):
             target, rows = _our_name(name), None
             if target.endswith(".rotary_emb.inv_freq") or (target == "lm_head.weight" and self.lm_head is None):
                 continue  # a RoPE table we compute, or a copy of the tied embedding
+            expert_part = _expert_target(target, cfg)
+            if expert_part is not None:  # a router, an expert's or the shared expert's projection
+                loaded.add(_copy_expert_part(params, *expert_part, read_whole(source), name))
+                continue
             parts = target.split(".")
             kind = parts[-2] if len(parts) >= 2 else ""
             if kind in fused:
@@ -242,6 +259,57 @@ def _unfused(weights: Iterable[tuple[str, WeightSource]], cfg: ModelConfig
         for piece, size in pieces[parts[-2]]:
             yield ".".join(parts[:-2] + [piece, parts[-1]]), tensor.narrow(0, start, size)
             start += size
+
+
+_EXPERT_ROWS = {"w1": 0, "gate_proj": 0, "w3": 1, "up_proj": 1}  # Mixtral's / Qwen's names: gate, then up rows
+
+
+def _expert_target(target: str, cfg: ModelConfig) -> tuple[str, int | None, tuple[int, int] | None] | None:
+    """A mixture of experts' tensor (our name before fusion) -> (our parameter, expert index or None, (first row,
+    rows) or None), or None for any other tensor."""
+    parts = target.split(".")
+    if cfg.num_experts == 0 or len(parts) < 4 or parts[0] != "layers":
+        return None
+    moe, rest = f"layers.{parts[1]}.moe", [p for p in parts[2:-1] if p != "block_sparse_moe"]
+    if rest == ["gate"]:
+        return f"{moe}.router", None, None
+    if rest == ["shared_expert_gate"]:
+        return f"{moe}.shared_expert_gate", None, None
+    size = cfg.shared_expert_intermediate_size
+    if len(rest) == 2 and rest[0] == "shared_expert":
+        if rest[1] == "down_proj":
+            return f"{moe}.shared_down.weight", None, None
+        return f"{moe}.shared_gate_up.weight", None, (_EXPERT_ROWS[rest[1]] * size, size)
+    if len(rest) == 3 and rest[0] == "experts":
+        expert, size = int(rest[1]), cfg.moe_intermediate_size
+        if rest[2] in ("w2", "down_proj"):
+            return f"{moe}.w_down", expert, None
+        return f"{moe}.w_gate_up", expert, (_EXPERT_ROWS[rest[2]] * size, size)
+    return None
+
+
+def _expert_parts(pname: str, cfg: ModelConfig) -> list[str]:
+    """The keys _copy_expert_part marks loaded for parameter pname of a SparseMoE."""
+    halves = {"w_gate_up": (0, cfg.moe_intermediate_size), "shared_gate_up": (0, cfg.shared_expert_intermediate_size)}
+    kind = pname.split(".")[-1] if pname.split(".")[-1] != "weight" else pname.split(".")[-2]
+    experts = [f"#{e}" for e in range(cfg.num_experts)] if kind in ("w_gate_up", "w_down") else [""]
+    rows = [f"#{start}" for start in halves[kind]] if kind in halves else [""]
+    return [f"{pname}{e}{r}" for e in experts for r in rows]
+
+
+def _copy_expert_part(params: dict, pname: str, expert: int | None, rows: tuple[int, int] | None,
+                      tensor: torch.Tensor, name: str) -> str:
+    """Copy one checkpoint tensor into its expert's slice of pname; the key it fills (as _expert_parts lists it)."""
+    dest, key = params[pname], pname
+    if expert is not None:
+        dest, key = dest[expert], f"{key}#{expert}"
+    if rows is not None:
+        dest, key = dest.narrow(0, *rows), f"{key}#{rows[0]}"
+    if dest.shape != tensor.shape:
+        raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)} but the config implies "
+                         f"{tuple(dest.shape)}; the checkpoint and its config disagree")
+    dest.copy_(tensor)
+    return key
 
 
 def _our_name(hf_name: str) -> str:

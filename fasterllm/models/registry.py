@@ -7,6 +7,7 @@ from fasterllm.config import (
     DECODER_ARCHITECTURES,
     ENCODER_DECODER_ARCHITECTURES,
     ENCODER_MODEL_TYPES,
+    MOE_ARCHITECTURES,
     POOLING_MODES,
     QUANTIZATION_METHODS,
     check_architecture,
@@ -32,15 +33,17 @@ def supported_models() -> list[dict[str, str]]:
     generating = ", ".join(m for m in QUANTIZATION_METHODS if m != "gguf") + " (fp8: Hopper GPUs)"
     rows = []
     for name, cls in _MODELS.items():
-        decoder_only = name in DECODER_ARCHITECTURES
+        decoder_only, experts = name in DECODER_ARCHITECTURES, name in MOE_ARCHITECTURES
         rows.append({
             "architecture": name,
-            "code": f"models/{cls.__module__.rsplit('.', 1)[-1]}.py",
-            "kind": "decoder" if decoder_only else "encoder-decoder",
-            "gpu": "Triton kernels, CUDA graphs",
-            "quantization": generating + (", gguf (Q4_0/Q4_1 files)" if name in gguf else ""),
+            "code": f"models/{cls.__module__.rsplit('.', 1)[-1]}.py" + (" + layers/moe.py" if experts else ""),
+            "kind": "decoder, mixture of experts" if experts else "decoder" if decoder_only else "encoder-decoder",
+            # the expert loop reads the routing on the host: decode steps run eagerly
+            "gpu": "Triton kernels, experts in torch, no CUDA graphs" if experts else "Triton kernels, CUDA graphs",
+            "quantization": generating + (", gguf (Q4_0/Q4_1 files)" if name in gguf else "")
+            + (" (experts stay float)" if experts else ""),
             "gguf": "yes" if name in gguf else "no",
-            "tensor_parallel": "yes" if decoder_only else "no",
+            "tensor_parallel": "yes" if decoder_only and not experts else "no",
             "embeddings": "last-token pooling" if decoder_only else "no",
         })
     for model_type in ENCODER_MODEL_TYPES:

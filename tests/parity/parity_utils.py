@@ -245,14 +245,30 @@ TINY_SPECS = [
                               "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0}},
              extra={"sliding_window": 8, "query_pre_attn_scalar": 20,
                     "layer_types": ["sliding_attention", "full_attention"]}),
+    # mixtures of experts: Mixtral (8 experts, top 2, renormalized), Qwen2-MoE (top 4 of 8, not renormalized, a
+    # shared expert behind a sigmoid gate, q/k/v biases), Qwen3-MoE (top 2 of 6, renormalized, q/k norms, layer 1
+    # dense)
+    TinySpec("mixtral_moe", "mixtral", num_heads=4, num_kv_heads=2, vocab_size=304,
+             rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, rms_norm_eps=1e-5,
+             extra={"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 48,
+                    "sliding_window": None}),
+    TinySpec("qwen2_moe_shared", "qwen2_moe", num_heads=4, num_kv_heads=2, vocab_size=288,
+             rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+             extra={"num_experts": 8, "num_experts_per_tok": 4, "moe_intermediate_size": 32,
+                    "shared_expert_intermediate_size": 80, "norm_topk_prob": False}),
+    TinySpec("qwen3_moe_dense_layer", "qwen3_moe", num_heads=4, num_kv_heads=2, head_dim=24, vocab_size=320,
+             rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+             extra={"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 40, "norm_topk_prob": True,
+                    "mlp_only_layers": [1]}),
 ]
 
 
 def tiny_config(spec: TinySpec, **overrides):
-    from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
-                              Qwen3Config)
+    from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, MixtralConfig, Phi3Config,
+                              Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig)
 
-    cls = {"gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "llama": LlamaConfig, "mistral": MistralConfig, "phi3": Phi3Config,
+    cls = {"gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "llama": LlamaConfig, "mixtral": MixtralConfig,
+           "qwen2_moe": Qwen2MoeConfig, "qwen3_moe": Qwen3MoeConfig, "mistral": MistralConfig, "phi3": Phi3Config,
            "qwen2": Qwen2Config, "qwen3": Qwen3Config}[spec.family]
     kwargs = dict(vocab_size=spec.vocab_size, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
                   num_hidden_layers=LAYERS, num_attention_heads=spec.num_heads,

@@ -100,8 +100,10 @@ TINY_ARRIVALS = [0, 2, 3, 7, 12]
 
 
 # llama3_gqa: GQA + llama3 rope scaling; the Gemmas: an 8-token window on layer 0 (and Gemma 2's soft caps, Gemma 3's
-# two RoPE tables) across chunks, decodes and preemption
-@pytest.mark.parametrize("name", ["llama3_gqa", "gemma2_softcap_window", "gemma3_local_global"])
+# two RoPE tables) across chunks, decodes and preemption; the mixtures of experts: each token routed alone whatever
+# else is in the batch
+@pytest.mark.parametrize("name", ["llama3_gqa", "gemma2_softcap_window", "gemma3_local_global", "mixtral_moe",
+                                  "qwen2_moe_shared"])
 def test_tiny_model_staggered_greedy_matches_transformers(tiny_checkpoints, monkeypatch, name):
     spec = next(s for s in TINY_SPECS if s.name == name)
     directory, hf_model = tiny_checkpoints[name]

@@ -127,6 +127,11 @@ def test_sizes_that_cannot_split_are_refused_by_name(gguf, kwargs, message):
         LLM(str(gguf), device="cpu", **kwargs)
 
 
+def test_mixtures_of_experts_refuse_tensor_parallelism_by_name(tiny_checkpoints):
+    with pytest.raises(ValueError, match="MixtralForCausalLM is a mixture of experts.*tensor_parallel_size=1"):
+        LLM(str(tiny_checkpoints["mixtral_moe"][0]), device="cpu", tensor_parallel_size=2)
+
+
 def test_encoder_decoder_models_refuse_tensor_parallelism(tiny_seq2seq):
     directory = next(iter(tiny_seq2seq.values()))[0]
     with pytest.raises(ValueError, match="encoder-decoder.*tensor_parallel_size=1"):

@@ -1,0 +1,56 @@
+"""A mixture-of-experts FFN (Mixtral, Qwen2-MoE, Qwen3-MoE): a router picks top_k experts per token, each a gated
+FFN, and the token's output is their weighted sum (plus, for Qwen2-MoE, a shared expert every token runs, scaled by
+a sigmoid gate).
+
+The experts' weights are stacked ([E, 2I, H] gate and up, [E, H, I] down), the layout a grouped GEMM over tokens
+sorted by expert reads. This torch path runs each chosen expert over its tokens; its expert loop reads the routing
+on the host, so a step with MoE layers is not captured in a CUDA graph. Tensor parallelism would split every expert
+along I (w_gate_up's rows, w_down's columns) as the dense FFN is split; it is not implemented yet.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int, normalize: bool,
+                 act: nn.Module, shared_intermediate_size: int = 0):
+        """normalize: the top_k weights rescaled to sum to 1 (Mixtral; Qwen's norm_topk_prob)."""
+        super().__init__()
+        self.top_k, self.normalize, self.act = top_k, normalize, act
+        # a plain parameter, not an nn.Linear: quantization leaves the router in float (routing decides everything)
+        self.router = nn.Parameter(torch.empty(num_experts, hidden_size))
+        self.w_gate_up = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.w_down = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        if shared_intermediate_size:
+            self.shared_gate_up = nn.Linear(hidden_size, 2 * shared_intermediate_size, bias=False)
+            self.shared_down = nn.Linear(shared_intermediate_size, hidden_size, bias=False)
+            self.shared_expert_gate = nn.Parameter(torch.empty(1, hidden_size))
+        else:
+            self.shared_gate_up = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [T, H] -> [T, H]."""
+        weights, experts = route(hidden, self.router, self.top_k, self.normalize)
+        out = torch.zeros_like(hidden)
+        for expert in experts.unique().tolist():
+            tokens, slots = (experts == expert).nonzero(as_tuple=True)
+            expert_out = F.linear(self.act(F.linear(hidden[tokens], self.w_gate_up[expert])), self.w_down[expert])
+            out.index_add_(0, tokens, expert_out * weights[tokens, slots, None])
+        if self.shared_gate_up is not None:
+            shared = self.shared_down(self.act(self.shared_gate_up(hidden)))
+            out += torch.sigmoid(F.linear(hidden, self.shared_expert_gate)) * shared
+        return out
+
+
+def route(hidden: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's top_k experts [T, k] and their weights [T, k] (in hidden's dtype): softmax over every expert's
+    logit in fp32, the k largest kept, rescaled to sum 1 when normalize."""
+    probabilities = F.linear(hidden, router).float().softmax(dim=-1)
+    weights, experts = probabilities.topk(top_k, dim=-1)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(hidden.dtype), experts
