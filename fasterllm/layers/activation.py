@@ -19,6 +19,8 @@ class SiluAndMul(nn.Module):
     """silu_and_mul as a module of the decoder layer, so a quantized model can swap in a version that writes
     the down projection's quantized input (layers/quantization/fused_activation.py)."""
 
+    name = "silu"  # as kernels/fused_moe.py names it
+
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         return silu_and_mul(gate_up)
 
@@ -29,6 +31,7 @@ class GeluAndMul(nn.Module):
     def __init__(self, approximate: str):
         super().__init__()
         self.approximate = approximate
+        self.name = "gelu_tanh" if approximate == "tanh" else "gelu"  # as kernels/fused_moe.py names it
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)

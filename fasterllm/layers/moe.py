@@ -3,9 +3,9 @@ FFN, and the token's output is their weighted sum (plus, for Qwen2-MoE, a shared
 a sigmoid gate).
 
 The experts' weights are stacked ([E, 2I, H] gate and up, [E, H, I] down), the layout a grouped GEMM over tokens
-sorted by expert reads. This torch path runs each chosen expert over its tokens; its expert loop reads the routing
-on the host, so a step with MoE layers is not captured in a CUDA graph. Tensor parallelism would split every expert
-along I (w_gate_up's rows, w_down's columns) as the dense FFN is split; it is not implemented yet.
+sorted by expert reads: on a GPU kernels/fused_moe.py runs them in two launches; elsewhere run_experts, the torch
+reference, runs each chosen expert over its tokens. Tensor parallelism would split every expert along I (w_gate_up's
+rows, w_down's columns) as the dense FFN is split; it is not implemented yet.
 """
 from __future__ import annotations
 
@@ -34,15 +34,28 @@ class SparseMoE(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [T, H] -> [T, H]."""
         weights, experts = route(hidden, self.router, self.top_k, self.normalize)
-        out = torch.zeros_like(hidden)
-        for expert in experts.unique().tolist():
-            tokens, slots = (experts == expert).nonzero(as_tuple=True)
-            expert_out = F.linear(self.act(F.linear(hidden[tokens], self.w_gate_up[expert])), self.w_down[expert])
-            out.index_add_(0, tokens, expert_out * weights[tokens, slots, None])
+        if hidden.is_cuda:
+            from fasterllm.kernels.fused_moe import fused_experts  # Triton: only with CUDA
+
+            out = fused_experts(hidden, self.w_gate_up, self.w_down, weights, experts, self.act.name)
+        else:
+            out = run_experts(hidden, self.w_gate_up, self.w_down, weights, experts, self.act)
         if self.shared_gate_up is not None:
             shared = self.shared_down(self.act(self.shared_gate_up(hidden)))
             out += torch.sigmoid(F.linear(hidden, self.shared_expert_gate)) * shared
         return out
+
+
+def run_experts(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, weights: torch.Tensor,
+                experts: torch.Tensor, act: nn.Module) -> torch.Tensor:
+    """Each token's sum of weight * down(act(gate_up(x))) over its chosen experts, an expert at a time (the
+    routing is read on the host: not capturable in a CUDA graph)."""
+    out = torch.zeros_like(hidden)
+    for expert in experts.unique().tolist():
+        tokens, slots = (experts == expert).nonzero(as_tuple=True)
+        expert_out = F.linear(act(F.linear(hidden[tokens], w_gate_up[expert])), w_down[expert])
+        out.index_add_(0, tokens, expert_out * weights[tokens, slots, None])
+    return out
 
 
 def route(hidden: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool

@@ -1,0 +1,129 @@
+"""The experts of a mixture-of-experts FFN in two Triton launches (GPU), after routing.
+
+Every (token, choice) slot is sorted by its expert, each expert's run padded to whole row tiles (align_by_expert,
+torch ops with no host synchronisation), so one tile of rows belongs to one expert. Launch 1, a grouped GEMM over all
+experts: each tile's tokens times its expert's gate and up rows, act(gate) * up written per slot. Launch 2: those
+rows times the expert's down projection, scaled by the slot's routing weight and added into the token's output in
+the epilogue (fp32 atomics: a token's k slots meet there). The torch reference is layers/moe.py's expert loop.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# act(gate) of launch 1: the activations gated FFNs use
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu": 2}
+
+
+@triton.jit
+def _act(g, ACT: tl.constexpr):
+    if ACT == 0:
+        return g / (1.0 + tl.exp(-g))
+    if ACT == 1:  # 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), tanh written out
+        inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        return 0.5 * g * (2.0 / (1.0 + tl.exp(-2.0 * inner)))
+    return 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w_ptr, out_ptr, slots_ptr, tile_experts_ptr, num_slots, hidden, inter,
+                    stride_xt, stride_we, stride_wn, stride_os, TOP_K: tl.constexpr, NUM_EXPERTS: tl.constexpr,
+                    ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    tile, column_tile = tl.program_id(0), tl.program_id(1)
+    expert = tl.load(tile_experts_ptr + tile)
+    if expert < NUM_EXPERTS:  # tiles past the last expert's run hold no slot
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        slots = tl.load(slots_ptr + rows)
+        valid = slots < num_slots
+        tokens = tl.where(valid, slots // TOP_K, 0)
+        columns = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        weights = w_ptr + expert.to(tl.int64) * stride_we
+        for k0 in range(0, hidden, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + tokens[:, None] * stride_xt + ks[None, :],
+                        mask=valid[:, None] & (ks[None, :] < hidden), other=0.0)
+            w_mask = (ks[:, None] < hidden) & (columns[None, :] < inter)
+            w_gate = tl.load(weights + columns[None, :] * stride_wn + ks[:, None], mask=w_mask, other=0.0)
+            w_up = tl.load(weights + (columns[None, :] + inter) * stride_wn + ks[:, None], mask=w_mask, other=0.0)
+            gate += tl.dot(x, w_gate)
+            up += tl.dot(x, w_up)
+        gated = _act(gate, ACT) * up
+        tl.store(out_ptr + rows[:, None] * stride_os + columns[None, :], gated.to(out_ptr.dtype.element_ty),
+                 mask=valid[:, None] & (columns[None, :] < inter))
+
+
+@triton.jit
+def _down_kernel(a_ptr, w_ptr, out_ptr, slots_ptr, tile_experts_ptr, routing_ptr, num_slots, hidden, inter,
+                 stride_as, stride_we, stride_wn, stride_ot, TOP_K: tl.constexpr, NUM_EXPERTS: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    tile, column_tile = tl.program_id(0), tl.program_id(1)
+    expert = tl.load(tile_experts_ptr + tile)
+    if expert < NUM_EXPERTS:
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        slots = tl.load(slots_ptr + rows)
+        valid = slots < num_slots
+        columns = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        weights = w_ptr + expert.to(tl.int64) * stride_we
+        for k0 in range(0, inter, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            a = tl.load(a_ptr + rows[:, None] * stride_as + ks[None, :],
+                        mask=valid[:, None] & (ks[None, :] < inter), other=0.0)
+            w = tl.load(weights + columns[None, :] * stride_wn + ks[:, None],
+                        mask=(ks[:, None] < inter) & (columns[None, :] < hidden), other=0.0)
+            acc += tl.dot(a, w)
+        routing = tl.load(routing_ptr + slots, mask=valid, other=0.0).to(tl.float32)
+        tokens = tl.where(valid, slots // TOP_K, 0)
+        tl.atomic_add(out_ptr + tokens[:, None] * stride_ot + columns[None, :], acc * routing[:, None],
+                      mask=valid[:, None] & (columns[None, :] < hidden))
+
+
+def align_by_expert(experts: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """experts [T, k] -> (slots [P] int32: the (token * k + choice) slots sorted by expert, each expert's run padded
+    with the sentinel T * k to a multiple of block_m; tile_experts [P / block_m] int32: each tile's expert, or
+    num_experts past the last run). P is the bound T * k + E * (block_m - 1), rounded up: no host synchronisation."""
+    flat = experts.flatten()
+    num_slots = flat.numel()
+    counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = padded.cumsum(0)
+    order = flat.argsort(stable=True)
+    by_expert = flat[order]
+    rank = torch.arange(num_slots, device=flat.device) - (counts.cumsum(0) - counts)[by_expert]
+    size = -(-(num_slots + num_experts * (block_m - 1)) // block_m) * block_m
+    slots = torch.full((size,), num_slots, dtype=torch.int32, device=flat.device)
+    slots[(padded_end - padded)[by_expert] + rank] = order.to(torch.int32)
+    tile_starts = torch.arange(0, size, block_m, device=flat.device)
+    tile_experts = torch.searchsorted(padded_end, tile_starts, right=True).to(torch.int32)
+    return slots, tile_experts
+
+
+def fused_experts(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, routing_weights: torch.Tensor,
+                  experts: torch.Tensor, activation: str, block_m: int = 16) -> torch.Tensor:
+    """hidden [T, H], w_gate_up [E, 2I, H], w_down [E, H, I], routing_weights and experts [T, k] -> [T, H]: sum over a
+    token's k experts of weight * down(act(gate(x)) * up(x))."""
+    num_tokens, hidden_size = hidden.shape
+    num_experts, double_inter, _ = w_gate_up.shape
+    inter, top_k = double_inter // 2, experts.shape[1]
+    if w_down.shape != (num_experts, hidden_size, inter) or w_gate_up.shape[2] != hidden_size:
+        raise ValueError(f"w_gate_up {tuple(w_gate_up.shape)} must be [E, 2I, H={hidden_size}] and w_down "
+                         f"{tuple(w_down.shape)} [E, H, I]")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
+    hidden, w_gate_up, w_down = hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous()
+    slots, tile_experts = align_by_expert(experts, num_experts, block_m)
+    gated = torch.empty(slots.shape[0], inter, dtype=hidden.dtype, device=hidden.device)
+    out = torch.zeros(num_tokens, hidden_size, dtype=torch.float32, device=hidden.device)
+    block_n, block_k = 64, 32
+    _gate_up_kernel[(tile_experts.shape[0], triton.cdiv(inter, block_n))](
+        hidden, w_gate_up, gated, slots, tile_experts, num_tokens * top_k, hidden_size, inter,
+        hidden.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), gated.stride(0), TOP_K=top_k,
+        NUM_EXPERTS=num_experts, ACT=ACTIVATIONS[activation], BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+    _down_kernel[(tile_experts.shape[0], triton.cdiv(hidden_size, block_n))](
+        gated, w_down, out, slots, tile_experts, routing_weights.contiguous(), num_tokens * top_k, hidden_size,
+        inter, gated.stride(0), w_down.stride(0), w_down.stride(1), out.stride(0), TOP_K=top_k,
+        NUM_EXPERTS=num_experts, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+    return out.to(hidden.dtype)

@@ -1,0 +1,69 @@
+"""The fused MoE kernels against the torch expert loop (layers/moe.py): in Triton's interpreter on a CPU, natively on
+a GPU. Loads are uneven on purpose: a busy expert over several row tiles, experts with one token, experts with none."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fasterllm.layers.activation import GeluAndMul, SiluAndMul
+from fasterllm.layers.moe import route, run_experts
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytest.importorskip("triton")
+from fasterllm.kernels.fused_moe import align_by_expert, fused_experts  # noqa: E402
+
+
+def uneven_experts(num_tokens: int, num_experts: int, top_k: int) -> torch.Tensor:
+    """[T, k] choices: expert 0 takes 30 tokens (two 16-row tiles), expert 1 the next 6, expert 2 one token; with
+    k = 2 the second choices spread over experts 3-5, one token's to expert 6; the last expert gets none. k = E:
+    every expert every token."""
+    tokens = torch.arange(num_tokens)
+    if top_k == num_experts:
+        return torch.arange(num_experts).repeat(num_tokens, 1)
+    first = torch.where(tokens < 30, 0, torch.where(tokens < 36, 1, 2))
+    if top_k == 1:
+        return first[:, None]
+    second = 3 + tokens % 3
+    second[0] = 6
+    return torch.stack([first, second], dim=1)
+
+
+def moe_inputs(num_tokens, num_experts, hidden, inter, top_k, seed=0, dtype=torch.float32):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_tokens, hidden, generator=generator)
+    w_gate_up = torch.randn(num_experts, 2 * inter, hidden, generator=generator) / hidden ** 0.5
+    w_down = torch.randn(num_experts, hidden, inter, generator=generator) / inter ** 0.5
+    weights = torch.rand(num_tokens, top_k, generator=generator) + 0.1
+    weights /= weights.sum(dim=1, keepdim=True)
+    experts = uneven_experts(num_tokens, num_experts, top_k)
+    return [t.to(DEVICE, dtype) for t in (x, w_gate_up, w_down, weights)] + [experts.to(DEVICE)]
+
+
+@pytest.mark.parametrize("top_k, num_experts", [(1, 4), (2, 8), (8, 8)])
+@pytest.mark.parametrize("act", [SiluAndMul(), GeluAndMul("tanh"), GeluAndMul("none")], ids=lambda a: a.name)
+def test_fused_experts_match_the_torch_loop(top_k, num_experts, act):
+    x, w_gate_up, w_down, weights, experts = moe_inputs(37, num_experts, 48, 40, top_k)
+    expected = run_experts(x, w_gate_up, w_down, weights, experts, act)
+    got = fused_experts(x, w_gate_up, w_down, weights, experts, act.name)
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
+
+
+def test_an_expert_with_no_tokens_gets_no_tile():
+    experts = torch.tensor([[0, 2], [2, 0], [0, 3]], device=DEVICE)  # expert 1: none
+    slots, tile_experts = align_by_expert(experts, 4, block_m=4)
+    runs = {expert: slots[tile * 4:(tile + 1) * 4].tolist() for tile, expert in enumerate(tile_experts.tolist())
+            if expert < 4}
+    assert runs == {0: [0, 3, 4, 6], 2: [1, 2, 6, 6], 3: [5, 6, 6, 6]}  # slot = token * k + choice; 6: padding
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="bf16 tl.dot is wrong in Triton's interpreter")
+def test_bf16_at_a_real_shape():
+    generator = torch.Generator().manual_seed(0)
+    x, router = torch.randn(64, 2048, generator=generator), torch.randn(128, 2048, generator=generator)
+    weights, experts = (t.to(DEVICE) for t in route(x, router, 8, normalize=True))
+    w_gate_up, w_down = (torch.randn(*shape, generator=generator).div(shape[-1] ** 0.5).to(DEVICE, torch.bfloat16)
+                         for shape in ((128, 1536, 2048), (128, 2048, 768)))  # Qwen3-30B-A3B's experts
+    x, weights = x.to(DEVICE, torch.bfloat16), weights.to(torch.bfloat16)
+    expected = run_experts(x.float(), w_gate_up.float(), w_down.float(), weights.float(), experts, SiluAndMul())
+    got = fused_experts(x, w_gate_up, w_down, weights, experts, "silu")
+    torch.testing.assert_close(got.float(), expected, atol=3e-2, rtol=3e-2)
