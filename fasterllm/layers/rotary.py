@@ -1,4 +1,4 @@
-"""Rotary position embedding (rotate-half form) with the llama3 and linear frequency scalings."""
+"""Rotary position embedding (rotate-half form) with the llama3, linear and LongRoPE frequency scalings."""
 from __future__ import annotations
 
 import math
@@ -19,7 +19,27 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None,
         return (inv_freq / scaling["factor"]).float()
     if kind == "llama3":
         return _llama3_inv_freq(inv_freq, scaling).float()
-    raise ValueError(f"rope scaling type {kind!r} is not supported; supported: llama3, linear (or none)")
+    raise ValueError(f"rope scaling type {kind!r} is not supported; supported: llama3, linear, longrope (or none)")
+
+
+def rotary_embedding(head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None,
+                     freq_factors: torch.Tensor | None, device: torch.device, dtype: torch.dtype) -> RotaryEmbedding:
+    """The tables for a layer's RoPE. LongRoPE (Phi-3 128k, Phi-3.5; "su" in older configs): positions before
+    original_max_position_embeddings rotate by the short factors, later ones by the long factors (by position, as
+    vLLM does: a sequence's early keys keep their rotation as it grows), both scaled by the attention factor."""
+    kind = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
+    if kind not in ("longrope", "su"):
+        return RotaryEmbedding(head_dim, max_positions, rope_inv_freq(head_dim, theta, scaling, freq_factors), device,
+                               dtype)
+    original = scaling["original_max_position_embeddings"]
+    base = theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    short, long = (1.0 / (torch.tensor(scaling[key], dtype=torch.float64) * base) for key in ("short_factor",
+                                                                                               "long_factor"))
+    factor = scaling["factor"]
+    attention_factor = scaling.get("attention_factor") or (
+        math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0)
+    return RotaryEmbedding(head_dim, max_positions, short.float(), device, dtype, (original, long.float()),
+                           attention_factor)
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
@@ -39,10 +59,15 @@ class RotaryEmbedding:
     """cos/sin tables for every position up to max_positions, applied to Q and K in one call."""
 
     def __init__(self, head_dim: int, max_positions: int, inv_freq: torch.Tensor,
-                 device: torch.device, dtype: torch.dtype):
+                 device: torch.device, dtype: torch.dtype, later: tuple[int, torch.Tensor] | None = None,
+                 scale: float = 1.0):
+        """later: (first position, inv_freq) for the positions from there on (LongRoPE); scale: of cos and sin."""
         self.head_dim = head_dim
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        cos, sin = angles.cos(), angles.sin()
+        if later is not None:
+            first, later_inv_freq = later
+            angles[first:] = torch.outer(torch.arange(first, max_positions, dtype=torch.float32), later_inv_freq)
+        cos, sin = angles.cos() * scale, angles.sin() * scale
         # full-width tables, sin signed for the rotate-half form: x * cos + swap_halves(x) * sin
         self.cos_sin = torch.cat([cos, cos, -sin, sin], dim=-1).to(device=device, dtype=dtype)
 

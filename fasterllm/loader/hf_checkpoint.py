@@ -51,6 +51,10 @@ def load_hf_config(model_dir: Path) -> ModelConfig | Seq2SeqConfig | T5Config:
     scaling = raw.get("rope_scaling") or rope or None
     if scaling is not None and scaling.get("rope_type", scaling.get("type", "default")) == "default":
         scaling = None
+    if scaling is not None and scaling.get("rope_type", scaling.get("type")) in ("longrope", "su"):  # Phi-3 128k
+        original = scaling.get("original_max_position_embeddings") or raw["original_max_position_embeddings"]
+        scaling = {**scaling, "original_max_position_embeddings": original,
+                   "factor": scaling.get("factor") or raw["max_position_embeddings"] / original}
     num_heads = raw["num_attention_heads"]
     qwen2 = architectures[0].startswith("Qwen2")
     gemma = architectures[0] in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")

@@ -21,7 +21,7 @@ from fasterllm.layers.attention_layer import Attention
 from fasterllm.layers.linear import pack_linears
 from fasterllm.layers.moe import SparseMoE
 from fasterllm.layers.norm import RMSNorm
-from fasterllm.layers.rotary import RotaryEmbedding, rope_inv_freq
+from fasterllm.layers.rotary import rotary_embedding
 from fasterllm.layers.vocab_parallel import VocabParallelEmbedding
 from fasterllm.loader.weight_parts import WeightSource, read_part, read_whole, shape_of
 
@@ -111,9 +111,8 @@ class LlamaForCausalLM(nn.Module):
         ropes = [cfg.layer_rope_of(index) for index in range(cfg.num_hidden_layers)]
         distinct = [rope for index, rope in enumerate(ropes) if rope not in ropes[:index]]
         self.rope_of_layer = [distinct.index(rope) for rope in ropes]
-        self.rotaries = [RotaryEmbedding(cfg.head_dim, max_positions,
-                                         rope_inv_freq(cfg.head_dim, theta, scaling, cfg.rope_freq_factors), device,
-                                         dtype) for theta, scaling in distinct]
+        self.rotaries = [rotary_embedding(cfg.head_dim, max_positions, theta, scaling, cfg.rope_freq_factors, device,
+                                          dtype) for theta, scaling in distinct]
 
     def head_as_linear(self) -> None:
         """Make the output head an nn.Linear module, so CPU packing, quantization and the GPU's matrix-vector

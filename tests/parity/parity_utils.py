@@ -232,6 +232,13 @@ TINY_SPECS = [
     # q/k/v and gate/up stored fused in the checkpoint
     TinySpec("phi3_fused", "phi3", num_heads=4, num_kv_heads=2, vocab_size=416, rms_norm_eps=1e-5,
              rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, extra={"sliding_window": None}),
+    # Phi-3 128k's LongRoPE: short factors below 160 positions (the prompts here), scaled by the attention factor of
+    # 256 / 160 (positions from 160 on take the long factors: tests/layers/test_rotary.py)
+    TinySpec("phi3_longrope", "phi3", num_heads=4, num_kv_heads=2, vocab_size=272, rms_norm_eps=1e-5,
+             rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                              "short_factor": [1.0 + 0.3 * i for i in range(8)],
+                              "long_factor": [2.0 + 0.5 * i for i in range(8)]},
+             extra={"sliding_window": None, "original_max_position_embeddings": 160}),
     # GeGLU, (1 + weight) norms, four norms a layer, scaled embeddings, attention and final soft-capping, queries
     # scaled by query_pre_attn_scalar, an 8-token window on layer 0 only (prompts run far past it), tied head
     TinySpec("gemma2_softcap_window", "gemma2", num_heads=4, num_kv_heads=2, vocab_size=352, tie_word_embeddings=True,
