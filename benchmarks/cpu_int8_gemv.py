@@ -3,6 +3,8 @@ SmolLM2-135M weights (30 layers of qkv / o / gate_up / down and the 49152-row he
 hold, so every step reads them from DRAM), at 1 and 2 torch threads, next to a plain bf16 read of a 128 MB tensor
 (torch.sum) as the DRAM reference. Random int8 weights; speeds do not depend on values. The kernels:
   _weight_int8pack_mm        weight-only int8, bf16 activations (what quantization="int8" runs)
+  _int_mm                    int8 x int8 -> int32 over the [N, K] weight's transposed view, the row quantized per
+                             token first (what quantization="w8a8" runs where the sums are exact)
   quantized.linear_dynamic   FBGEMM (x86 engine): fp32 in and out, the row quantized to int8 inside (VNNI)
   onednn.qlinear_pointwise   oneDNN int8 x int8 (VNNI/AMX where present); the row quantized per tensor first, by
                              torch ops counted in the time
@@ -25,6 +27,19 @@ def seconds(fn, repeats: int = 5) -> float:
     for _ in range(repeats):
         fn()
     return (time.perf_counter() - start) / repeats
+
+
+def int_mm_step(weights, rows):
+    """W8A8Linear's CPU product: the row quantized per token, torch._int_mm, scaled back."""
+    from fasterllm.layers.quantization.w8a8 import quantize_per_token
+
+    scales = [s.float()[None, :] for _, s in weights]
+
+    def linear(x, w, w_scales):
+        codes, x_scales = quantize_per_token(x)
+        return torch._int_mm(codes, w.t()) * x_scales * w_scales
+
+    return lambda: [linear(rows[w.shape[1]], w, s) for (w, _), s in zip(weights, scales)]
 
 
 def fbgemm_step(weights, rows):
@@ -63,7 +78,7 @@ def main() -> None:
     total = sum(w.numel() for w, _ in weights)
     dram = torch.randn(64 << 20, dtype=torch.bfloat16)
     kernels = {"_weight_int8pack_mm": lambda: [torch._weight_int8pack_mm(rows[w.shape[1]], w, s) for w, s in weights],
-               "quantized.linear_dynamic": fbgemm_step(weights, rows), "onednn.qlinear_pointwise": onednn_step(weights, rows)}
+               "_int_mm": int_mm_step(weights, rows), "quantized.linear_dynamic": fbgemm_step(weights, rows), "onednn.qlinear_pointwise": onednn_step(weights, rows)}
     for threads in (1, 2):
         torch.set_num_threads(threads)
         read = seconds(lambda: dram.sum())
