@@ -121,6 +121,7 @@ def test_a_rank_that_dies_mid_run_fails_the_engine_naming_it(tiny_tp2):
     ({"tensor_parallel_size": 0}, "tensor_parallel_size=0 must be >= 1"),
     ({"tensor_parallel_size": 3, "quantization": "gguf"}, "quantization='gguf' keeps the file's Q4 blocks whole"),
     ({"tensor_parallel_size": 3, "distributed_executor_backend": "uni"}, "distributed_executor_backend='uni'"),
+    ({"tensor_parallel_size": 3, "task": "embed"}, "task='embed' runs its encoder on one device"),
 ])
 def test_sizes_that_cannot_split_are_refused_by_name(gguf, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -138,13 +139,20 @@ def test_encoder_decoder_models_refuse_tensor_parallelism(tiny_seq2seq):
         LLM(str(directory), device="cpu", tensor_parallel_size=2)
 
 
-def test_ray_backend_on_one_machine_matches_transformers(tiny_checkpoints):
-    """The ranks as Ray actors (a local Ray instance: no cluster runs here), over gloo, steps launched ahead."""
+def test_ray_backend_on_one_machine_matches_transformers_and_fails_cleanly(tiny_checkpoints):
+    """The ranks as Ray actors (a local Ray instance: no cluster runs here), over gloo, steps launched ahead; a rank
+    that raises ends the engine with its error, as with worker processes."""
     ray = pytest.importorskip("ray")
     directory, hf_model = tiny_checkpoints["llama3_gqa"]
     try:
         _check_greedy(directory, hf_model, TINY_SPECS[0].vocab_size, tensor_parallel_size=2,
                       distributed_executor_backend="ray")
+        llm = LLM(str(directory), dtype="float32", device="cpu", tensor_parallel_size=2,
+                  distributed_executor_backend="ray")
+        llm.engine.executor.execute(SchedulerOutput(request_ids=["nobody"], starts=[0], num_new_tokens=[1],
+                                                    num_samples=[1], new_token_ids=[[]]))
+        with pytest.raises(WorkerFailedError, match=r"rank \d of 2 failed \(Ray actor\)(.|\n)*KeyError"):
+            llm.generate("w5 w6 w7", SamplingParams(max_tokens=4), use_tqdm=False)
     finally:
         ray.shutdown()
 
