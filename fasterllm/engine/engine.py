@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import time
 
-
 from fasterllm.config import CacheConfig, EngineArgs, SchedulerConfig
 from fasterllm.engine.beam_search import (
     BeamSearch,
