@@ -94,6 +94,7 @@ class MultiprocExecutor(RankExecutor):
                     return value
             for failed, process in enumerate(self._processes):
                 if process.sentinel in ready or not process.is_alive():
+                    process.join(timeout=5)  # its sentinel fires as it exits, a moment before its exit code is known
                     self._fail(failed, _last_error(self._results[failed]) or
                                f"the process exited with code {process.exitcode}")
 
