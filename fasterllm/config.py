@@ -49,6 +49,8 @@ class ModelConfig:
     o_proj_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False  # an RMSNorm over each head's query and key before RoPE (Qwen3)
+    qk_norm_over_heads: bool = False  # OLMoE: that RMSNorm over all query heads together, and over all key heads
+    clip_qkv: float | None = None  # OLMoE: queries, keys and values clamped to [-clip_qkv, clip_qkv]
     sliding_window: int | None = None  # attend to at most this many most recent tokens
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
@@ -97,9 +99,9 @@ class ModelConfig:
 
 # the Hugging Face decoder architectures models/registry.py runs (all through models/llama.py)
 DECODER_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
-                         "MixtralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM",
-                         "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
-MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+                         "MixtralForCausalLM", "OlmoeForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM",
+                         "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 # the GELU forms of a gated FFN (hidden_act / hidden_activation), besides "silu"
 GATED_GELU_FORMS = {"gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu": "none"}
 

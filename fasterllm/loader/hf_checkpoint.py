@@ -80,7 +80,9 @@ def load_hf_config(model_dir: Path) -> ModelConfig | Seq2SeqConfig | T5Config:
         sliding_window=None if gemma else raw.get("sliding_window") if raw.get("use_sliding_window", not qwen2)
         else None,
         mlp_bias=raw.get("mlp_bias", False),
-        qk_norm=architectures[0] in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
+        qk_norm=architectures[0] in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "OlmoeForCausalLM"),
+        qk_norm_over_heads=architectures[0] == "OlmoeForCausalLM",
+        clip_qkv=raw.get("clip_qkv"),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
         **(_gemma_fields(raw, architectures[0]) if gemma else {}),
@@ -96,6 +98,10 @@ def _expert_fields(raw: dict[str, Any], architecture: str) -> dict[str, Any]:
     if architecture == "MixtralForCausalLM":
         return dict(num_experts=raw["num_local_experts"], num_experts_per_tok=raw["num_experts_per_tok"],
                     moe_intermediate_size=raw["intermediate_size"], norm_topk_prob=True, expert_layers=[True] * layers)
+    if architecture == "OlmoeForCausalLM":  # every layer, experts of intermediate_size
+        return dict(num_experts=raw["num_experts"], num_experts_per_tok=raw["num_experts_per_tok"],
+                    moe_intermediate_size=raw["intermediate_size"], norm_topk_prob=bool(raw.get("norm_topk_prob")),
+                    expert_layers=[True] * layers)
     step, dense = raw.get("decoder_sparse_step", 1) or 1, set(raw.get("mlp_only_layers") or [])
     # Qwen3-MoE configs written by transformers 5 say num_local_experts
     return dict(num_experts=raw.get("num_experts") or raw["num_local_experts"],

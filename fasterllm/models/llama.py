@@ -41,10 +41,12 @@ class DecoderLayer(nn.Module):
         self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
         self.qkv_shape = (num_heads + 2 * num_kv_heads, cfg.head_dim)
         self.num_q_heads, self.num_kv_heads, self.intermediate_size = num_heads, num_kv_heads, intermediate
-        if cfg.qk_norm:  # Qwen3: each head's query and key normalised before RoPE
-            self.q_norm, self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps), RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        if cfg.qk_norm:  # Qwen3, Gemma 3: each head's query and key normalised before RoPE; OLMoE: all heads at once
+            q_width, k_width = (q_size, kv_size) if cfg.qk_norm_over_heads else (cfg.head_dim, cfg.head_dim)
+            self.q_norm, self.k_norm = RMSNorm(q_width, cfg.rms_norm_eps), RMSNorm(k_width, cfg.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        self.clip_qkv = cfg.clip_qkv
         scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5
         self.attn = Attention(num_heads, num_kv_heads, cfg.head_dim, cfg.layer_window(index), scale,
                               cfg.attn_logit_softcap)
@@ -73,6 +75,8 @@ class DecoderLayer(nn.Module):
         qkv = self.qkv_proj(hidden).view(-1, *self.qkv_shape)
         if self.q_norm is not None:
             qkv = self._norm_heads(qkv)
+        if self.clip_qkv is not None:
+            qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
         # row-parallel o_proj and down_proj: each rank's partial sum, summed over ranks before the residual add
         attention = self.tp.all_reduce(self.o_proj(self.attn(qkv, rope, kv_cache, meta)))
         if self.pre_feedforward_layernorm is None:
@@ -89,9 +93,8 @@ class DecoderLayer(nn.Module):
     def _norm_heads(self, qkv: torch.Tensor) -> torch.Tensor:
         """The query heads through q_norm and the key heads through k_norm, the value heads as they are."""
         q, k, v = qkv.split([self.num_q_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
-        head_dim = qkv.shape[-1]
-        q = self.q_norm(q.reshape(-1, head_dim))[0].view(q.shape)
-        k = self.k_norm(k.reshape(-1, head_dim))[0].view(k.shape)
+        q = self.q_norm(q.reshape(-1, self.q_norm.weight.shape[0]))[0].view(q.shape)
+        k = self.k_norm(k.reshape(-1, self.k_norm.weight.shape[0]))[0].view(k.shape)
         return torch.cat([q, k, v], dim=1)
 
 

@@ -267,15 +267,20 @@ TINY_SPECS = [
              rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
              extra={"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 40, "norm_topk_prob": True,
                     "mlp_only_layers": [1]}),
+    # OLMoE: one RMSNorm over all query heads and one over all key heads, q/k/v clamped, top 3 of 6 not renormalized
+    TinySpec("olmoe_clip", "olmoe", num_heads=4, num_kv_heads=4, vocab_size=296,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rms_norm_eps=1e-5,
+             extra={"num_experts": 6, "num_experts_per_tok": 3, "intermediate_size": 40, "norm_topk_prob": False,
+                    "clip_qkv": 3.0}),
 ]
 
 
 def tiny_config(spec: TinySpec, **overrides):
     from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, MixtralConfig, Phi3Config,
-                              Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig)
+                              OlmoeConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig)
 
     cls = {"gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "llama": LlamaConfig, "mixtral": MixtralConfig,
-           "qwen2_moe": Qwen2MoeConfig, "qwen3_moe": Qwen3MoeConfig, "mistral": MistralConfig, "phi3": Phi3Config,
+           "olmoe": OlmoeConfig, "qwen2_moe": Qwen2MoeConfig, "qwen3_moe": Qwen3MoeConfig, "mistral": MistralConfig, "phi3": Phi3Config,
            "qwen2": Qwen2Config, "qwen3": Qwen3Config}[spec.family]
     kwargs = dict(vocab_size=spec.vocab_size, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
                   num_hidden_layers=LAYERS, num_attention_heads=spec.num_heads,

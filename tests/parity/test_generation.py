@@ -103,7 +103,7 @@ TINY_ARRIVALS = [0, 2, 3, 7, 12]
 # two RoPE tables) across chunks, decodes and preemption; the mixtures of experts: each token routed alone whatever
 # else is in the batch
 @pytest.mark.parametrize("name", ["llama3_gqa", "gemma2_softcap_window", "gemma3_local_global", "mixtral_moe",
-                                  "qwen2_moe_shared"])
+                                  "qwen2_moe_shared", "olmoe_clip"])
 def test_tiny_model_staggered_greedy_matches_transformers(tiny_checkpoints, monkeypatch, name):
     spec = next(s for s in TINY_SPECS if s.name == name)
     directory, hf_model = tiny_checkpoints[name]

@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 
 
 @pytest.mark.parametrize("name", ["gemma2_softcap_window", "gemma3_local_global", "phi3_longrope", "mixtral_moe",
-                                  "qwen2_moe_shared", "qwen3_moe_dense_layer"])
+                                  "qwen2_moe_shared", "qwen3_moe_dense_layer", "olmoe_clip"])
 def test_greedy_tokens_match_transformers_on_the_gpu(tiny_checkpoints, monkeypatch, name):
     spec = next(s for s in TINY_SPECS if s.name == name)
     directory, hf_model = tiny_checkpoints[name]
@@ -26,7 +26,8 @@ def test_greedy_tokens_match_transformers_on_the_gpu(tiny_checkpoints, monkeypat
     references = [hf_greedy(hf_model, ids, NEW_TOKENS) for ids in prompts]  # fp32 on the CPU
     llm = LLM(str(directory), dtype="float32", device="cuda", max_model_len=128, block_size=8,
               max_num_batched_tokens=8, max_num_seqs=3, gpu_memory_utilization=0.2)
-    assert (llm.engine.executor.runner.graphs is None) == (spec.family in ("mixtral", "qwen2_moe", "qwen3_moe"))
+    assert (llm.engine.executor.runner.graphs is None) == (spec.family in ("mixtral", "qwen2_moe", "qwen3_moe",
+                                                                           "olmoe"))
     outputs = run_staggered(llm.engine, prompts, TINY_ARRIVALS, GREEDY)
     for i, reference in enumerate(references):
         ours = outputs[f"staggered-{i}"]

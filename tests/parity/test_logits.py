@@ -136,10 +136,11 @@ ONE_ROPE = {"rope_type": "default", "rope_theta": 10_000.0}
     ("gemma2", ({"sliding_window": 10_000}, {"attn_logit_softcapping": None}, {"final_logit_softcapping": None})),
     ("gemma3", ({"sliding_window": 10_000},
                 {"rope_parameters": {"sliding_attention": ONE_ROPE, "full_attention": ONE_ROPE}})),
+    ("olmoe", ({"clip_qkv": None},)),
 ])
-def test_gemma_windows_caps_and_ropes_are_exercised(tiny_checkpoints, family, changes):
-    """Without its window, its caps or its per-layer RoPE, a tiny Gemma answers far beyond the tolerance on a
-    100-token prompt, so the parity above checks them."""
+def test_family_features_are_exercised(tiny_checkpoints, family, changes):
+    """Without its window, its caps or its per-layer RoPE (a tiny Gemma), or its q/k/v clamp (OLMoE), a model answers
+    far beyond the tolerance on a 100-token prompt, so the parity above checks them."""
     spec = next(s for s in TINY_SPECS if s.family == family)
     _, hf_model = tiny_checkpoints[spec.name]
     ids = random_prompt(100, spec.vocab_size, 2)
