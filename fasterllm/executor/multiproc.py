@@ -11,7 +11,6 @@ fails with WorkerFailedError instead of hanging (a rank stuck in a collective wi
 """
 from __future__ import annotations
 
-import logging
 import pickle
 import queue
 import threading
@@ -24,12 +23,9 @@ import torch
 import torch.multiprocessing as mp
 
 from fasterllm.distributed.tensor_parallel import free_port
-from fasterllm.errors import WorkerFailedError
-from fasterllm.executor.ranks import RankExecutor
+from fasterllm.executor.ranks import RankExecutor, RankOutput
 from fasterllm.worker.step_messages import ModelRunnerOutput, SchedulerOutput
 from fasterllm.worker.worker import WorkerConfig, call_runner, init_worker
-
-logger = logging.getLogger("fasterllm")
 
 
 class MultiprocExecutor(RankExecutor):
@@ -49,14 +45,14 @@ class MultiprocExecutor(RankExecutor):
             self._processes.append(process)
             self._commands.append(command_writer)
             self._results.append(result_reader)
-        self._failure: WorkerFailedError | None = None
+        self.num_ranks = size
         self._stop = weakref.finalize(self, _stop_workers, self._processes, self._commands)
         self.load_seconds = max(self._receive_all())  # each rank's seconds to load its shard
 
     # ---- what the engine calls (and RankExecutor's methods) ------------------------------------------------
-    def execute(self, message: SchedulerOutput) -> RemoteOutput | None:
+    def execute(self, message: SchedulerOutput) -> RankOutput | None:
         self._send(("step", pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)))
-        return RemoteOutput(self, message.sampled_request_ids) if message.request_ids else None
+        return RankOutput(self, message.sampled_request_ids) if message.request_ids else None
 
     def shutdown(self) -> None:
         self._stop()
@@ -98,29 +94,13 @@ class MultiprocExecutor(RankExecutor):
                     self._fail(failed, _last_error(self._results[failed]) or
                                f"the process exited with code {process.exitcode}")
 
-    def _fail(self, rank: int, reason: str) -> None:
-        self._failure = WorkerFailedError(f"tensor-parallel rank {rank} of {len(self._processes)} failed; every "
-                                          f"worker is stopped and the engine cannot go on (make a new one):\n{reason}")
-        logger.error("%s", self._failure)
+    def _rank0_output(self) -> ModelRunnerOutput:
+        return self._receive(0)
+
+    def _stop_ranks(self) -> None:
         for process in self._processes:  # the others may wait in a collective for the failed one: no stop message
             process.kill()
         self._stop()
-        raise self._failure
-
-    def _check_alive(self) -> None:
-        if self._failure is not None:
-            raise self._failure
-
-
-class RemoteOutput:
-    """A step launched on the workers: get() waits for rank 0's sampled tokens (steps answer in launch order).
-    request_ids: the request of each sampled row, known before the tokens (the lookahead step reads them)."""
-
-    def __init__(self, executor: MultiprocExecutor, request_ids: list[str]):
-        self._executor, self.request_ids = executor, request_ids
-
-    def get(self) -> ModelRunnerOutput:
-        return self._executor._receive(0)
 
 
 def run_worker(rank: int, config: WorkerConfig, init_method: str, commands: Connection, results: Connection) -> None:

@@ -12,7 +12,6 @@ whose actor dies is named at once; every actor is then killed and the engine fai
 """
 from __future__ import annotations
 
-import logging
 import os
 import pickle
 import weakref
@@ -20,12 +19,10 @@ from collections import deque
 from collections.abc import Callable
 
 from fasterllm.distributed.tensor_parallel import free_port
-from fasterllm.errors import WorkerFailedError
-from fasterllm.executor.ranks import RankExecutor
+from fasterllm.executor.ranks import RankExecutor, RankOutput
 from fasterllm.worker.step_messages import ModelRunnerOutput, SchedulerOutput
 from fasterllm.worker.worker import WorkerConfig, call_runner, init_worker
 
-logger = logging.getLogger("fasterllm")
 
 PLACEMENT_TIMEOUT_S = 120  # how long to wait for the cluster to offer every rank its GPU (or CPU)
 
@@ -65,6 +62,8 @@ class RayWorker:
 
 
 class RayExecutor(RankExecutor):
+    rank_label = " (Ray actor)"
+
     def __init__(self, config: WorkerConfig):
         ray = _ray()
         args = config.args
@@ -90,18 +89,18 @@ class RayExecutor(RankExecutor):
                                       scheduling_strategy=PlacementGroupSchedulingStrategy(group, rank)).remote()
                         for rank in range(size)]
         self._stop = weakref.finalize(self, _stop_actors, self._actors, group)
-        self._failure: WorkerFailedError | None = None
+        self.num_ranks = size
         self._outstanding: dict = {}  # ObjectRef -> rank: every rank's launched steps not known to have finished
         host, port = self._wait(self._actors[0].node_address.remote(), 0)
         starts = [a.start.remote(rank, config, f"tcp://{host}:{port}")
                   for rank, a in enumerate(self._actors)]
         self.load_seconds = max(self._wait(ref, rank) for rank, ref in enumerate(starts))
 
-    def execute(self, message: SchedulerOutput) -> RayOutput | None:
+    def execute(self, message: SchedulerOutput) -> RankOutput | None:
         self._check_alive()
         payload = _ray().put(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
         self._outstanding.update((actor.execute.remote(payload), rank) for rank, actor in enumerate(self._actors))
-        return RayOutput(self, message.sampled_request_ids) if message.request_ids else None
+        return RankOutput(self, message.sampled_request_ids) if message.request_ids else None
 
     def shutdown(self) -> None:
         self._stop()
@@ -125,27 +124,11 @@ class RayExecutor(RankExecutor):
             if finished == ref:
                 return value
 
-    def _fail(self, rank: int, reason: str) -> None:
-        self._failure = WorkerFailedError(f"tensor-parallel rank {rank} of {len(self._actors)} failed (Ray actor); "
-                                          f"every actor is stopped and the engine cannot go on (make a new one):\n"
-                                          f"{reason}")
-        logger.error("%s", self._failure)
+    def _rank0_output(self) -> ModelRunnerOutput:
+        return self._wait(self._actors[0].next_output.remote(), 0)  # asked for after the next step was launched
+
+    def _stop_ranks(self) -> None:
         self._stop()
-        raise self._failure
-
-    def _check_alive(self) -> None:
-        if self._failure is not None:
-            raise self._failure
-
-
-class RayOutput:
-    """A step launched on the actors: get() asks rank 0 for its tokens (after the next step was launched)."""
-
-    def __init__(self, executor: RayExecutor, request_ids: list[str]):
-        self._executor, self.request_ids = executor, request_ids
-
-    def get(self) -> ModelRunnerOutput:
-        return self._executor._wait(self._executor._actors[0].next_output.remote(), 0)
 
 
 def _stop_actors(actors: list, group) -> None:

@@ -27,17 +27,22 @@ def _act(g, ACT: tl.constexpr):
 
 
 @triton.jit
+def _tile(slots_ptr, num_slots, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's rows of sorted slots, their slot ids, which are real (not padding), and its output columns."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    slots = tl.load(slots_ptr + rows)
+    columns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return rows, slots, slots < num_slots, columns
+
+
+@triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, out_ptr, slots_ptr, tile_experts_ptr, num_slots, hidden, inter,
                     stride_xt, stride_we, stride_wn, stride_os, TOP_K: tl.constexpr, NUM_EXPERTS: tl.constexpr,
                     ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    tile, column_tile = tl.program_id(0), tl.program_id(1)
-    expert = tl.load(tile_experts_ptr + tile)
+    expert = tl.load(tile_experts_ptr + tl.program_id(0))
     if expert < NUM_EXPERTS:  # tiles past the last expert's run hold no slot
-        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        slots = tl.load(slots_ptr + rows)
-        valid = slots < num_slots
+        rows, slots, valid, columns = _tile(slots_ptr, num_slots, BLOCK_M, BLOCK_N)
         tokens = tl.where(valid, slots // TOP_K, 0)
-        columns = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         weights = w_ptr + expert.to(tl.int64) * stride_we
@@ -59,13 +64,9 @@ def _gate_up_kernel(x_ptr, w_ptr, out_ptr, slots_ptr, tile_experts_ptr, num_slot
 def _down_kernel(a_ptr, w_ptr, out_ptr, slots_ptr, tile_experts_ptr, routing_ptr, num_slots, hidden, inter,
                  stride_as, stride_we, stride_wn, stride_ot, TOP_K: tl.constexpr, NUM_EXPERTS: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    tile, column_tile = tl.program_id(0), tl.program_id(1)
-    expert = tl.load(tile_experts_ptr + tile)
+    expert = tl.load(tile_experts_ptr + tl.program_id(0))
     if expert < NUM_EXPERTS:
-        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        slots = tl.load(slots_ptr + rows)
-        valid = slots < num_slots
-        columns = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows, slots, valid, columns = _tile(slots_ptr, num_slots, BLOCK_M, BLOCK_N)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         weights = w_ptr + expert.to(tl.int64) * stride_we
         for k0 in range(0, inter, BLOCK_K):

@@ -147,10 +147,11 @@ def _expert_target(target: str, cfg: ModelConfig) -> tuple[str, int | None, tupl
 
 def _expert_parts(pname: str, cfg: ModelConfig) -> list[str]:
     """The keys _copy_expert_part marks loaded for parameter pname of a SparseMoE."""
-    halves = {"w_gate_up": (0, cfg.moe_intermediate_size), "shared_gate_up": (0, cfg.shared_expert_intermediate_size)}
-    kind = pname.split(".")[-1] if pname.split(".")[-1] != "weight" else pname.split(".")[-2]
+    kind = pname.removesuffix(".weight").rsplit(".", 1)[-1]
     experts = [f"#{e}" for e in range(cfg.num_experts)] if kind in ("w_gate_up", "w_down") else [""]
-    rows = [f"#{start}" for start in halves[kind]] if kind in halves else [""]
+    # the gate and up halves start at row 0 and at row `size` of a fused gate/up
+    size = {"w_gate_up": cfg.moe_intermediate_size, "shared_gate_up": cfg.shared_expert_intermediate_size}.get(kind)
+    rows = [""] if size is None else ["#0", f"#{size}"]
     return [f"{pname}{e}{r}" for e in experts for r in rows]
 
 
