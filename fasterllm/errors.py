@@ -11,6 +11,9 @@ class InvalidInputError(ValueError):
         super().__init__(message)
         self.param = param
 
+    def __reduce__(self):  # keeps param when the error crosses a process boundary
+        return type(self), (str(self), self.param)
+
 
 class StepFailedError(RuntimeError):
     """The forward pass failed; request_ids are the requests (as added) it failed, whole: their

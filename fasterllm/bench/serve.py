@@ -1,14 +1,19 @@
-"""`fasterllm bench serve`: streaming requests against a running OpenAI-compatible server.
+"""`fasterllm bench serve`: streaming requests against a running OpenAI-compatible server (ours or vLLM's).
 
 Each request streams its tokens; the client notes when every chunk arrives. Time to first token
 (TTFT) runs from sending the request to its first text; inter-token latency (ITL) is the gap
 between text chunks (our server sends one per generated token). Clients are threads on the
-standard library's http.client, so the benchmark needs nothing beyond Python.
+standard library's http.client, so the benchmark needs nothing beyond Python; for many clients they are spread
+over several processes, so that parsing the streams does not bound what the benchmark can see.
 """
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
+import math
+import multiprocessing
+import os
 import random
 import statistics
 import threading
@@ -17,6 +22,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from fasterllm.bench.sharegpt_like import sharegpt_like_lengths
 from fasterllm.bench.stats import percentile
 
 # random prompt token ids are drawn from this range: above the special tokens and below the vocabulary
@@ -90,11 +96,19 @@ def _served_model(base: urllib.parse.SplitResult, headers: dict[str, str]) -> st
 
 def run_serve_bench(base_url: str, endpoint: str, num_prompts: int, input_len: int, output_len: int,
                     max_concurrency: int, request_rate: float, api_key: str | None = None,
-                    model: str | None = None, seed: int = 0) -> dict[str, float]:
-    """Send num_prompts streaming requests; print and return throughput and latency percentiles."""
+                    model: str | None = None, seed: int = 0, sharegpt_like: bool = False,
+                    client_processes: int | None = None) -> dict[str, float]:
+    """Send num_prompts streaming requests; print and return throughput and latency percentiles.
+
+    sharegpt_like: each request's prompt and output lengths from bench/sharegpt_like.py (drawn with this seed, as
+    `fasterllm bench --sharegpt-like` draws its first run's); client_processes: how many processes share the clients
+    (default: one per 32 clients, at most half the CPUs)."""
     if min(num_prompts, input_len, output_len, max_concurrency) < 1 or request_rate <= 0:
         raise ValueError(f"num_prompts={num_prompts}, input_len={input_len}, output_len={output_len}, "
                          f"max_concurrency={max_concurrency} must all be >= 1 and request_rate={request_rate} > 0")
+    processes = client_processes or max(1, min((os.cpu_count() or 2) // 2, math.ceil(max_concurrency / 32)))
+    if not 1 <= processes <= max_concurrency:
+        raise ValueError(f"client_processes={processes} must be between 1 and max_concurrency={max_concurrency}")
     base = urllib.parse.urlsplit(base_url)
     headers = {"Content-Type": "application/json"}
     if api_key:
@@ -103,33 +117,60 @@ def run_serve_bench(base_url: str, endpoint: str, num_prompts: int, input_len: i
     rng = random.Random(seed)
     chat = endpoint == "chat"
     path = base.path.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
+    input_lens, output_lens = (sharegpt_like_lengths(num_prompts, seed) if sharegpt_like
+                               else ([input_len] * num_prompts, [output_len] * num_prompts))
     bodies = []
-    for _ in range(num_prompts):
-        prompt = [rng.randrange(*_RANDOM_TOKEN_IDS) for _ in range(input_len)]
-        body = {"model": model, "max_tokens": output_len, "ignore_eos": True, "temperature": 0.0, "stream": True,
+    for prompt_len, max_tokens in zip(input_lens, output_lens):
+        prompt = [rng.randrange(*_RANDOM_TOKEN_IDS) for _ in range(prompt_len)]
+        body = {"model": model, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0, "stream": True,
                 "stream_options": {"include_usage": True}}
         if chat:  # random words: a chat message is text, so its length in tokens is about input_len
-            body["messages"] = [{"role": "user", "content": " ".join(f"w{t}" for t in prompt[:max(1, input_len // 3)])}]
+            body["messages"] = [{"role": "user", "content": " ".join(f"w{t}" for t in prompt[:max(1, prompt_len // 3)])}]
         else:
             body["prompt"] = prompt
         bodies.append(body)
-    gaps = [0.0 if request_rate == float("inf") else rng.expovariate(request_rate) for _ in bodies]
+    offsets = [0.0] * num_prompts  # when each request is sent, from the start
+    if request_rate != float("inf"):
+        offsets = list(itertools.accumulate(rng.expovariate(request_rate) for _ in bodies))
 
-    results: list[RequestResult] = []
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    ready = context.Barrier(processes + 1)
+    results = context.Queue()
+    shares = [(bodies[i::processes], offsets[i::processes], len(range(i, max_concurrency, processes)))
+              for i in range(processes)]
+    workers = [context.Process(target=_client_process, args=(base_url, path, share, share_offsets, clients, headers,
+                                                             chat, ready, results), daemon=True)
+               for share, share_offsets, clients in shares]
+    for worker in workers:
+        worker.start()
+    ready.wait()  # every client process is up: their start-up is not timed
+    start = time.perf_counter()
+    collected = [result for _ in workers for result in results.get()]
+    elapsed = time.perf_counter() - start
+    for worker in workers:
+        worker.join()
+    return _report(collected, elapsed, num_prompts, max_concurrency, request_rate)
+
+
+def _client_process(base_url: str, path: str, bodies: list[dict], offsets: list[float], clients: int,
+                    headers: dict[str, str], chat: bool, ready, results) -> None:
+    """Send these requests from `clients` threads, each when its offset has passed; put the results on the queue."""
+    base = urllib.parse.urlsplit(base_url)
+    done: list[RequestResult] = []
     lock = threading.Lock()
 
     def send(body: dict) -> None:
         result = _post_stream(base, path, body, headers, chat)
         with lock:
-            results.append(result)
+            done.append(result)
 
+    ready.wait()
     start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=max_concurrency) as pool:
-        for body, gap in zip(bodies, gaps):
-            time.sleep(gap)
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        for body, offset in zip(bodies, offsets):
+            time.sleep(max(0.0, start + offset - time.perf_counter()))
             pool.submit(send, body)
-    elapsed = time.perf_counter() - start
-    return _report(results, elapsed, num_prompts, max_concurrency, request_rate)
+    results.put(done)
 
 
 def _report(results: list[RequestResult], elapsed: float, num_prompts: int, max_concurrency: int,

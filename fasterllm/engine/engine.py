@@ -50,8 +50,7 @@ class Engine:
                                                    f"max_position_embeddings={positions}")
         max_batched = args.max_num_batched_tokens or (8192 if self.device.type == "cuda" else 2048)
         encoder_decoder = self.model_config.is_encoder_decoder
-        self.inputs = InputProcessor(self.tokenizer, self.model_config.vocab_size, self.max_model_len,
-                                     self.model_config if encoder_decoder else None)
+        self.inputs = InputProcessor.for_model(self.tokenizer, self.model_config, self.max_model_len)
         self.scheduler_config = SchedulerConfig(args.max_num_seqs, max_batched, self.max_model_len,
                                                 args.preemption_mode, args.watermark,
                                                 args.long_prefill_token_threshold)

@@ -73,6 +73,11 @@ class InputProcessor:
         self.max_model_len = max_model_len
         self.seq2seq = seq2seq
 
+    @classmethod
+    def for_model(cls, tokenizer, config, max_model_len: int) -> InputProcessor:
+        """The checks for a model of this config (a decoder-only model's config or an encoder-decoder one's)."""
+        return cls(tokenizer, config.vocab_size, max_model_len, config if config.is_encoder_decoder else None)
+
     # ---- generation --------------------------------------------------------------------------------
     def generation_inputs(self, prompt: str | list[int] | dict) -> GenerationInputs:
         """What a generation request runs on. A decoder-only model takes a text or token ids; an encoder-decoder

@@ -166,7 +166,7 @@ def cmd_bench_serve(ns: argparse.Namespace) -> None:
     from fasterllm.bench.serve import run_serve_bench
 
     run_serve_bench(ns.base_url, ns.endpoint, ns.num_prompts, ns.input_len, ns.output_len, ns.max_concurrency,
-                    ns.request_rate, ns.api_key, ns.served_model_name, ns.seed)
+                    ns.request_rate, ns.api_key, ns.served_model_name, ns.seed, ns.sharegpt_like, ns.client_processes)
 
 
 def cmd_embed(ns: argparse.Namespace) -> None:
@@ -241,6 +241,12 @@ def add_serve_parsers(sub, bench: argparse.ArgumentParser) -> None:
     online.add_argument("--api-key", default=None)
     online.add_argument("--served-model-name", default=None, help="default: the server's only model")
     online.add_argument("--seed", type=int, default=0)
+    online.add_argument("--sharegpt-like", action="store_true",
+                        help="workload (e): each request's prompt and output lengths drawn from a ShareGPT-shaped "
+                             "distribution (as `fasterllm bench --sharegpt-like` draws its first run's)")
+    online.add_argument("--client-processes", type=int, default=None,
+                        help="processes the clients are spread over (default: one per 32 clients, at most half "
+                             "the CPUs)")
     online.set_defaults(func=cmd_bench_serve)
 
 

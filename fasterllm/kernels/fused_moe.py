@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fasterllm.kernels.online_softmax import dot
+
 # act(gate) of launch 1: the activations gated FFNs use
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu": 2}
 
@@ -38,7 +40,8 @@ def _tile(slots_ptr, num_slots, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 @triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, out_ptr, slots_ptr, tile_experts_ptr, num_slots, hidden, inter,
                     stride_xt, stride_we, stride_wn, stride_os, TOP_K: tl.constexpr, NUM_EXPERTS: tl.constexpr,
-                    ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    ACT: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
     expert = tl.load(tile_experts_ptr + tl.program_id(0))
     if expert < NUM_EXPERTS:  # tiles past the last expert's run hold no slot
         rows, slots, valid, columns = _tile(slots_ptr, num_slots, BLOCK_M, BLOCK_N)
@@ -53,8 +56,8 @@ def _gate_up_kernel(x_ptr, w_ptr, out_ptr, slots_ptr, tile_experts_ptr, num_slot
             w_mask = (ks[:, None] < hidden) & (columns[None, :] < inter)
             w_gate = tl.load(weights + columns[None, :] * stride_wn + ks[:, None], mask=w_mask, other=0.0)
             w_up = tl.load(weights + (columns[None, :] + inter) * stride_wn + ks[:, None], mask=w_mask, other=0.0)
-            gate += tl.dot(x, w_gate)
-            up += tl.dot(x, w_up)
+            gate += dot(x, w_gate, IEEE)
+            up += dot(x, w_up, IEEE)
         gated = _act(gate, ACT) * up
         tl.store(out_ptr + rows[:, None] * stride_os + columns[None, :], gated.to(out_ptr.dtype.element_ty),
                  mask=valid[:, None] & (columns[None, :] < inter))
@@ -63,7 +66,7 @@ def _gate_up_kernel(x_ptr, w_ptr, out_ptr, slots_ptr, tile_experts_ptr, num_slot
 @triton.jit
 def _down_kernel(a_ptr, w_ptr, out_ptr, slots_ptr, tile_experts_ptr, routing_ptr, num_slots, hidden, inter,
                  stride_as, stride_we, stride_wn, stride_ot, TOP_K: tl.constexpr, NUM_EXPERTS: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     expert = tl.load(tile_experts_ptr + tl.program_id(0))
     if expert < NUM_EXPERTS:
         rows, slots, valid, columns = _tile(slots_ptr, num_slots, BLOCK_M, BLOCK_N)
@@ -75,7 +78,7 @@ def _down_kernel(a_ptr, w_ptr, out_ptr, slots_ptr, tile_experts_ptr, routing_ptr
                         mask=valid[:, None] & (ks[None, :] < inter), other=0.0)
             w = tl.load(weights + columns[None, :] * stride_wn + ks[:, None],
                         mask=(ks[:, None] < inter) & (columns[None, :] < hidden), other=0.0)
-            acc += tl.dot(a, w)
+            acc += dot(a, w, IEEE)
         routing = tl.load(routing_ptr + slots, mask=valid, other=0.0).to(tl.float32)
         tokens = tl.where(valid, slots // TOP_K, 0)
         tl.atomic_add(out_ptr + tokens[:, None] * stride_ot + columns[None, :], acc * routing[:, None],
@@ -119,12 +122,13 @@ def fused_experts(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.T
     gated = torch.empty(slots.shape[0], inter, dtype=hidden.dtype, device=hidden.device)
     out = torch.zeros(num_tokens, hidden_size, dtype=torch.float32, device=hidden.device)
     block_n, block_k = 64, 32
+    ieee = hidden.dtype == torch.float32  # full fp32 products, not TF32, for fp32 models
     _gate_up_kernel[(tile_experts.shape[0], triton.cdiv(inter, block_n))](
         hidden, w_gate_up, gated, slots, tile_experts, num_tokens * top_k, hidden_size, inter,
         hidden.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), gated.stride(0), TOP_K=top_k,
-        NUM_EXPERTS=num_experts, ACT=ACTIVATIONS[activation], BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+        NUM_EXPERTS=num_experts, ACT=ACTIVATIONS[activation], IEEE=ieee, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
     _down_kernel[(tile_experts.shape[0], triton.cdiv(hidden_size, block_n))](
         gated, w_down, out, slots, tile_experts, routing_weights.contiguous(), num_tokens * top_k, hidden_size,
         inter, gated.stride(0), w_down.stride(0), w_down.stride(1), out.stride(0), TOP_K=top_k,
-        NUM_EXPERTS=num_experts, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+        NUM_EXPERTS=num_experts, IEEE=ieee, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
     return out.to(hidden.dtype)

@@ -6,12 +6,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import torch
-from server_utils import free_port
+from server_utils import free_port, wait_for
 
 from fasterllm import LLM
 
@@ -100,6 +101,8 @@ def test_sigterm_finishes_the_request_in_flight_then_refuses_new_ones_and_exits(
                                        stream=True, stream_options={"include_usage": True},
                                        extra_body={"ignore_eos": True})
     chunks = [next(iter(stream))]
+    engine_processes = engine_processes_of(process.pid)
+    assert len(engine_processes) == 1  # `fasterllm serve` runs its engine in a process of its own
     process.send_signal(signal.SIGTERM)
     chunks.extend(stream)
     assert chunks[-1].usage.completion_tokens == 60
@@ -110,3 +113,31 @@ def test_sigterm_finishes_the_request_in_flight_then_refuses_new_ones_and_exits(
     assert process.wait(timeout=30) in (0, -signal.SIGTERM)
     log = process.stdout.read()
     assert "Traceback" not in log and "ERROR" not in log, log
+    assert not Path(f"/proc/{engine_processes[0]}").exists()  # stopped with the server, not left behind
+
+
+def test_the_engine_process_exits_when_the_server_is_killed():
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "fasterllm.entrypoints.cli", "serve", "--port", str(port),
+                                "--load-format", "dummy", "--cpu-kv-cache-gib", "0.05", "--max-model-len", "128"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        engine = wait_for(lambda: engine_processes_of(process.pid), timeout_s=60, what="the engine process")[0]
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/health"), timeout_s=120, what="the server")
+    finally:
+        process.kill()  # no shutdown: the engine process must notice by itself
+        process.wait()
+    wait_for(lambda: not Path(f"/proc/{engine}").exists(), timeout_s=10, what="the orphaned engine process to exit")
+
+
+def engine_processes_of(pid: int) -> list[int]:
+    """The process's children started by multiprocessing's spawn (not its resource tracker)."""
+    children = [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return [child for child in children if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()]
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url).status_code == 200
+    except httpx.ConnectError:
+        return False

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -41,7 +43,8 @@ def test_a_client_that_gives_up_on_a_whole_reply_frees_its_request(server):
     assert server.metrics()["fasterllm_generation_tokens_total"] == generated  # it never finished
 
 
-def test_a_failing_forward_pass_fails_its_request_with_a_500_and_the_server_recovers(server, caplog):
+def test_a_failing_forward_pass_fails_its_request_with_a_500_and_the_server_recovers(server_in_thread, caplog):
+    server = server_in_thread
     runner = server.llm.engine.executor.runner
     real_execute = runner.execute
 
@@ -89,21 +92,51 @@ def test_metrics_count_outcomes_tokens_and_latencies(server, client):
     assert after["fasterllm_kv_cache_blocks"] > 0 and after["fasterllm_num_requests_waiting"] == 0
 
 
-@pytest.fixture(scope="module")
-def tiny_server(tmp_path_factory):
-    """A server of its own, on a tiny random-weight model: this one is meant to break."""
+def tiny_model(directory: Path) -> Path:
     sys.path.insert(0, str(Path(__file__).parents[1] / "parity"))
     from parity_utils import TINY_SPECS, build_tiny_model
 
+    build_tiny_model(TINY_SPECS[0], directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory):
+    """A server of its own, on a tiny random-weight model: this one is meant to break."""
     from fasterllm.config import EngineArgs
     from fasterllm.engine.async_engine import AsyncLLM
 
-    directory = tmp_path_factory.mktemp("tiny_llama")
-    build_tiny_model(TINY_SPECS[0], directory)
+    directory = tiny_model(tmp_path_factory.mktemp("tiny_llama"))
     handle = ServerThread(AsyncLLM.from_engine_args(EngineArgs(model=str(directory), dtype="float32", device="cpu",
-                                                               num_kv_blocks=64)))
+                                                               num_kv_blocks=64), engine_process=False))
     yield handle
     handle.stop()
+
+
+def test_an_engine_process_that_dies_fails_its_requests_and_reports_unhealthy_without_hanging(tmp_path):
+    from fasterllm.config import EngineArgs
+    from fasterllm.engine.async_engine import AsyncLLM
+
+    handle = ServerThread(AsyncLLM.from_engine_args(EngineArgs(model=str(tiny_model(tmp_path)), dtype="float32",
+                                                               device="cpu", num_kv_blocks=64)))
+    try:
+        client = handle.client()
+        name = client.models.list().data[0].id
+        stream = client.completions.create(model=name, prompt=[5, 6, 7], max_tokens=250, stream=True,
+                                           extra_body={"ignore_eos": True})
+        assert next(iter(stream)).choices
+        start = time.time()
+        os.kill(handle.llm.core.process.pid, signal.SIGKILL)
+        with pytest.raises(openai.APIError, match="engine process exited with code -9"):
+            list(stream)
+        health = httpx.get(f"{handle.url}/health")
+        assert health.status_code == 503 and "exited with code -9" in health.json()["error"]["message"]
+        with pytest.raises(openai.APIStatusError, match="The engine is not running") as refused:
+            client.completions.create(model=name, prompt=[5, 6], max_tokens=2)
+        assert refused.value.status_code == 503
+        assert time.time() - start < 10
+    finally:
+        handle.stop()
 
 
 def test_an_engine_that_breaks_reports_unhealthy_and_refuses_without_hanging(tiny_server):

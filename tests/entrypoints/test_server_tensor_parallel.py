@@ -15,8 +15,7 @@ def sharded_server():
 
     handle = ServerThread(AsyncLLM.from_engine_args(EngineArgs(**SERVER_ENGINE_ARGS, tensor_parallel_size=3)))
     yield handle
-    handle.stop()
-    handle.llm.engine.shutdown()
+    handle.stop()  # the engine process stops its worker processes
 
 
 def test_sharded_server_answers_as_one_process(sharded_server, reference_llm):

@@ -1,0 +1,188 @@
+"""The engine core in a process of its own, as vLLM runs it: the server's process keeps HTTP, prompt checks and
+chat templates; this one keeps the Engine (scheduling, the forward pass, detokenization), so neither waits for the
+other's interpreter lock.
+
+They talk over two ZeroMQ PUSH/PULL sockets on IPC paths: commands (add, abort, shutdown) one way, turns (accepted
+adds, outputs as deltas (output_deltas.py), stats) the other, each message one pickle. The server side reads turns
+in an asyncio task and watches the process's sentinel: an engine process that dies is reported at once, and the
+engine process exits when the server's does.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import pickle
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+
+import zmq
+import zmq.asyncio
+
+from fasterllm.config import EngineArgs
+from fasterllm.engine.engine_loop import SHUTDOWN, AbortRequest, EngineLoop, Turn
+from fasterllm.engine.engine_stats import EngineStats
+from fasterllm.engine.input_processor import InputProcessor
+from fasterllm.engine.output_deltas import OutputDecoder, OutputEncoder
+from fasterllm.loader.checkpoint import open_checkpoint
+
+logger = logging.getLogger("fasterllm")
+
+_PARENT_CHECK_S = 1.0  # how often a busy engine process checks that the server process is still there
+
+
+class ProcessCore:
+    def __init__(self, args: EngineArgs, idle_wait_s: float = 0.05):
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_turn: Callable[[Turn], None] | None = None
+        self._reader: asyncio.Task | None = None
+        self._socket_dir = tempfile.mkdtemp(prefix="fasterllm-engine-")
+        self._zmq = zmq.Context()
+        self._commands = self._zmq.socket(zmq.PUSH)
+        self._commands.bind(f"ipc://{self._socket_dir}/commands")
+        self._turns = self._zmq.socket(zmq.PULL)
+        self._turns.bind(f"ipc://{self._socket_dir}/turns")
+        self.process = multiprocessing.get_context("spawn").Process(
+            target=run_engine_process, name="fasterllm-engine",
+            args=(args, self._socket_dir, idle_wait_s, logging.getLogger("fasterllm").level))
+        self.process.start()
+        try:
+            checkpoint = open_checkpoint(args.model, args.tokenizer)  # while the engine process loads the weights
+            self.tokenizer = checkpoint.tokenizer
+            ready = self._wait_until_ready()
+        except BaseException:
+            self.shutdown(timeout_s=5)
+            raise
+        self.model_name = ready["model_name"]
+        self.max_model_len = ready["max_model_len"]
+        self.stats: EngineStats = ready["stats"]
+        self.inputs = InputProcessor.for_model(self.tokenizer, checkpoint.config, self.max_model_len)
+        self._decoder = OutputDecoder()
+
+    def _wait_until_ready(self) -> dict:
+        while not self._turns.poll(200):
+            if not self.process.is_alive():
+                raise RuntimeError(f"the engine process exited with code {self.process.exitcode} while starting; "
+                                   "its log above says why")
+        kind, body = pickle.loads(self._turns.recv())
+        if kind == "failed":  # the engine's own error: a bad argument or model names its fix
+            raise body
+        return body
+
+    def start(self, on_turn: Callable[[Turn], None]) -> None:
+        """Read turns on the event loop running now and hand them to on_turn."""
+        self._loop = loop = asyncio.get_running_loop()
+        self._on_turn = on_turn
+        turns = zmq.asyncio.Socket.shadow(self._turns.underlying)
+
+        async def read() -> None:
+            while True:
+                self._deliver(await turns.recv())
+
+        self._reader = loop.create_task(read())
+        loop.add_reader(self.process.sentinel, self._exited)
+
+    def _deliver(self, message: bytes) -> None:
+        turn: Turn = pickle.loads(message)
+        turn.outputs = self._decoder.decode(turn.outputs)
+        self._on_turn(turn)
+
+    def _exited(self) -> None:
+        """The engine process is gone: hand on what it sent last (it may say why it stopped), then its exit."""
+        self._loop.remove_reader(self.process.sentinel)
+        self._reader.cancel()
+        while self._turns.poll(100):
+            self._deliver(self._turns.recv())
+        self.process.join()
+        self._on_turn(Turn(dead_reason=f"the engine process exited with code {self.process.exitcode}"))
+
+    @property
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def send(self, command) -> None:
+        if isinstance(command, AbortRequest):
+            self._decoder.forget(command.request_id)
+        self._commands.send(pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def shutdown(self, timeout_s: float) -> None:
+        """Stop the engine process (killed if it does not stop within timeout_s) and close the sockets."""
+        if self._reader is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self.process.sentinel)
+            self._reader.cancel()
+        if self.process.is_alive():
+            self._commands.send(pickle.dumps(SHUTDOWN))
+            self.process.join(timeout_s)
+            if self.process.is_alive():
+                logger.warning("the engine process did not stop within %.0f s; killing it", timeout_s)
+                self.process.kill()
+                self.process.join()
+        self._zmq.destroy(linger=0)
+        shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+
+def run_engine_process(args: EngineArgs, socket_dir: str, idle_wait_s: float, log_level: int) -> None:
+    """The engine process: build the Engine, report ready (or the error that stopped it), then run the loop."""
+    from fasterllm.engine.engine import Engine  # here: the server's process never imports the model code for this
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server shuts this down
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("fasterllm").setLevel(log_level)
+    context = zmq.Context()
+    commands = context.socket(zmq.PULL)
+    commands.connect(f"ipc://{socket_dir}/commands")
+    turns = context.socket(zmq.PUSH)
+    turns.connect(f"ipc://{socket_dir}/turns")
+    try:
+        engine = Engine(args)
+    except Exception as exc:
+        turns.send(pickle.dumps(("failed", _picklable(exc))))
+        context.destroy(linger=5000)
+        return
+    turns.send(pickle.dumps(("ready", {"model_name": engine.model_name, "max_model_len": engine.max_model_len,
+                                       "stats": engine.stats()})))
+    encoder = OutputEncoder()
+    parent = multiprocessing.parent_process()
+    last_check = time.monotonic()
+
+    def receive(block: bool) -> list:
+        nonlocal last_check
+        received = []
+        if (block and commands.poll(idle_wait_s * 1000)) or not block:
+            while commands.poll(0):
+                command = pickle.loads(commands.recv())
+                if isinstance(command, AbortRequest):
+                    encoder.forget(command.request_id)
+                received.append(command)
+        if time.monotonic() - last_check > _PARENT_CHECK_S or (block and not received):
+            last_check = time.monotonic()
+            if not parent.is_alive():  # the server is gone: nobody can send or read anything
+                received.append(SHUTDOWN)
+        return received
+
+    def emit(turn: Turn) -> None:
+        turn.outputs = encoder.encode(turn.outputs)
+        turn.accepted = [(request_id, _picklable(error)) for request_id, error in turn.accepted]
+        turns.send(pickle.dumps(turn, protocol=pickle.HIGHEST_PROTOCOL))
+
+    try:
+        EngineLoop(engine, receive, emit).run()
+    finally:
+        engine.shutdown()
+        context.destroy(linger=5000)
+        os._exit(0)  # the engine's threads (compile workers, Ray) must not hold the process open
+
+
+def _picklable(error: Exception | None) -> Exception | None:
+    """The error itself when it survives pickling; otherwise a RuntimeError with its text."""
+    if error is None:
+        return None
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
