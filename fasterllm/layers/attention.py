@@ -13,9 +13,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from fasterllm.worker.piecewise_graphs import PiecewiseCapture
 
 
 @dataclass
@@ -60,6 +64,7 @@ class AttentionMetadata:
     prefills: list[PrefillGroup]
     decode: DecodeGroup | None
     kernel: KernelInputs | None = None  # set on a GPU, where the Triton kernels replace the groups above
+    pieces: PiecewiseCapture | None = None  # set while a piecewise CUDA graph is captured (worker/piecewise_graphs.py)
     # encoder-decoder models: the same rows' attention over the encoder's K/V (build_cross), for cross-attention
     cross: AttentionMetadata | None = None
     sliding_window: int | None = None  # the window the groups above were built for
@@ -207,10 +212,15 @@ def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv
         store_kv_kernel(key, value, kv_cache[0], kv_cache[1], meta.slot_mapping)
     else:
         rotary_and_store_kv(query, key, value, meta.positions, cos_sin, kv_cache[0], kv_cache[1], meta.slot_mapping)
-    k = meta.kernel
-    out = paged_attention_kernel(query, kv_cache[0], kv_cache[1], k.block_tables, k.seq_lens, k.query_start_loc,
-                                 k.max_query_len, scale, sliding_window, position_bias=k.position_bias,
-                                 softcap=softcap)
+
+    def attend(k: KernelInputs, out: torch.Tensor | None = None) -> torch.Tensor:
+        return paged_attention_kernel(query, kv_cache[0], kv_cache[1], k.block_tables, k.seq_lens, k.query_start_loc,
+                                      k.max_query_len, scale, sliding_window, out=out, position_bias=k.position_bias,
+                                      softcap=softcap)
+
+    # while a piecewise CUDA graph is captured, attention is left out of it: the graph ends here and attend runs
+    # between its pieces when they are replayed, on that step's sequences
+    out = attend(meta.kernel) if meta.pieces is None else meta.pieces.split_at(attend, query)
     return out.view(qkv.shape[0], num_heads * qkv.shape[2])
 
 

@@ -64,7 +64,7 @@ class RotaryEmbedding:
         """later: (first position, inv_freq) for the positions from there on (LongRoPE); scale: of cos and sin."""
         self.head_dim = head_dim
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        if later is not None:
+        if later is not None and later[0] < max_positions:  # a max_model_len below `first` never gets there
             first, later_inv_freq = later
             angles[first:] = torch.outer(torch.arange(first, max_positions, dtype=torch.float32), later_inv_freq)
         cos, sin = angles.cos() * scale, angles.sin() * scale

@@ -137,7 +137,10 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,
                 meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """Flat batch of new tokens -> fp32 logits of the rows in logits_indices only."""
-        hidden = self.hidden_states(input_ids, positions, kv_caches, meta, logits_indices)
+        return self.compute_logits(self.hidden_states(input_ids, positions, kv_caches, meta, logits_indices))
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The final norm's output rows -> their fp32 logits."""
         logits = F.linear(hidden, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(hidden)
         if self.tp.size > 1:  # each rank's vocabulary rows, gathered (the last rank's padding dropped)
             logits = self.tp.gather_last_dim(logits)[:, :self.config.vocab_size]

@@ -49,13 +49,16 @@ class InputBuffers:
 
     def stage(self, token_ids: list[int], query_lens: list[int], seq_lens: list[int],
               block_tables: list[list[int]], logits_rows: list[int], padded_seqs: int | None = None,
-              cross: tuple[list[int], list[list[int]]] | None = None) -> StagedBatch:
+              cross: tuple[list[int], list[list[int]]] | None = None,
+              padded_tokens: int | None = None) -> StagedBatch:
         """Fill the buffers for one step. padded_seqs: a decode batch padded to a captured graph's size;
-        the padding rows own no query rows, store nothing (slot -1) and read no keys (length 0). cross: an
-        encoder-decoder model's (encoder lengths, cross tables), read by its cross-attention (meta.cross)."""
+        the padding rows own no query rows, store nothing (slot -1) and read no keys (length 0). padded_tokens: any
+        step's tokens padded to a piecewise graph's size (the padding tokens belong to no sequence and store
+        nothing). cross: an encoder-decoder model's (encoder lengths, cross tables), read by its cross-attention
+        (meta.cross)."""
         num_tokens, num_seqs = len(token_ids), len(query_lens)
         rows = padded_seqs or num_seqs
-        tokens_out = padded_seqs or num_tokens
+        tokens_out = padded_seqs or padded_tokens or num_tokens
         query = np.asarray(query_lens, dtype=np.int64)
         total = np.asarray(seq_lens, dtype=np.int64)
         starts = np.zeros(num_seqs + 1, dtype=np.int64)

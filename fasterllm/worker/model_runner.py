@@ -19,6 +19,7 @@ from fasterllm.worker.decoder_builder import build_decoder
 from fasterllm.worker.encoder_decoder_inputs import encode_starting, run_encoders
 from fasterllm.worker.input_buffers import InputBuffers, host_to_device
 from fasterllm.worker.logit_controls import LogitControls
+from fasterllm.worker.piecewise_graphs import PiecewiseGraphs
 from fasterllm.worker.request_states import RequestState, RequestStates
 from fasterllm.worker.sampler import SamplerOutput, SamplingMetadata, sample
 from fasterllm.worker.step_messages import ModelRunnerOutput, SchedulerOutput
@@ -62,6 +63,7 @@ class ModelRunner:
         self.block_size = 0
         self.buffers: InputBuffers | None = None  # GPU: fixed input buffers, filled from pinned memory
         self.graphs: DecodeGraphs | None = None
+        self.piecewise: PiecewiseGraphs | None = None  # steps with prompt chunks (decoder-only models)
         self.requests = RequestStates(device)
         # the last step's sampled ids, still on the device, and the request of each row: a step scheduled before
         # the engine read them (asynchronous scheduling) takes a request's next input token from here
@@ -76,8 +78,9 @@ class ModelRunner:
                                         block_size, self.device, cross_blocks)
 
     def initialize_cache(self, num_blocks: int, block_size: int, swap_blocks: int, capture_graphs: bool) -> float:
-        """Allocate the KV cache (and the CPU swap pool, swap_blocks > 0), then capture the decode CUDA graphs where
-        the step runs the GPU's kernels and capture_graphs; returns the seconds the capture took."""
+        """Allocate the KV cache (and the CPU swap pool, swap_blocks > 0), then capture the decode CUDA graphs (and a
+        decoder-only model's piecewise ones) where the step runs the GPU's kernels and capture_graphs; returns the
+        seconds the capture took."""
         self.allocate_kv_cache(num_blocks, block_size)
         if swap_blocks:
             self.allocate_swap_space(swap_blocks)
@@ -88,7 +91,11 @@ class ModelRunner:
                         "has been checked on a GPU")
             return 0.0
         self.graphs = DecodeGraphs(self.model, self.buffers, self.kv_caches, self.encoder_decoder)
-        return self.graphs.capture()
+        seconds = self.graphs.capture()
+        if not self.encoder_decoder:
+            self.piecewise = PiecewiseGraphs(self.model, self.buffers, self.kv_caches)
+            seconds += self.piecewise.capture()
+        return seconds
 
     def bytes_per_block(self, block_size: int) -> int:
         return block_size * sum(spec.bytes_per_token(self.dtype) for spec in self.kv_specs)
@@ -254,11 +261,15 @@ class ModelRunner:
         num_seqs = len(query_lens)
         decode = len(token_ids) == num_seqs and logits_rows == list(range(num_seqs))
         size = self.graphs.padded_size(num_seqs) if self.graphs is not None and decode else None
-        batch = self.buffers.stage(token_ids, query_lens, seq_lens, tables, logits_rows, padded_seqs=size, cross=cross)
+        tokens = self.piecewise.padded_size(len(token_ids)) if self.piecewise is not None and size is None else None
+        batch = self.buffers.stage(token_ids, query_lens, seq_lens, tables, logits_rows, padded_seqs=size, cross=cross,
+                                   padded_tokens=tokens)
         if carried is not None:  # after the staging copy, on the same stream
             batch.input_ids[carried[0]] = carried[1]
         if size is not None:
             return self.graphs.replay(size, num_seqs)
+        if tokens is not None:
+            return self.piecewise.replay(tokens, batch.meta.kernel, batch.logits_indices)
         return self.model(batch.input_ids, batch.meta.positions, self.kv_caches, batch.meta, batch.logits_indices)
 
     def _prompt_logprobs(self, logits: torch.Tensor, prompt_rows: list[tuple[str, RequestState, int, int, int]]):

@@ -28,3 +28,13 @@ def test_longrope_switches_to_the_long_factors_at_the_original_length():
     scale = math.sqrt(1 + math.log(MAX_POSITIONS / ORIGINAL) / math.log(ORIGINAL))
     for position, factors in ((5, SHORT), (ORIGINAL - 1, SHORT), (ORIGINAL, LONG), (100, LONG)):
         torch.testing.assert_close(rotary.cos_sin[position], expected_row(position, factors, scale))
+
+
+def test_longrope_with_a_context_shorter_than_the_original_length_uses_the_short_factors():
+    scaling = {"rope_type": "longrope", "short_factor": SHORT, "long_factor": LONG,
+               "original_max_position_embeddings": ORIGINAL, "factor": MAX_POSITIONS / ORIGINAL}
+    short_context = ORIGINAL // 2  # max_model_len below original_max_position_embeddings
+    rotary = rotary_embedding(HEAD_DIM, short_context, 10000.0, scaling, None, torch.device("cpu"), torch.float32)
+    scale = math.sqrt(1 + math.log(MAX_POSITIONS / ORIGINAL) / math.log(ORIGINAL))
+    assert rotary.cos_sin.shape[0] == short_context
+    torch.testing.assert_close(rotary.cos_sin[short_context - 1], expected_row(short_context - 1, SHORT, scale))
