@@ -5,6 +5,8 @@ on the same shapes), and greedy tokens of a staggered batch with chunked prompts
 the eager engine's while the pieces are replayed. Skipped without CUDA."""
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -18,14 +20,23 @@ pytest.importorskip("transformers")
 PROMPT_LENGTHS = [3, 90, 17, 41, 150]  # chunked by max_num_batched_tokens=48: steps of decodes beside chunks
 
 
-def engine(directory, **kwargs) -> LLM:
+def engine(directory, utilization: float, **kwargs) -> LLM:
+    """Each engine takes a larger share: an earlier one in the process may still hold its cache."""
     return LLM(str(directory), dtype="float32", device="cuda", max_model_len=256, block_size=16,
-               max_num_batched_tokens=48, max_num_seqs=4, gpu_memory_utilization=0.2, **kwargs)
+               max_num_batched_tokens=48, max_num_seqs=4, gpu_memory_utilization=utilization, **kwargs)
 
 
-def test_a_mixed_step_replayed_in_pieces_equals_the_eager_pass(tiny_checkpoints):
-    directory, _ = tiny_checkpoints["llama3_gqa"]
-    runner = engine(directory).engine.executor.runner
+@pytest.fixture(scope="module")
+def graphs_llm(tiny_checkpoints):
+    llm = engine(tiny_checkpoints["llama3_gqa"][0], 0.2)
+    yield llm
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def test_a_mixed_step_replayed_in_pieces_equals_the_eager_pass(graphs_llm):
+    runner = graphs_llm.engine.executor.runner
     assert runner.piecewise is not None and sorted(runner.piecewise.captured) == [16, 32, 48]
     # three decodes beside a 29-token chunk whose sequence already holds 8 tokens: 32 rows, the bucket of 32
     query_lens, seq_lens = [1, 1, 1, 29], [12, 30, 5, 37]
@@ -37,19 +48,19 @@ def test_a_mixed_step_replayed_in_pieces_equals_the_eager_pass(tiny_checkpoints)
     assert torch.equal(replayed, eager)
 
 
-def test_greedy_tokens_with_piecewise_graphs_match_transformers_and_the_eager_engine(tiny_checkpoints, monkeypatch):
+def test_greedy_tokens_with_piecewise_graphs_match_transformers_and_the_eager_engine(graphs_llm, tiny_checkpoints,
+                                                                                    monkeypatch):
     spec = next(s for s in TINY_SPECS if s.name == "llama3_gqa")
     directory, hf_model = tiny_checkpoints["llama3_gqa"]
     prompts = [random_prompt(n, spec.vocab_size, 200 + n) for n in PROMPT_LENGTHS]
     monkeypatch.setattr(hf_model.generation_config, "eos_token_id", None)
     references = [hf_greedy(hf_model, ids, NEW_TOKENS) for ids in prompts]
-    llm = engine(directory)
-    piecewise = llm.engine.executor.runner.piecewise
+    piecewise = graphs_llm.engine.executor.runner.piecewise
     replays = []
     monkeypatch.setattr(piecewise, "replay", lambda *args: replays.append(args[0]) or type(piecewise).replay(
         piecewise, *args))
-    outputs = run_staggered(llm.engine, prompts, TINY_ARRIVALS, GREEDY)
-    eager = run_staggered(engine(directory, enforce_eager=True).engine, prompts, TINY_ARRIVALS, GREEDY)
+    outputs = run_staggered(graphs_llm.engine, prompts, TINY_ARRIVALS, GREEDY)
+    eager = run_staggered(engine(directory, 0.45, enforce_eager=True).engine, prompts, TINY_ARRIVALS, GREEDY)
     assert len(replays) >= 5  # the steps with chunks went through the pieces
     for i, reference in enumerate(references):
         ours = outputs[f"staggered-{i}"]

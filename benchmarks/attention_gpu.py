@@ -1,0 +1,86 @@
+"""Paged attention on the GPU (Llama-3-8B's heads: 32 query, 8 KV, dim 128, bf16): the KV bytes a decode batch reads
+per second against the GPU's copy bandwidth, and a step of decodes beside a prompt chunk attended in one launch
+against two launches by sequence kind (what the attention layer does).
+
+    python3 benchmarks/attention_gpu.py
+
+Each figure is the median over 50 timed launches (CUDA events) after 5 warm-up ones.
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from fasterllm.kernels.paged_attention import paged_attention
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
+
+
+def median_ms(fn, repeats: int = 50) -> float:
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def batch(context_lens: list[int], query_lens: list[int]):
+    """A cache holding every sequence in blocks of its own (shuffled) and the kernel's arguments."""
+    seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
+    blocks = [-(-n // BLOCK) for n in seq_lens]
+    order = torch.randperm(sum(blocks), device="cuda").to(torch.int32)
+    tables = torch.zeros(len(seq_lens), max(blocks), dtype=torch.int32, device="cuda")
+    start = 0
+    for i, n in enumerate(blocks):
+        tables[i, :n] = order[start:start + n]
+        start += n
+    cache = torch.randn(2, sum(blocks), BLOCK, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
+    query = torch.randn(sum(query_lens), HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
+    starts = torch.tensor([0] + query_lens, device="cuda").cumsum(0).to(torch.int32)
+    args = dict(query=query, key_cache=cache[0], value_cache=cache[1], block_tables=tables,
+                seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device="cuda"), query_start_loc=starts,
+                max_query_len=max(query_lens), scale=HEAD_DIM ** -0.5)
+    return args, sum(seq_lens) * KV_HEADS * HEAD_DIM * 2 * 2  # K and V, bf16
+
+
+def by_kind(args: dict, query_lens: list[int]):
+    """The two launches of a mixed step: decodes (split keys), then chunks, into one output."""
+    decodes = torch.tensor([i for i, q in enumerate(query_lens) if q == 1], dtype=torch.int32, device="cuda")
+    chunks = torch.tensor([i for i, q in enumerate(query_lens) if q > 1], dtype=torch.int32, device="cuda")
+    out = torch.empty_like(args["query"])
+
+    def run():
+        paged_attention(**{**args, "max_query_len": 1}, seq_indices=decodes, out=out)
+        paged_attention(**args, seq_indices=chunks, out=out)
+    return run
+
+
+def main() -> None:
+    copy_from = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    copy_to = torch.empty_like(copy_from)
+    copy_ms = median_ms(lambda: copy_to.copy_(copy_from))
+    copy_gbs = 2 * 2**30 / copy_ms / 1e6  # read + write
+    print(f"{torch.cuda.get_device_name()}: device copy of 1 GiB {copy_ms:.3f} ms = {copy_gbs:,.0f} GB/s (read+write)")
+    for num_seqs, context in ((256, 900), (64, 640), (1, 8192)):
+        args, kv_bytes = batch([context] * num_seqs, [1] * num_seqs)
+        ms = median_ms(lambda: paged_attention(**args))
+        print(f"decode {num_seqs} x {context} keys: {ms * 1e3:.1f} us, KV read {kv_bytes / ms / 1e6:,.0f} GB/s "
+              f"({kv_bytes / ms / 1e6 / copy_gbs:.0%} of copy)")
+    for decodes, context, chunk in ((255, 900, 2048), (64, 640, 200), (255, 900, 512)):
+        query_lens = [1] * decodes + [chunk]
+        args, _ = batch([context] * decodes + [0], query_lens)
+        one = median_ms(lambda: paged_attention(**args))
+        two = median_ms(by_kind(args, query_lens))
+        print(f"mixed {decodes} decodes x {context} keys + a {chunk}-token chunk: one launch {one * 1e3:.1f} us, "
+              f"two by kind {two * 1e3:.1f} us ({one / two:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
