@@ -1,6 +1,5 @@
 """Paged attention on the GPU (Llama-3-8B's heads: 32 query, 8 KV, dim 128, bf16): the KV bytes a decode batch reads
-per second against the GPU's copy bandwidth, and a step of decodes beside a prompt chunk attended in one launch
-against two launches by sequence kind (what the attention layer does).
+per second against the GPU's copy bandwidth, and the time of a step of decodes beside a prompt chunk.
 
     python3 benchmarks/attention_gpu.py
 
@@ -50,18 +49,6 @@ def batch(context_lens: list[int], query_lens: list[int]):
     return args, sum(seq_lens) * KV_HEADS * HEAD_DIM * 2 * 2  # K and V, bf16
 
 
-def by_kind(args: dict, query_lens: list[int]):
-    """The two launches of a mixed step: decodes (split keys), then chunks, into one output."""
-    decodes = torch.tensor([i for i, q in enumerate(query_lens) if q == 1], dtype=torch.int32, device="cuda")
-    chunks = torch.tensor([i for i, q in enumerate(query_lens) if q > 1], dtype=torch.int32, device="cuda")
-    out = torch.empty_like(args["query"])
-
-    def run():
-        paged_attention(**{**args, "max_query_len": 1}, seq_indices=decodes, out=out)
-        paged_attention(**args, seq_indices=chunks, out=out)
-    return run
-
-
 def main() -> None:
     copy_from = torch.empty(2**30, dtype=torch.uint8, device="cuda")
     copy_to = torch.empty_like(copy_from)
@@ -74,12 +61,9 @@ def main() -> None:
         print(f"decode {num_seqs} x {context} keys: {ms * 1e3:.1f} us, KV read {kv_bytes / ms / 1e6:,.0f} GB/s "
               f"({kv_bytes / ms / 1e6 / copy_gbs:.0%} of copy)")
     for decodes, context, chunk in ((255, 900, 2048), (64, 640, 200), (255, 900, 512)):
-        query_lens = [1] * decodes + [chunk]
-        args, _ = batch([context] * decodes + [0], query_lens)
-        one = median_ms(lambda: paged_attention(**args))
-        two = median_ms(by_kind(args, query_lens))
-        print(f"mixed {decodes} decodes x {context} keys + a {chunk}-token chunk: one launch {one * 1e3:.1f} us, "
-              f"two by kind {two * 1e3:.1f} us ({one / two:.2f}x)")
+        args, kv_bytes = batch([context] * decodes + [0], [1] * decodes + [chunk])
+        ms = median_ms(lambda: paged_attention(**args))
+        print(f"mixed {decodes} decodes x {context} keys + a {chunk}-token prompt: {ms * 1e3:.1f} us")
 
 
 if __name__ == "__main__":

@@ -30,17 +30,15 @@ _DECODE_STAGES = 2
 
 @triton.jit
 def _paged_attention_kernel(
-        q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr, seq_index_ptr, out_ptr,
+        q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr, out_ptr,
         part_out_ptr, part_max_ptr, part_sum_ptr, bias_ptr, bias_rows, scale_log2, window, softcap,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_bt, stride_ot, stride_oh,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
         USE_WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-        IEEE_DOT: tl.constexpr, SEQ_INDEX: tl.constexpr):
+        IEEE_DOT: tl.constexpr):
     seq, tile, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if SEQ_INDEX:  # this launch attends some of the batch's sequences: program i takes the i-th listed
-        seq = tl.load(seq_index_ptr + seq)
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
     query_start = tl.load(query_start_ptr + seq)
     query_len = tl.load(query_start_ptr + seq + 1) - query_start
@@ -114,12 +112,10 @@ def _paged_attention_kernel(
 
 
 @triton.jit
-def _merge_splits_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, query_start_ptr, seq_index_ptr, out_ptr,
-                         stride_ot, stride_oh, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
-                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SEQ_INDEX: tl.constexpr):
+def _merge_splits_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, query_start_ptr, out_ptr, stride_ot, stride_oh,
+                         NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_D: tl.constexpr):
     seq, head = tl.program_id(0), tl.program_id(1)
-    if SEQ_INDEX:
-        seq = tl.load(seq_index_ptr + seq)
     token = tl.load(query_start_ptr + seq)
     if tl.load(query_start_ptr + seq + 1) > token:  # padding sequences own no row
         splits = tl.arange(0, SPLITS_PAD)
@@ -150,7 +146,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                     max_query_len: int, scale: float, sliding_window: int | None = None,
                     out: torch.Tensor | None = None, num_kv_splits: int | None = None,
                     causal: bool = True, position_bias: torch.Tensor | None = None,
-                    softcap: float | None = None, seq_indices: torch.Tensor | None = None) -> torch.Tensor:
+                    softcap: float | None = None) -> torch.Tensor:
     """Causal attention of the new tokens' queries [T, Hq, D] to their sequences' cached keys/values.
 
     key_cache/value_cache [num_blocks, block_size, Hkv, D]; block_tables [S, max_blocks] int32;
@@ -159,14 +155,11 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     causal=False: cross-attention, every query of a sequence sees all its seq_lens keys (the encoder's).
     position_bias [R, Hq]: added to the score of a query and a key d positions back (d >= R - 1: row R - 1), T5's
     relative-position bias of a causal stack, tabulated by the model. softcap: each score becomes
-    softcap * tanh(score / softcap) before the mask (Gemma 2). seq_indices [S'] int32: attend only these sequences
-    (max_query_len then bounds theirs): a step's decodes and its prompt chunks go in two launches, each with its own
-    tiling (mixed_batch_attention).
+    softcap * tanh(score / softcap) before the mask (Gemma 2).
     """
     num_tokens, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, cache_dim = key_cache.shape
     num_seqs = seq_lens.shape[0]
-    programs = num_seqs if seq_indices is None else seq_indices.shape[0]
     if value_cache.shape != key_cache.shape or cache_dim != head_dim:
         raise ValueError(f"key_cache {tuple(key_cache.shape)} and value_cache {tuple(value_cache.shape)} must both "
                          f"be [num_blocks, block_size, Hkv, D={head_dim}] (query is {tuple(query.shape)})")
@@ -191,13 +184,13 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         out = torch.empty_like(query)
     elif out.shape != query.shape or out.dtype != query.dtype or out.stride(-1) != 1:
         raise ValueError(f"out must be {tuple(query.shape)} {query.dtype}, got {tuple(out.shape)} {out.dtype}")
-    if programs == 0 or max_query_len < 1:
+    if num_seqs == 0 or max_query_len < 1:
         return out
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
     block_d = max(16, triton.next_power_of_2(head_dim))
     if max_query_len == 1:
-        splits = num_kv_splits or decode_splits(programs, num_kv_heads, block_tables.shape[1] * block_size)
+        splits = num_kv_splits or decode_splits(num_seqs, num_kv_heads, block_tables.shape[1] * block_size)
         block_m, tiles = max(16, group_pad), splits
     else:
         splits = 1
@@ -208,9 +201,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         part_max = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32, device=query.device)
         part_sum = torch.empty_like(part_max)
         part_out = torch.empty(num_tokens, num_heads, splits, head_dim, dtype=torch.float32, device=query.device)
-    seq_index = seq_lens if seq_indices is None else seq_indices  # an unread placeholder without indices
-    _paged_attention_kernel[(programs, tiles, num_kv_heads)](
-        query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, seq_index, out,
+    _paged_attention_kernel[(num_seqs, tiles, num_kv_heads)](
+        query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out,
         part_out, part_max, part_sum, out if position_bias is None else position_bias,
         0 if position_bias is None else position_bias.shape[0], scale * LOG2E, sliding_window or 0, softcap or 0.0,
         query.stride(0), query.stride(1), *key_cache.stride()[:3], *value_cache.stride()[:3],
@@ -218,13 +210,12 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
         BLOCK_N=max(block_size, 64), BLOCK_SIZE=block_size, NUM_SPLITS=splits,
         USE_WINDOW=sliding_window is not None, CAUSAL=causal, HAS_BIAS=position_bias is not None,
-        HAS_SOFTCAP=softcap is not None, IEEE_DOT=query.dtype == torch.float32, SEQ_INDEX=seq_indices is not None,
+        HAS_SOFTCAP=softcap is not None, IEEE_DOT=query.dtype == torch.float32,
         num_stages=_DECODE_STAGES if max_query_len == 1 else 3)
     if splits > 1:
-        _merge_splits_kernel[(programs, num_heads)](
-            part_out, part_max, part_sum, query_start_loc, seq_index, out, out.stride(0), out.stride(1),
-            NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=head_dim, BLOCK_D=block_d,
-            SEQ_INDEX=seq_indices is not None)
+        _merge_splits_kernel[(num_seqs, num_heads)](
+            part_out, part_max, part_sum, query_start_loc, out, out.stride(0), out.stride(1),
+            NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=head_dim, BLOCK_D=block_d)
     return out
 
 

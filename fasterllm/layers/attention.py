@@ -54,9 +54,6 @@ class KernelInputs:
     query_start_loc: torch.Tensor  # [S + 1] int32: sequence s owns new-token rows [start[s], start[s + 1])
     max_query_len: int
     position_bias: torch.Tensor | None = None  # T5: [distance rows, Hq] added to the scores (set by the model)
-    # a step with both decodes and prompt chunks: the indices of each kind's sequences (int32), attended apart
-    decode_seqs: torch.Tensor | None = None
-    chunk_seqs: torch.Tensor | None = None
 
 
 @dataclass
@@ -217,17 +214,9 @@ def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv
         rotary_and_store_kv(query, key, value, meta.positions, cos_sin, kv_cache[0], kv_cache[1], meta.slot_mapping)
 
     def attend(k: KernelInputs, out: torch.Tensor | None = None) -> torch.Tensor:
-        def launch(max_query_len: int, seq_indices: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
-            return paged_attention_kernel(query, kv_cache[0], kv_cache[1], k.block_tables, k.seq_lens,
-                                          k.query_start_loc, max_query_len, scale, sliding_window, out=out,
-                                          position_bias=k.position_bias, softcap=softcap, seq_indices=seq_indices)
-
-        if k.decode_seqs is None:
-            return launch(k.max_query_len, None, out)
-        # decodes split their keys over programs (flash-decoding); chunks tile their queries: one grid for both
-        # would give every decode as many query tiles as the longest chunk, nearly all of them idle
-        out = launch(1, k.decode_seqs, out)
-        return launch(k.max_query_len, k.chunk_seqs, out)
+        return paged_attention_kernel(query, kv_cache[0], kv_cache[1], k.block_tables, k.seq_lens, k.query_start_loc,
+                                      k.max_query_len, scale, sliding_window, out=out, position_bias=k.position_bias,
+                                      softcap=softcap)
 
     # while a piecewise CUDA graph is captured, attention is left out of it: the graph ends here and attend runs
     # between its pieces when they are replayed, on that step's sequences

@@ -42,7 +42,6 @@ class InputBuffers:
         self.block_tables = pair(max_seqs, max_blocks_per_seq, dtype=torch.int32)
         self.seq_lens = pair(max_seqs, dtype=torch.int32)
         self.query_start_loc = pair(max_seqs + 1, dtype=torch.int32)
-        self.seq_order = pair(max_seqs, dtype=torch.int32)  # a mixed step's decodes, then its prompt chunks
         if max_cross_blocks_per_seq:
             self.cross_tables = pair(max_seqs, max_cross_blocks_per_seq, dtype=torch.int32)
             self.encoder_lens = pair(max_seqs, dtype=torch.int32)
@@ -92,10 +91,6 @@ class InputBuffers:
         query_start = fill(self.query_start_loc, starts, rows + 1, pad=num_tokens)
         max_query_len = int(query.max())
         kernel = KernelInputs(device_tables, seq_lens_t, query_start, max_query_len)
-        decodes = np.flatnonzero(query == 1)
-        if 0 < len(decodes) < num_seqs:  # attended in two launches, each tiled for its kind
-            order = fill(self.seq_order, np.concatenate([decodes, np.flatnonzero(query > 1)]), num_seqs)
-            kernel.decode_seqs, kernel.chunk_seqs = order[:len(decodes)], order[len(decodes):]
         meta = AttentionMetadata(positions_t, slot_mapping, num_tokens, [], None, kernel)
         if cross is not None:
             encoder_lens, cross_tables = cross

@@ -57,19 +57,6 @@ def test_mixed_batch_matches_reference(dtype):
     check(make_batch(*MIXED, 4, 2, 64, dtype), dtype)
 
 
-@pytest.mark.parametrize("splits", [1, 3])
-def test_a_mixed_step_in_two_launches_by_sequence_kind_equals_one_launch(splits):
-    """What the attention layer does with a step of decodes and prompt chunks: the decodes in one launch (split keys,
-    merged), the chunks in another, each over its listed sequences (interleaved here), into one output."""
-    args = make_batch([0, 150, 19, 40], [20, 1, 7, 1], 4, 2, 64, torch.float32)
-    decodes = torch.tensor([1, 3], dtype=torch.int32, device=DEVICE)
-    chunks = torch.tensor([0, 2], dtype=torch.int32, device=DEVICE)
-    out = paged_attention(**{**args, "max_query_len": 1}, seq_indices=decodes, num_kv_splits=splits)
-    out = paged_attention(**args, seq_indices=chunks, out=out)
-    torch.testing.assert_close(out, paged_attention(**args), atol=1e-5, rtol=1e-5)
-    check(args, torch.float32)
-
-
 @pytest.mark.parametrize("window", [1, 8, 30])
 def test_sliding_window(window):
     check(make_batch(*MIXED, 4, 2, 64, torch.float32), torch.float32, sliding_window=window)
