@@ -240,7 +240,9 @@ def add_serve_parsers(sub, bench: argparse.ArgumentParser) -> None:
                         help="Poisson arrivals per second (inf: all at once, bounded by --max-concurrency)")
     online.add_argument("--api-key", default=None)
     online.add_argument("--served-model-name", default=None, help="default: the server's only model")
-    online.add_argument("--seed", type=int, default=0)
+    online.add_argument("--seed", type=int, default=0,
+                        help="draws the prompts (and --sharegpt-like lengths); give each run against one server a "
+                             "seed of its own, or the server's prefix cache holds the prompts of the run before")
     online.add_argument("--sharegpt-like", action="store_true",
                         help="workload (e): each request's prompt and output lengths drawn from a ShareGPT-shaped "
                              "distribution (as `fasterllm bench --sharegpt-like` draws its first run's)")
