@@ -135,14 +135,27 @@ class Engine:
 
         With asynchronous scheduling, the next decode step is launched before this step's tokens are
         read: the host's work on them (detokenizing, stop checks, outputs) overlaps the GPU's next step."""
+        self._take_compiled_grammars()
         launched = self._in_flight or self._launch(self.scheduler.schedule())
         self._in_flight = None
         if launched is None:
+            if self.structured.compiling:  # nothing else to run: a request waits for its grammar
+                self.structured.wait_compiled(0.01)
             return []
         out, result = launched
         if self.async_scheduling:
             self._in_flight = self._launch_lookahead(out, result)
         return self._finish_step(out, result)
+
+    def _take_compiled_grammars(self) -> None:
+        """Requests whose grammar matcher is built may be scheduled; one that failed to build fails alone."""
+        failed = self.structured.collect_compiled()
+        if not failed:
+            return
+        ids = [request.request_id for request, _ in failed]
+        for request_id in ids:
+            self.abort_request(request_id, "error")
+        raise StepFailedError(ids, failed[0][1])
 
     def _launch(self, batch: ScheduledBatch) -> tuple[ScheduledBatch, PendingOutput] | None:
         self.structured.attach_masks(batch)

@@ -61,6 +61,7 @@ class Request:
         self.num_sent_tokens: int | None = None  # tokens the worker has of it; None until it is first scheduled
         self.group: SequenceGroup | None = None  # the group (a beam search) it is a member of
         self.matcher = None  # structured output: its grammar matcher (engine/structured_output.py), or None
+        self.grammar_pending = None  # the Future of its matcher while a thread builds it: not schedulable until done
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None

@@ -184,9 +184,14 @@ class Scheduler:
         counts the sequences a request forks into after its first step (n / best_of, a search's width), so a step
         never holds more than that many."""
         num_sequences = _num_sequences(self.running)
-        while self.waiting and budget > 0:
-            head = self.waiting[0]
-            group = list(itertools.takewhile(lambda r: r.group is head.group, self.waiting)) if head.group else [head]
+        while budget > 0:
+            # a request whose grammar is still being compiled keeps its place; those behind it go on
+            position = next((i for i, r in enumerate(self.waiting) if r.grammar_pending is None), None)
+            if position is None:
+                return
+            head = self.waiting[position]
+            queue = itertools.islice(self.waiting, position, None)
+            group = list(itertools.takewhile(lambda r: r.group is head.group, queue)) if head.group else [head]
             wanted = _num_sequences(group)
             if num_sequences + wanted > self.config.max_num_seqs:
                 return
@@ -208,7 +213,7 @@ class Scheduler:
                     return
                 budget -= num_new + (encoder_len if num_new else 0)
             for request, num_new, _ in admitted:
-                self.waiting.popleft()
+                del self.waiting[position]
                 if request.metrics.first_scheduled_time is None:
                     request.metrics.first_scheduled_time = time.time()
                 self._start(request, num_new, out)

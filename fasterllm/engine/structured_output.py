@@ -5,12 +5,19 @@ preemption, a parallel sample forks its parent's, and the worker only applies th
 llguidance was measured against xgrammar on our tokenizer (benchmarks/RESULTS.md): xgrammar fills a mask in ~6 us
 against ~14 us, but llguidance needs no other package (xgrammar requires torch, transformers and triton), builds
 its tokenizer from the `tokenizers` JSON we already hold, and compiles lazily (~2 ms for a nested schema).
+
+A constraint is checked when its request is added (a bad one is refused there, naming its field); its matcher is
+built on a thread of its own, with llguidance's tokenizer the first time (~0.3 s; llguidance lets go of the
+interpreter meanwhile), while the engine steps the other requests. The request waits in the queue until its matcher
+is ready (Request.grammar_pending), without holding back those behind it.
 """
 from __future__ import annotations
 
 import json
+import threading
 import weakref
 from collections import OrderedDict
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -27,26 +34,70 @@ class StructuredOutputs:
     def __init__(self, tokenizer: TokenizerWrapper, vocab_size: int, eos_token_ids: list[int]):
         self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, eos_token_ids
         self._ll_tokenizer = None  # built on the first constrained request (~0.3 s)
+        self._tokenizer_lock = threading.Lock()
         self._executor = None  # llguidance's thread pool: the rows' masks are filled in parallel
+        self._compiler: ThreadPoolExecutor | None = None  # builds matchers off the step loop
+        self._compiling: list[Request] = []  # requests whose matcher is being built
         self._grammars: OrderedDict[str, str] = OrderedDict()  # constraint -> llguidance grammar, most recent last
         # constrained requests still referenced (a fork's family keeps its parent): none, and a step costs nothing
         self._live: weakref.WeakSet[Request] = weakref.WeakSet()
 
     def start(self, request: Request) -> None:
-        """Give a constrained request its matcher; a constraint the engine cannot compile is an InvalidInputError
-        naming the field."""
+        """Check a constrained request's constraint (one the engine cannot compile is an InvalidInputError naming
+        the field) and start building its matcher on the compiler thread."""
         import llguidance
 
         params = request.sampling_params.structured_outputs
         field = f"structured_outputs.{params.kind}"
-        try:  # a JSON schema that is not JSON fails here, a grammar llguidance rejects in the matcher
-            matcher = llguidance.LLMatcher(self._tokenizer(), self._grammar(params), log_level=0)
+        try:
+            grammar = self._grammar(params)
         except ValueError as exc:
             raise InvalidInputError(f"{field} could not be compiled: {exc}", field) from exc
-        if matcher.is_error():
-            raise InvalidInputError(f"{field} could not be compiled: {matcher.get_error()}", field)
-        request.matcher = matcher
+        error = llguidance.LLMatcher.validate_grammar(grammar)  # no tokenizer needed: a few milliseconds
+        if error:
+            raise InvalidInputError(f"{field} could not be compiled: {error}", field)
+        if self._compiler is None:
+            self._compiler = ThreadPoolExecutor(1, thread_name_prefix="fasterllm-grammar")
+        request.grammar_pending = self._compiler.submit(self._matcher, grammar)
+        self._compiling.append(request)
         self._live.add(request)
+
+    def _matcher(self, grammar: str):
+        import llguidance
+
+        matcher = llguidance.LLMatcher(self._tokenizer(), grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"the grammar could not be compiled: {matcher.get_error()}")
+        return matcher
+
+    def collect_compiled(self) -> list[tuple[Request, Exception]]:
+        """Give each request whose matcher is built its matcher (it may be scheduled from now on); returns the
+        requests whose matcher failed to build, with the error."""
+        failed, still = [], []
+        for request in self._compiling:
+            future: Future = request.grammar_pending
+            if request.finished:  # aborted while compiling
+                continue
+            if not future.done():
+                still.append(request)
+                continue
+            request.grammar_pending = None
+            if future.exception() is not None:
+                failed.append((request, future.exception()))
+            else:
+                request.matcher = future.result()
+        self._compiling = still
+        return failed
+
+    def wait_compiled(self, timeout_s: float) -> None:
+        """Wait (at most timeout_s) for a matcher being built: the engine has nothing else to run."""
+        pending = [request.grammar_pending for request in self._compiling]
+        if pending:
+            wait(pending, timeout=timeout_s, return_when=FIRST_COMPLETED)
+
+    @property
+    def compiling(self) -> bool:
+        return bool(self._compiling)
 
     def attach_masks(self, batch: ScheduledBatch) -> None:
         """Tell the worker which tokens each sampled row of a constrained request may take: the message's
@@ -76,11 +127,12 @@ class StructuredOutputs:
         message.grammar_bitmask = mask
 
     def _tokenizer(self):
-        if self._ll_tokenizer is None:
-            import llguidance
+        with self._tokenizer_lock:
+            if self._ll_tokenizer is None:
+                import llguidance
 
-            self._ll_tokenizer = llguidance.LLTokenizer(self.tokenizer.tokenizer.to_str(), n_vocab=self.vocab_size,
-                                                        eos_token=self.eos_token_ids[0])
+                self._ll_tokenizer = llguidance.LLTokenizer(self.tokenizer.tokenizer.to_str(),
+                                                            n_vocab=self.vocab_size, eos_token=self.eos_token_ids[0])
         return self._ll_tokenizer
 
     def _grammar(self, params: StructuredOutputsParams) -> str:

@@ -3,11 +3,12 @@ batches mixing constrained and free requests, parallel samples, asynchronous sch
 constraints are errors naming the field."""
 import json
 import re
+import threading
 
 import pytest
 
 from fasterllm import LLM, SamplingParams
-from fasterllm.errors import InvalidInputError
+from fasterllm.errors import InvalidInputError, StepFailedError
 from fasterllm.sampling_params import StructuredOutputsParams
 
 SCHEMA = {
@@ -139,3 +140,50 @@ def test_a_hundred_sampled_requests_all_validate():
         assert completion.finish_reason == "stop", completion.text
         jsonschema.validate(json.loads(completion.text), SCHEMA)
     assert len({o.outputs[0].text for o in outputs}) > 50  # sampled, not one answer a hundred times
+
+
+def test_a_request_whose_grammar_is_compiling_waits_without_holding_back_the_others(llm, monkeypatch):
+    """The matcher is built on a thread: while it compiles (held here until released), a free request added after
+    the constrained one runs to its end; then the constrained one starts and its output holds."""
+    engine = llm.engine
+    release = threading.Event()
+    build = type(engine.structured)._matcher
+    monkeypatch.setattr(engine.structured, "_matcher", lambda grammar: release.wait(30) and build(
+        engine.structured, grammar))
+    regex = constrained(regex="[0-9]{3}-[0-9]{4}")
+    engine.add_request("constrained", "A phone number:", SamplingParams(temperature=0, max_tokens=20,
+                                                                        structured_outputs=regex))
+    engine.add_request("free", "Hello", SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    finished = {}
+    for _ in range(50):
+        for output in engine.step():
+            if output.finished:
+                finished[output.request_id] = output.outputs[0]
+        if "free" in finished:
+            break
+    assert "free" in finished and engine.requests["constrained"].num_computed_tokens == 0  # not started yet
+    release.set()
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                finished[output.request_id] = output.outputs[0]
+    assert re.fullmatch("[0-9]{3}-[0-9]{4}", finished["constrained"].text)
+
+
+def test_a_grammar_that_fails_to_build_fails_its_request_alone(llm, monkeypatch):
+    engine = llm.engine
+
+    def fail(grammar):
+        raise ValueError("the grammar could not be compiled: injected")
+
+    monkeypatch.setattr(engine.structured, "_matcher", fail)
+    engine.add_request("broken", "Hi", SamplingParams(max_tokens=5, structured_outputs=constrained(regex="[a-z]+")))
+    engine.add_request("fine", "Hi", SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    with pytest.raises(StepFailedError, match="injected") as failure:
+        while engine.has_unfinished_requests():
+            engine.step()
+    assert failure.value.request_ids == ["broken"] and "broken" not in engine.requests
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs.extend(engine.step())
+    assert [o.request_id for o in outputs if o.finished] == ["fine"]
