@@ -42,9 +42,9 @@ class ProcessCore:
         self._reader: asyncio.Task | None = None
         self._socket_dir = tempfile.mkdtemp(prefix="fasterllm-engine-")
         self._zmq = zmq.Context()
-        self._commands = self._zmq.socket(zmq.PUSH)
+        self._commands = _socket(self._zmq, zmq.PUSH)
         self._commands.bind(f"ipc://{self._socket_dir}/commands")
-        self._turns = self._zmq.socket(zmq.PULL)
+        self._turns = _socket(self._zmq, zmq.PULL)
         self._turns.bind(f"ipc://{self._socket_dir}/turns")
         self.process = multiprocessing.get_context("spawn").Process(
             target=run_engine_process, name="fasterllm-engine",
@@ -115,10 +115,14 @@ class ProcessCore:
             self._loop.remove_reader(self.process.sentinel)
             self._reader.cancel()
         if self.process.is_alive():
-            self._commands.send(pickle.dumps(SHUTDOWN))
-            self.process.join(timeout_s)
+            try:
+                self._commands.send(pickle.dumps(SHUTDOWN), flags=zmq.NOBLOCK)
+                self.process.join(timeout_s)
+                if self.process.is_alive():
+                    logger.warning("the engine process did not stop within %.0f s; killing it", timeout_s)
+            except zmq.Again:  # still starting, not connected yet: nothing in it to finish
+                pass
             if self.process.is_alive():
-                logger.warning("the engine process did not stop within %.0f s; killing it", timeout_s)
                 self.process.kill()
                 self.process.join()
         self._zmq.destroy(linger=0)
@@ -127,15 +131,15 @@ class ProcessCore:
 
 def run_engine_process(args: EngineArgs, socket_dir: str, idle_wait_s: float, log_level: int) -> None:
     """The engine process: build the Engine, report ready (or the error that stopped it), then run the loop."""
-    from fasterllm.engine.engine import Engine  # here: the server's process never imports the model code for this
+    from fasterllm.engine.engine import Engine
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server shuts this down
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("fasterllm").setLevel(log_level)
     context = zmq.Context()
-    commands = context.socket(zmq.PULL)
+    commands = _socket(context, zmq.PULL)
     commands.connect(f"ipc://{socket_dir}/commands")
-    turns = context.socket(zmq.PUSH)
+    turns = _socket(context, zmq.PUSH)
     turns.connect(f"ipc://{socket_dir}/turns")
     try:
         engine = Engine(args)
@@ -175,6 +179,15 @@ def run_engine_process(args: EngineArgs, socket_dir: str, idle_wait_s: float, lo
         engine.shutdown()
         context.destroy(linger=5000)
         os._exit(0)  # the engine's threads (compile workers, Ray) must not hold the process open
+
+
+def _socket(context: zmq.Context, kind: int) -> zmq.Socket:
+    """No high-water mark: a burst of requests while the engine is busy queues up instead of blocking the server's
+    event loop, and a server slow to read turns never stalls the engine."""
+    socket = context.socket(kind)
+    socket.setsockopt(zmq.SNDHWM, 0)
+    socket.setsockopt(zmq.RCVHWM, 0)
+    return socket
 
 
 def _picklable(error: Exception | None) -> Exception | None:
