@@ -89,7 +89,9 @@ class AsyncLLM:
             self._accepting.pop(request_id, None)
 
     async def outputs(self, request_id: str) -> AsyncIterator[RequestOutput]:
-        """Yield an added request's cumulative outputs until it finishes; stopping early aborts it.
+        """Yield an added request's cumulative outputs until it finishes; stopping early aborts it. A consumer that
+        falls behind gets the latest output only (it holds everything before it), as vLLM does: a stream then sends
+        several tokens in one chunk instead of falling further behind.
 
         Raises RequestFailedError or EngineDeadError when the engine fails.
         """
@@ -98,6 +100,8 @@ class AsyncLLM:
         try:
             while not finished:
                 item = await outputs.get()
+                while not outputs.empty() and not isinstance(item, Exception) and not item.finished:
+                    item = outputs.get_nowait()
                 if isinstance(item, Exception):
                     finished = True
                     raise item

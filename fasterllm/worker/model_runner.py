@@ -244,8 +244,9 @@ class ModelRunner:
     def _forward(self, token_ids: list[int], query_lens: list[int], seq_lens: list[int], tables: list[list[int]],
                  logits_rows: list[int], carried: tuple[torch.Tensor, torch.Tensor] | None = None,
                  cross: tuple[list[int], list[list[int]]] | None = None) -> torch.Tensor:
-        """One forward pass -> fp32 logits of logits_rows: a CUDA graph for a decode batch that has one,
-        the Triton kernels eagerly for any other batch on a GPU, the torch path on the CPU. carried: (token
+        """One forward pass -> fp32 logits of logits_rows: a CUDA graph for a decode batch that has one, piecewise
+        graphs (attention eager between them) for a step of up to 512 tokens, the Triton kernels eagerly for any other
+        batch on a GPU, the torch path on the CPU. carried: (token
         rows, their ids on the device) written over those rows' placeholder ids before the pass. cross: an
         encoder-decoder model's (encoder lengths, cross tables) of the same sequences."""
         if self.buffers is None:

@@ -1,0 +1,74 @@
+"""AsyncLLM's side of the engine loop, over a stand-in core: a consumer that falls behind gets the latest cumulative
+output only, errors and the end still reach it, and a dead engine fails what waits."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fasterllm.engine.async_engine import AsyncLLM, EngineDeadError
+from fasterllm.engine.engine_loop import AddRequest, Turn
+from fasterllm.outputs import CompletionOutput, RequestOutput
+from fasterllm.sampling_params import SamplingParams
+
+
+class StandInCore:
+    model_name, max_model_len, tokenizer, inputs, stats, alive = "m", 64, None, None, None, True
+
+    def __init__(self):
+        self.sent, self.on_turn = [], None
+
+    def start(self, on_turn):
+        self.on_turn = on_turn
+
+    def send(self, command):
+        self.sent.append(command)
+        if isinstance(command, AddRequest):  # accepted at once, as the engine loop's next turn would say
+            asyncio.get_running_loop().call_soon(self.on_turn, Turn(accepted=[(command.request_id, None)]))
+
+    def shutdown(self, timeout_s):
+        self.alive = False
+
+
+def output(tokens: int, finished: bool = False) -> RequestOutput:
+    return RequestOutput("r", None, [1], [CompletionOutput(0, "x" * tokens, list(range(tokens)), None, None,
+                                                           "length" if finished else None)], finished)
+
+
+def test_a_consumer_behind_the_engine_gets_the_latest_output_and_still_the_end():
+    async def run():
+        core = StandInCore()
+        llm = AsyncLLM(core)
+        llm.start()
+        await llm.add_request("r", [1], SamplingParams(max_tokens=4))
+        core.on_turn(Turn(outputs=[("r", output(1))]))
+        core.on_turn(Turn(outputs=[("r", output(2))]))
+        core.on_turn(Turn(outputs=[("r", output(3))]))  # three steps before the consumer reads
+        seen = []
+        async for item in llm.outputs("r"):
+            seen.append(len(item.outputs[0].token_ids))
+            if len(seen) == 1:
+                core.on_turn(Turn(outputs=[("r", output(4, finished=True))]))
+        return seen
+
+    assert asyncio.run(run()) == [3, 4]
+
+
+def test_a_dead_engine_fails_a_waiting_consumer():
+    async def run():
+        core = StandInCore()
+        llm = AsyncLLM(core)
+        llm.start()
+        await llm.add_request("r", [1], SamplingParams(max_tokens=4))
+        core.on_turn(Turn(outputs=[("r", output(1))]))
+        core.on_turn(Turn(dead_reason="the engine process exited with code -9"))
+        got = []
+        with pytest.raises(EngineDeadError, match="exited with code -9"):
+            async for item in llm.outputs("r"):
+                got.append(item)
+        assert not llm.healthy
+        with pytest.raises(EngineDeadError):
+            await llm.add_request("s", [1], SamplingParams(max_tokens=4))
+        return got
+
+    assert asyncio.run(run()) == []  # the error, queued behind the output, is what the consumer gets
