@@ -2,7 +2,8 @@
 
 Each request streams its tokens; the client notes when every chunk arrives. Time to first token
 (TTFT) runs from sending the request to its first text; inter-token latency (ITL) is the gap
-between text chunks (our server sends one per generated token). Clients are threads on the
+between text chunks: one per generated token while the server keeps up; a server that falls behind (ours, vLLM's)
+sends the tokens it has in one chunk. Clients are threads on the
 standard library's http.client, so the benchmark needs nothing beyond Python; for many clients they are spread
 over several processes, so that parsing the streams does not bound what the benchmark can see.
 """
