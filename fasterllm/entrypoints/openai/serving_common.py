@@ -171,7 +171,18 @@ class OpenAIServing:
         return request_ids
 
     async def merged_outputs(self, request_ids: list[str]) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """(prompt index, output) of several requests as they come; leaving early aborts them all."""
+        """(prompt index, output) of several requests as they come; leaving early aborts them all. One request (the
+        usual case) is read directly: a consumer behind the engine then gets its latest output only."""
+        if len(request_ids) == 1:
+            outputs = self.llm.outputs(request_ids[0])
+            try:
+                async for item in outputs:
+                    if item.finished:
+                        self.metrics.record_finished(item)
+                    yield 0, item
+            finally:
+                await outputs.aclose()  # aborts the request if it has not finished
+            return
         merged: asyncio.Queue = asyncio.Queue()
 
         async def pump(index: int, request_id: str) -> None:
