@@ -134,7 +134,7 @@ def run_serve_bench(base_url: str, endpoint: str, num_prompts: int, input_len: i
     if request_rate != float("inf"):
         offsets = list(itertools.accumulate(rng.expovariate(request_rate) for _ in bodies))
 
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    context = multiprocessing.get_context("spawn")  # not fork: the caller may hold threads (a server in a test)
     ready = context.Barrier(processes + 1)
     results = context.Queue()
     shares = [(bodies[i::processes], offsets[i::processes], len(range(i, max_concurrency, processes)))
