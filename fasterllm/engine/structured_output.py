@@ -14,7 +14,6 @@ is ready (Request.grammar_pending), without holding back those behind it.
 from __future__ import annotations
 
 import json
-import threading
 import weakref
 from collections import OrderedDict
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -34,7 +33,6 @@ class StructuredOutputs:
     def __init__(self, tokenizer: TokenizerWrapper, vocab_size: int, eos_token_ids: list[int]):
         self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, eos_token_ids
         self._ll_tokenizer = None  # built on the first constrained request (~0.3 s)
-        self._tokenizer_lock = threading.Lock()
         self._executor = None  # llguidance's thread pool: the rows' masks are filled in parallel
         self._compiler: ThreadPoolExecutor | None = None  # builds matchers off the step loop
         self._compiling: list[Request] = []  # requests whose matcher is being built
@@ -127,12 +125,12 @@ class StructuredOutputs:
         message.grammar_bitmask = mask
 
     def _tokenizer(self):
-        with self._tokenizer_lock:
-            if self._ll_tokenizer is None:
-                import llguidance
+        """Built once, on the compiler thread (its only caller)."""
+        if self._ll_tokenizer is None:
+            import llguidance
 
-                self._ll_tokenizer = llguidance.LLTokenizer(self.tokenizer.tokenizer.to_str(),
-                                                            n_vocab=self.vocab_size, eos_token=self.eos_token_ids[0])
+            self._ll_tokenizer = llguidance.LLTokenizer(self.tokenizer.tokenizer.to_str(), n_vocab=self.vocab_size,
+                                                        eos_token=self.eos_token_ids[0])
         return self._ll_tokenizer
 
     def _grammar(self, params: StructuredOutputsParams) -> str:
