@@ -92,10 +92,10 @@ def check_tensor_parallel(config, quantization: str | None, size: int) -> None:
     if config.num_experts:
         raise ValueError(f"tensor_parallel_size={size}: {config.architecture} is a mixture of experts, whose experts "
                          "are not sharded yet; use tensor_parallel_size=1")
-    if quantization == "gguf":
-        raise ValueError(f"tensor_parallel_size={size}: quantization='gguf' keeps the file's Q4 blocks whole and "
-                         "cannot split them; use quantization='int4' (quantized per rank at load) or "
-                         "tensor_parallel_size=1")
+    if quantization in ("gguf", "gptq"):
+        raise ValueError(f"tensor_parallel_size={size}: quantization={quantization!r} keeps the checkpoint's 4-bit codes "
+                         "whole and cannot split them yet; use tensor_parallel_size=1 (or quantization='int4' on a "
+                         "float checkpoint, quantized per rank at load)")
     tp = TensorParallel(0, size)
     tp.shard(config.num_attention_heads, "num_attention_heads")
     tp.kv_heads(config.num_key_value_heads)

@@ -18,7 +18,7 @@ def make_executor(config: WorkerConfig, checkpoint: Checkpoint) -> UniProcExecut
     cannot take is refused before any process starts."""
     args = config.args
     size = args.tensor_parallel_size
-    check_tensor_parallel(checkpoint.config, args.quantization, size)
+    check_tensor_parallel(checkpoint.config, checkpoint.resolve_quantization(args.quantization), size)
     if args.resolve_device().type == "cuda" and size > torch.cuda.device_count() and \
             args.distributed_executor_backend != "ray":  # a Ray cluster's GPUs may be on other nodes
         raise ValueError(f"tensor_parallel_size={size} needs {size} GPUs but this machine has "

@@ -1,0 +1,128 @@
+"""GPTQ checkpoints run as stored: the test writes the documented packing (qweight, qzeros stored minus one, fp16
+scales, g_idx) of a tiny Llama's projections, quantized here; the engine's logits equal transformers' on the
+dequantized float weights (to the int4 kernel's bf16), its codes equal the test's, and what it does not run is an
+error naming it."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "parity"))
+from parity_utils import TINY_SPECS, build_tiny_model, random_prompt  # noqa: E402
+
+from fasterllm import LLM, SamplingParams  # noqa: E402
+from fasterllm.loader.gptq_checkpoint import GPTQConfig, iter_gptq_weights  # noqa: E402
+
+pytest.importorskip("transformers")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def gptq_quantize(weight: np.ndarray, group_size: int, sym: bool):
+    """weight [N, K] -> (codes [K, N], zeros [G, N], fp16 scales [G, N], dequantized [N, K]): GPTQ's round to nearest
+    of each group of inputs (asymmetric: min/max; symmetric: zero point 8)."""
+    n, k = weight.shape
+    group = k if group_size == -1 else group_size
+    grouped = weight.T.reshape(k // group, group, n)
+    if sym:
+        scales = (np.abs(grouped).max(axis=1) * 2 / 15).astype(np.float16)
+        zeros = np.full(scales.shape, 8, dtype=np.int64)
+    else:
+        low, high = grouped.min(axis=1), grouped.max(axis=1)
+        scales = ((high - low) / 15).astype(np.float16)
+        zeros = np.clip(np.round(-low / scales.astype(np.float32)), 0, 15).astype(np.int64)
+    s = scales.astype(np.float32)[:, None, :]
+    codes = np.clip(np.round(grouped / s) + zeros[:, None, :], 0, 15).astype(np.int64)
+    dequantized = ((codes - zeros[:, None, :]) * s).reshape(k, n).T
+    return codes.reshape(k, n), zeros, scales, dequantized
+
+
+def pack_rows(values: np.ndarray) -> np.ndarray:
+    """[R, C] codes -> int32 [R / 8, C], row 8 i + j in bits 4 j of row i (qweight)."""
+    shifted = values.reshape(values.shape[0] // 8, 8, values.shape[1]) << (4 * np.arange(8))[None, :, None]
+    return np.ascontiguousarray(shifted.sum(axis=1).astype(np.uint32).view(np.int32))
+
+
+def write_gptq(directory: Path, model, group_size: int, sym: bool, checkpoint_format: str = "gptq"):
+    """Save model's projections as GPTQ (the rest float) with the quantization_config; load the dequantized weights
+    into model (the reference); return each projection's codes [K, N]."""
+    from safetensors.torch import save_file
+
+    tensors, codes_of = {}, {}
+    for name, tensor in model.state_dict().items():
+        module = name.removesuffix(".weight")
+        if module.rsplit(".", 1)[-1] not in PROJECTIONS:
+            tensors[name] = tensor.contiguous()
+            continue
+        codes, zeros, scales, dequantized = gptq_quantize(tensor.numpy(), group_size, sym)
+        stored_zeros = zeros - (1 if checkpoint_format == "gptq" else 0)
+        tensors[f"{module}.qweight"] = torch.from_numpy(pack_rows(codes))
+        tensors[f"{module}.qzeros"] = torch.from_numpy(np.ascontiguousarray(pack_rows(stored_zeros.T).T))
+        tensors[f"{module}.scales"] = torch.from_numpy(np.ascontiguousarray(scales))
+        tensors[f"{module}.g_idx"] = torch.arange(codes.shape[0], dtype=torch.int32) // (
+            codes.shape[0] if group_size == -1 else group_size)
+        with torch.no_grad():
+            tensor.copy_(torch.from_numpy(dequantized))
+        codes_of[module] = codes
+    for old in directory.glob("*.safetensors"):
+        old.unlink()
+    save_file(tensors, str(directory / "model.safetensors"))
+    config = json.loads((directory / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": False,
+                                     "sym": sym, "checkpoint_format": checkpoint_format}
+    (directory / "config.json").write_text(json.dumps(config))
+    return codes_of
+
+
+@pytest.mark.parametrize("group_size, sym, checkpoint_format", [(32, False, "gptq"), (64, True, "gptq"),
+                                                                 (-1, False, "gptq_v2")])
+def test_a_gptq_checkpoint_runs_as_its_dequantized_weights(tmp_path, group_size, sym, checkpoint_format):
+    spec = next(s for s in TINY_SPECS if s.name == "llama3_gqa")
+    model = build_tiny_model(spec, tmp_path)
+    codes_of = write_gptq(tmp_path, model, group_size, sym, checkpoint_format)
+    unpacked = dict(iter_gptq_weights(tmp_path, GPTQConfig.of(tmp_path)))
+    for module, codes in codes_of.items():  # the loader's unpacking against the test's packing
+        assert torch.equal(unpacked[f"{module}.qcodes"], torch.from_numpy(codes.T.astype(np.uint8)))
+    llm = LLM(str(tmp_path), dtype="float32", device="cpu", num_kv_blocks=64)
+    assert type(llm.engine.executor.runner.model.layers[0].qkv_proj).__name__ == "Int4WeightOnlyLinear"
+    prompts = [random_prompt(n, spec.vocab_size, 300 + n) for n in (5, 23)]
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    for prompt, output in zip(prompts, llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                                    use_tqdm=False)):
+        with torch.no_grad():
+            reference = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), dim=-1)
+        ours = [next(iter(entry.values())).logprob for entry in output.prompt_logprobs[1:]]
+        expected = reference[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
+        # the int4 kernel multiplies bf16 activations: logprobs within a few hundredths of the float model's
+        torch.testing.assert_close(torch.tensor(ours), expected, atol=0.08, rtol=0.02)
+
+
+def test_what_gptq_support_does_not_cover_is_an_error_naming_it(tmp_path):
+    spec = next(s for s in TINY_SPECS if s.name == "llama3_gqa")
+    model = build_tiny_model(spec, tmp_path)
+    write_gptq(tmp_path, model, 32, False)
+    config_path = tmp_path / "config.json"
+    config = json.loads(config_path.read_text())
+    for change, message in (({"bits": 8}, "bits=8, group_size=32; supported: 4-bit"),
+                            ({"group_size": 16}, "bits=4, group_size=16; supported"),
+                            ({"quant_method": "awq"}, "quant_method='awq', which is not supported")):
+        config_path.write_text(json.dumps({**config, "quantization_config": {**config["quantization_config"],
+                                                                             **change}}))
+        with pytest.raises(ValueError, match=message):
+            LLM(str(tmp_path), device="cpu", num_kv_blocks=16)
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="is a GPTQ checkpoint, which runs as stored; quantization='int8'"):
+        LLM(str(tmp_path), device="cpu", quantization="int8", num_kv_blocks=16)
+    # desc_act: inputs ordered by activation, a g_idx out of group order
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    name = "model.layers.0.self_attn.q_proj.g_idx"
+    tensors[name] = tensors[name].flip(0).contiguous()
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="orders its inputs by activation \\(desc_act"):
+        LLM(str(tmp_path), device="cpu", num_kv_blocks=16)
