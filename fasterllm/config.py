@@ -18,7 +18,7 @@ _DTYPES = {
 }
 
 # what quantization= takes (gguf: a GGUF's Q4 blocks as they are); layers/quantization/ implements each
-QUANTIZATION_METHODS = ("int8", "int4", "w8a8", "fp8", "gguf", "gptq")
+QUANTIZATION_METHODS = ("int8", "int4", "w8a8", "fp8", "gguf", "gptq", "awq")
 
 
 def check_method_name(method: str | None) -> None:

@@ -92,7 +92,7 @@ def check_tensor_parallel(config, quantization: str | None, size: int) -> None:
     if config.num_experts:
         raise ValueError(f"tensor_parallel_size={size}: {config.architecture} is a mixture of experts, whose experts "
                          "are not sharded yet; use tensor_parallel_size=1")
-    if quantization in ("gguf", "gptq"):
+    if quantization in ("gguf", "gptq", "awq"):
         raise ValueError(f"tensor_parallel_size={size}: quantization={quantization!r} keeps the checkpoint's 4-bit codes "
                          "whole and cannot split them yet; use tensor_parallel_size=1 (or quantization='int4' on a "
                          "float checkpoint, quantized per rank at load)")

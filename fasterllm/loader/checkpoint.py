@@ -9,7 +9,7 @@ import torch
 
 from fasterllm.config import ModelConfig
 from fasterllm.loader.gguf_checkpoint import GGUFFile
-from fasterllm.loader.gptq_checkpoint import GPTQConfig, iter_gptq_weights
+from fasterllm.loader.prequantized import QuantizedCheckpoint
 from fasterllm.loader.hf_checkpoint import iter_safetensors, load_hf_config
 from fasterllm.loader.model_source import ModelSource, resolve_model
 from fasterllm.loader.tokenizer import (
@@ -30,17 +30,18 @@ class Checkpoint:
     # the same stream as WeightSources that read only the part asked for (safetensors slices; a GGUF's tensors)
     weight_parts: Callable[[], Iterator[tuple[str, WeightSource]]]
     # a GGUF whose projections are all Q4_0/Q4_1: the same stream with those kept as blocks (quantization='gguf');
-    # a GPTQ checkpoint: its projections' codes, scales and minimums (loader/gptq_checkpoint.py)
+    # a GPTQ or AWQ checkpoint: its projections' codes, scales and minimums (loader/prequantized.py)
     q4_block_weights: Callable[[], Iterator[tuple[str, torch.Tensor]]] | None = None
-    quantization: str | None = None  # the method its weights are stored in ("gptq"), None: float
+    quantization: str | None = None  # the method its weights are stored in ("gptq", "awq"), None: float
 
     def resolve_quantization(self, requested: str | None) -> str | None:
         """The method the model runs with: a pre-quantized checkpoint's own (asked for by name, or not at all), else
         the one requested."""
         if self.quantization is None:
-            if requested == "gptq":
-                raise ValueError(f"quantization='gptq' runs a GPTQ checkpoint's codes as stored, but {self.source.path} "
-                                 "is not one; use quantization='int4' (or 'int8') to quantize it at load instead")
+            if requested in ("gptq", "awq"):
+                raise ValueError(f"quantization={requested!r} runs a {requested.upper()} checkpoint's codes as stored, "
+                                 f"but {self.source.path} is not one; use quantization='int4' (or 'int8') to quantize "
+                                 "it at load instead")
             return requested
         if requested not in (None, self.quantization):
             raise ValueError(f"{self.source.path} is a {self.quantization.upper()} checkpoint, which runs as stored; "
@@ -48,7 +49,7 @@ class Checkpoint:
         return self.quantization
 
     def require_q4_block_weights(self) -> Callable[[], Iterator[tuple[str, torch.Tensor]]]:
-        if self.q4_block_weights is None or self.quantization == "gptq":
+        if self.q4_block_weights is None or self.quantization is not None:
             kind = "GGUF file whose projections are not all Q4_0/Q4_1" if self.source.format == "gguf" else \
                 f"{self.source.format} checkpoint, not a GGUF file"
             raise ValueError(f"quantization='gguf' runs Q4_0/Q4_1 GGUF blocks as stored, but {self.source.path} is a "
@@ -68,13 +69,14 @@ def open_checkpoint(model: str | None, tokenizer: str | None = None) -> Checkpoi
     config = load_hf_config(source.path)  # an unsupported architecture is the first thing it reports
     tok_dir = source.path if tokenizer is None else Path(resolve_model(tokenizer).path)
     tok = load_hf_tokenizer(tok_dir, config.eos_token_ids)
-    gptq = GPTQConfig.of(Path(source.path))
-    if gptq is not None:
-        weights = lambda: iter_gptq_weights(Path(source.path), gptq)  # noqa: E731
-        return Checkpoint(source, config, tok, weights, _no_parts, weights, "gptq")
+    quantized = QuantizedCheckpoint.of(Path(source.path))
+    if quantized is not None:
+        weights = lambda: quantized.weights(Path(source.path))  # noqa: E731
+        return Checkpoint(source, config, tok, weights, _no_parts, weights, quantized.method)
     return Checkpoint(source, config, tok, lambda: iter_safetensors(source.path),
                       lambda: iter_safetensors(source.path, lazy=True))
 
 
 def _no_parts():
-    raise ValueError("a GPTQ checkpoint runs on one device: tensor parallelism does not shard its packed codes yet")
+    raise ValueError("a GPTQ or AWQ checkpoint runs on one device: tensor parallelism does not shard its packed codes "
+                     "yet")

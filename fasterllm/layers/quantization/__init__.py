@@ -14,8 +14,8 @@ Methods (all quantized at load from the float weights of any checkpoint, the out
   fp8   e4m3 weights + dynamic per-token activations (Hopper GPUs)   no CPU path
   gguf  a GGUF's own Q4_0/Q4_1 blocks repacked as int4 (no re-rounding); the other linears
         (the output head) as int8                                     gguf.py
-  gptq  a GPTQ checkpoint's own 4-bit codes repacked as int4 (no re-rounding); the other linears
-        (the output head) float, as stored                            loader/gptq_checkpoint.py
+  gptq, awq  a GPTQ or AWQ checkpoint's own 4-bit codes repacked as int4 (no re-rounding); the other
+        linears (the output head) float, as stored                    loader/prequantized.py
 """
 from __future__ import annotations
 
@@ -47,8 +47,9 @@ QUANTIZED_LINEARS: dict[str, dict[str, LinearFactory]] = {
     "fp8": {"cuda": lambda w, b: _gpu().FP8Linear(w, b)},
 }
 QUANTIZED_LINEARS["gguf"] = QUANTIZED_LINEARS["int8"]  # the linears a GGUF does not store as Q4 blocks (the head)
-# a GPTQ checkpoint's projections run as int4 layers (GGUF_INT4 below); its other linears stay float
-QUANTIZED_LINEARS["gptq"] = {"cpu": Int4WeightOnlyLinear, "cuda": lambda *blocks: _gpu().Int4GPULinear(*blocks)}
+# a GPTQ or AWQ checkpoint's projections run as int4 layers (GGUF_INT4 below); its other linears stay float
+QUANTIZED_LINEARS["gptq"] = QUANTIZED_LINEARS["awq"] = {"cpu": Int4WeightOnlyLinear,
+                                                         "cuda": lambda *blocks: _gpu().Int4GPULinear(*blocks)}
 # the int4 layer a GGUF's Q4 blocks are repacked into, per device (codes, scales, minimums, bias, dtype)
 GGUF_INT4 = {"cpu": lambda codes, scales, minimums, bias, dtype: Int4WeightOnlyLinear(codes, scales, minimums, bias),
              "cuda": lambda *blocks: _gpu().Int4GPULinear(*blocks)}
@@ -78,9 +79,9 @@ def check_supported(method: str | None, device: torch.device) -> None:
 def quantize_model(model: nn.Module, method: str, device: torch.device) -> None:
     """Replace every nn.Linear under model (in place) with its quantized form for device (build_decoder has
     checked that the method runs there and made a tied head a Linear of its own)."""
-    if method in ("gguf", "gptq"):
+    if method in ("gguf", "gptq", "awq"):
         repack_gguf_linears(model, GGUF_INT4[device.type])
-    if method == "gptq":
+    if method in ("gptq", "awq"):
         return
     make = QUANTIZED_LINEARS[method][device.type]
     if method in KEPT_INT8:

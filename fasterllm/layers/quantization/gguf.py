@@ -1,5 +1,5 @@
 """Linears that load a GGUF's Q4_0 / Q4_1 blocks as they are stored, then run as int4. A GPTQ checkpoint's codes
-take the same path (loader/gptq_checkpoint.py unpacks them into the same three tensors).
+and an AWQ checkpoint's take the same path (loader/prequantized.py unpacks them into the same three tensors).
 
 Before loading, every projection becomes a GGUFQ4Linear whose parameters (qcodes, qscales, qmins)
 receive the unpacked blocks (loader/gguf_blocks.py) through the model's ordinary load_weights:
@@ -18,7 +18,7 @@ from fasterllm.layers.quantization.int4 import GROUP_SIZE
 
 
 class GGUFQ4Linear(nn.Module):
-    """Holds a projection's GGUF blocks (or GPTQ codes) while the checkpoint loads; not meant to run."""
+    """Holds a projection's GGUF blocks (or GPTQ / AWQ codes) while the checkpoint loads; not meant to run."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()

@@ -1,7 +1,8 @@
-"""GPTQ checkpoints run as stored: the test writes the documented packing (qweight, qzeros stored minus one, fp16
-scales, g_idx) of a tiny Llama's projections, quantized here; the engine's logits equal transformers' on the
-dequantized float weights (to the int4 kernel's bf16), its codes equal the test's, and what it does not run is an
-error naming it."""
+"""GPTQ and AWQ checkpoints run as stored: the test writes each format's documented packing of a tiny Llama's
+projections, quantized here (GPTQ: qweight packed along inputs, qzeros stored minus one in v1, fp16 scales, g_idx;
+AWQ: qweight and qzeros packed along outputs in AutoAWQ's nibble order); the engine's logits equal transformers' on
+the dequantized float weights (to the int4 kernel's bf16), its codes equal the test's, and what it does not run is
+an error naming it."""
 from __future__ import annotations
 
 import json
@@ -16,10 +17,11 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "parity"))
 from parity_utils import TINY_SPECS, build_tiny_model, random_prompt  # noqa: E402
 
 from fasterllm import LLM, SamplingParams  # noqa: E402
-from fasterllm.loader.gptq_checkpoint import GPTQConfig, iter_gptq_weights  # noqa: E402
+from fasterllm.loader.prequantized import QuantizedCheckpoint  # noqa: E402
 
 pytest.importorskip("transformers")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ: nibble j of a word holds column 8 i + AWQ_ORDER[j]
 
 
 def gptq_quantize(weight: np.ndarray, group_size: int, sym: bool):
@@ -47,9 +49,19 @@ def pack_rows(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(shifted.sum(axis=1).astype(np.uint32).view(np.int32))
 
 
-def write_gptq(directory: Path, model, group_size: int, sym: bool, checkpoint_format: str = "gptq"):
-    """Save model's projections as GPTQ (the rest float) with the quantization_config; load the dequantized weights
-    into model (the reference); return each projection's codes [K, N]."""
+def pack_columns_awq(values: np.ndarray) -> np.ndarray:
+    """[R, C] codes -> int32 [R, C / 8] as AutoAWQ packs them: word i holds column 8 i + AWQ_ORDER[j] in bits 4 j."""
+    words = np.zeros((values.shape[0], values.shape[1] // 8), dtype=np.int64)
+    for i in range(words.shape[1]):
+        for j, column in enumerate(AWQ_ORDER):
+            words[:, i] |= values[:, 8 * i + column] << (4 * j)
+    return np.ascontiguousarray(words.astype(np.uint32).view(np.int32))
+
+
+def write_quantized(directory: Path, model, group_size: int, sym: bool, checkpoint_format: str = "gptq"):
+    """Save model's projections as GPTQ (checkpoint_format "gptq" or "gptq_v2") or AWQ ("awq"), the rest float,
+    with the quantization_config; load the dequantized weights into model (the reference); return each projection's
+    codes [K, N]."""
     from safetensors.torch import save_file
 
     tensors, codes_of = {}, {}
@@ -59,12 +71,16 @@ def write_gptq(directory: Path, model, group_size: int, sym: bool, checkpoint_fo
             tensors[name] = tensor.contiguous()
             continue
         codes, zeros, scales, dequantized = gptq_quantize(tensor.numpy(), group_size, sym)
-        stored_zeros = zeros - (1 if checkpoint_format == "gptq" else 0)
-        tensors[f"{module}.qweight"] = torch.from_numpy(pack_rows(codes))
-        tensors[f"{module}.qzeros"] = torch.from_numpy(np.ascontiguousarray(pack_rows(stored_zeros.T).T))
         tensors[f"{module}.scales"] = torch.from_numpy(np.ascontiguousarray(scales))
-        tensors[f"{module}.g_idx"] = torch.arange(codes.shape[0], dtype=torch.int32) // (
-            codes.shape[0] if group_size == -1 else group_size)
+        if checkpoint_format == "awq":
+            tensors[f"{module}.qweight"] = torch.from_numpy(pack_columns_awq(codes))
+            tensors[f"{module}.qzeros"] = torch.from_numpy(pack_columns_awq(zeros))
+        else:
+            stored_zeros = zeros - (1 if checkpoint_format == "gptq" else 0)
+            tensors[f"{module}.qweight"] = torch.from_numpy(pack_rows(codes))
+            tensors[f"{module}.qzeros"] = torch.from_numpy(np.ascontiguousarray(pack_rows(stored_zeros.T).T))
+            tensors[f"{module}.g_idx"] = torch.arange(codes.shape[0], dtype=torch.int32) // (
+                codes.shape[0] if group_size == -1 else group_size)
         with torch.no_grad():
             tensor.copy_(torch.from_numpy(dequantized))
         codes_of[module] = codes
@@ -72,19 +88,24 @@ def write_gptq(directory: Path, model, group_size: int, sym: bool, checkpoint_fo
         old.unlink()
     save_file(tensors, str(directory / "model.safetensors"))
     config = json.loads((directory / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": False,
-                                     "sym": sym, "checkpoint_format": checkpoint_format}
+    if checkpoint_format == "awq":
+        config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group_size,
+                                         "zero_point": True, "version": "gemm"}
+    else:
+        config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": group_size,
+                                         "desc_act": False, "sym": sym, "checkpoint_format": checkpoint_format}
     (directory / "config.json").write_text(json.dumps(config))
     return codes_of
 
 
 @pytest.mark.parametrize("group_size, sym, checkpoint_format", [(32, False, "gptq"), (64, True, "gptq"),
-                                                                 (-1, False, "gptq_v2")])
-def test_a_gptq_checkpoint_runs_as_its_dequantized_weights(tmp_path, group_size, sym, checkpoint_format):
+                                                                 (-1, False, "gptq_v2"), (32, False, "awq"),
+                                                                 (64, False, "awq")])
+def test_a_prequantized_checkpoint_runs_as_its_dequantized_weights(tmp_path, group_size, sym, checkpoint_format):
     spec = next(s for s in TINY_SPECS if s.name == "llama3_gqa")
     model = build_tiny_model(spec, tmp_path)
-    codes_of = write_gptq(tmp_path, model, group_size, sym, checkpoint_format)
-    unpacked = dict(iter_gptq_weights(tmp_path, GPTQConfig.of(tmp_path)))
+    codes_of = write_quantized(tmp_path, model, group_size, sym, checkpoint_format)
+    unpacked = dict(QuantizedCheckpoint.of(tmp_path).weights(tmp_path))
     for module, codes in codes_of.items():  # the loader's unpacking against the test's packing
         assert torch.equal(unpacked[f"{module}.qcodes"], torch.from_numpy(codes.T.astype(np.uint8)))
     llm = LLM(str(tmp_path), dtype="float32", device="cpu", num_kv_blocks=64)
@@ -101,15 +122,16 @@ def test_a_gptq_checkpoint_runs_as_its_dequantized_weights(tmp_path, group_size,
         torch.testing.assert_close(torch.tensor(ours), expected, atol=0.08, rtol=0.02)
 
 
-def test_what_gptq_support_does_not_cover_is_an_error_naming_it(tmp_path):
+def test_what_the_support_does_not_cover_is_an_error_naming_it(tmp_path):
     spec = next(s for s in TINY_SPECS if s.name == "llama3_gqa")
     model = build_tiny_model(spec, tmp_path)
-    write_gptq(tmp_path, model, 32, False)
+    write_quantized(tmp_path, model, 32, False)
     config_path = tmp_path / "config.json"
     config = json.loads(config_path.read_text())
-    for change, message in (({"bits": 8}, "bits=8, group_size=32; supported: 4-bit"),
+    for change, message in (({"bits": 8}, "GPTQ checkpoint of bits=8, group_size=32; supported: GPTQ and AWQ checkpoints of 4-bit"),
                             ({"group_size": 16}, "bits=4, group_size=16; supported"),
-                            ({"quant_method": "awq"}, "quant_method='awq', which is not supported")):
+                            ({"quant_method": "bitsandbytes"}, "quant_method='bitsandbytes', which is not supported"),
+                            ({"quant_method": "awq", "version": "gemv"}, "AWQ checkpoint of version='gemv'")):
         config_path.write_text(json.dumps({**config, "quantization_config": {**config["quantization_config"],
                                                                              **change}}))
         with pytest.raises(ValueError, match=message):

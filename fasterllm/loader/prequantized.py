@@ -1,0 +1,130 @@
+"""Pre-quantized checkpoints run as stored: GPTQ (as GPTQModel and AutoGPTQ write it) and AWQ (AutoAWQ's GEMM
+packing). Each quantized projection's packed 4-bit codes, fp16 scales and zero points become the int4 layer's codes,
+scales and minimums (layers/quantization/int4.py, groups of 32 inputs), with no rounding: a group of 64 or 128
+inputs, or a whole row (group_size -1), is several of ours with the same scale, and weight = scale * (code - zero)
+= code * scale + minimum with minimum = -zero * scale, exact in fp32.
+
+Storage, per projection (input width K, output width N, G groups of inputs), weight[n, k] from group g of input k:
+  GPTQ  qweight int32 [K / 8, N]: input k = 8 i + j in bits 4 j .. 4 j + 3 of row i;
+        qzeros  int32 [G, N / 8]: output n = 8 i + j in bits 4 j of column i, stored minus one in the "gptq" (v1)
+                checkpoint format, as it is in "gptq_v2";
+        scales  fp16 [G, N];  g_idx int32 [K]: each input's group (act-order checkpoints reorder them: refused).
+  AWQ   qweight int32 [K, N / 8] and qzeros int32 [G, N / 8]: outputs packed 8 to a word, output 8 i + ORDER[j]
+        in bits 4 j of column i (ORDER = 0 2 4 6 1 3 5 7); scales fp16 [G, N].
+The other tensors (embeddings, norms, the output head) are stored float and load as they are.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fasterllm.loader.hf_checkpoint import iter_safetensors, read_json
+
+OUR_GROUP = 32  # the int4 layer's group of inputs
+SUPPORTED = ("GPTQ and AWQ checkpoints of 4-bit codes with group_size a multiple of 32 (GPTQ: or -1), GPTQ without "
+             "desc_act reordering")
+_AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AWQ's nibble j of a word holds output 8 i + _AWQ_ORDER[j]
+_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
+
+
+@dataclass(frozen=True)
+class QuantizedCheckpoint:
+    method: str  # "gptq" or "awq"
+    group_size: int  # -1: one group per row
+    zero_offset: int  # added to a stored zero point: 1 in GPTQ's v1 format
+
+    @staticmethod
+    def of(model_dir: Path) -> QuantizedCheckpoint | None:
+        """The checkpoint's quantization (config.json's quantization_config, or GPTQ's quantize_config.json); None
+        for a float checkpoint. One it does not run is a ValueError naming it."""
+        raw = read_json(model_dir / "config.json").get("quantization_config")
+        if raw is None and (model_dir / "quantize_config.json").is_file():
+            raw = {"quant_method": "gptq", **read_json(model_dir / "quantize_config.json")}
+        if raw is None:
+            return None
+        method, bits, group_size = raw.get("quant_method"), raw.get("bits", raw.get("w_bit")), raw.get(
+            "group_size", raw.get("q_group_size", -1))
+        if method not in ("gptq", "awq"):
+            raise ValueError(f"{model_dir} is quantized with quant_method={method!r}, which is not supported; "
+                             f"supported: {SUPPORTED}; or quantize a float checkpoint at load with "
+                             "quantization='int4' / 'int8'")
+        whole_rows = group_size == -1 and method == "gptq"
+        if bits != 4 or not (whole_rows or (group_size > 0 and group_size % OUR_GROUP == 0)):
+            raise ValueError(f"{model_dir} is a {method.upper()} checkpoint of bits={bits}, group_size={group_size}; "
+                             f"supported: {SUPPORTED}")
+        if method == "awq" and (raw.get("version", "gemm").lower() != "gemm" or raw.get("zero_point") is False):
+            raise ValueError(f"{model_dir} is an AWQ checkpoint of version={raw.get('version')!r}, zero_point="
+                             f"{raw.get('zero_point')!r}; supported: AutoAWQ's GEMM packing with zero points")
+        # GPTQ desc_act: its g_idx may still be in group order; _gptq_codes checks each projection's
+        zero_offset = 1 if method == "gptq" and raw.get("checkpoint_format", "gptq") == "gptq" else 0
+        return QuantizedCheckpoint(method, group_size, zero_offset)
+
+    def weights(self, model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+        """(Hugging Face name, tensor) for every weight: a quantized projection as three row-indexed tensors,
+        <module>.qcodes uint8 [N, K], .qscales and .qmins fp32 [N, K / 32] (what layers/quantization/gguf.py's
+        holders take), the rest as stored."""
+        packed: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in iter_safetensors(model_dir):
+            module, _, leaf = name.rpartition(".")
+            if leaf in ("qweight", "qzeros", "scales", "g_idx"):
+                packed.setdefault(module, {})[leaf] = tensor
+            else:
+                yield name, tensor
+        for module, parts in packed.items():
+            missing = {"qweight", "qzeros", "scales"} - set(parts)
+            if missing:
+                raise ValueError(f"{self.method.upper()} projection {module!r} lacks {sorted(missing)}; the "
+                                 "checkpoint is incomplete")
+            codes, scales, minimums = self.unpack(module, parts)
+            yield f"{module}.qcodes", codes
+            yield f"{module}.qscales", scales
+            yield f"{module}.qmins", minimums
+
+    def unpack(self, module: str, parts: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One projection's packed tensors -> (codes uint8 [N, K], scales [N, K / 32], minimums [N, K / 32])."""
+        qweight, scales = parts["qweight"], parts["scales"].float()
+        gptq = self.method == "gptq"
+        inputs, outputs = (qweight.shape[0] * 8 if gptq else qweight.shape[0]), scales.shape[1]
+        group = inputs if self.group_size == -1 else self.group_size
+        packed_shape = (inputs // 8, outputs) if gptq else (inputs, outputs // 8)
+        if inputs % OUR_GROUP or inputs % group or scales.shape[0] != inputs // group or \
+                qweight.shape != packed_shape or parts["qzeros"].shape != (inputs // group, outputs // 8):
+            raise ValueError(f"{self.method.upper()} projection {module!r}: qweight {tuple(parts['qweight'].shape)}, "
+                             f"qzeros {tuple(parts['qzeros'].shape)} and scales {tuple(scales.shape)} do not fit "
+                             f"group_size={self.group_size}; the checkpoint and its quantization_config disagree")
+        if gptq:
+            codes = self._gptq_codes(module, parts, inputs, outputs, group)
+            zeros = _unpack_words(parts["qzeros"]).reshape(inputs // group, outputs)
+        else:
+            codes, zeros = _awq_unpack(qweight), _awq_unpack(parts["qzeros"])
+        zeros = zeros.float() + self.zero_offset
+        per_ours = group // OUR_GROUP
+        our_scales = scales.t().repeat_interleave(per_ours, dim=1).contiguous()
+        minimums = (-zeros * scales).t().repeat_interleave(per_ours, dim=1).contiguous()
+        return codes.t().contiguous().to(torch.uint8), our_scales, minimums
+
+    @staticmethod
+    def _gptq_codes(module: str, parts: dict[str, torch.Tensor], inputs: int, outputs: int,
+                    group: int) -> torch.Tensor:
+        g_idx = parts.get("g_idx")
+        if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(inputs) // group):
+            raise ValueError(f"GPTQ projection {module!r} orders its inputs by activation (desc_act, a g_idx out of "
+                             f"group order), which is not supported; supported: {SUPPORTED}")
+        words = parts["qweight"]  # [K / 8, N]: the 8 nibbles of a word are 8 consecutive inputs
+        return ((words[:, None, :] >> _SHIFTS[None, :, None]) & 0xF).reshape(inputs, outputs)
+
+
+def _unpack_words(words: torch.Tensor) -> torch.Tensor:
+    """int32 [R, C] -> [R, C, 8] nibbles, nibble j in bits 4 j."""
+    return (words[:, :, None] >> _SHIFTS[None, None, :]) & 0xF
+
+
+def _awq_unpack(words: torch.Tensor) -> torch.Tensor:
+    """AWQ's int32 [R, C / 8] -> [R, C]: nibble j of word i is column 8 i + _AWQ_ORDER[j]."""
+    nibbles = _unpack_words(words)
+    columns = torch.empty_like(nibbles)
+    columns[:, :, list(_AWQ_ORDER)] = nibbles
+    return columns.reshape(words.shape[0], -1)
