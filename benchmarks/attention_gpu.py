@@ -3,31 +3,20 @@ per second against the GPU's copy bandwidth, and the time of a step of decodes b
 
     python3 benchmarks/attention_gpu.py
 
-Each figure is the median over 50 timed launches (CUDA events) after 5 warm-up ones.
+Each figure is the median over 50 timed launches (CUDA events, bench/gpu_roofline.py's time_cuda) after a warm-up.
 """
 from __future__ import annotations
 
-import statistics
-
 import torch
 
+from fasterllm.bench.gpu_roofline import copy_bandwidth, time_cuda
 from fasterllm.kernels.paged_attention import paged_attention
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 
 
-def median_ms(fn, repeats: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def median_ms(fn) -> float:
+    return 1e3 * time_cuda(fn, 50)
 
 
 def batch(context_lens: list[int], query_lens: list[int]):
@@ -50,11 +39,8 @@ def batch(context_lens: list[int], query_lens: list[int]):
 
 
 def main() -> None:
-    copy_from = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    copy_to = torch.empty_like(copy_from)
-    copy_ms = median_ms(lambda: copy_to.copy_(copy_from))
-    copy_gbs = 2 * 2**30 / copy_ms / 1e6  # read + write
-    print(f"{torch.cuda.get_device_name()}: device copy of 1 GiB {copy_ms:.3f} ms = {copy_gbs:,.0f} GB/s (read+write)")
+    copy_gbs = copy_bandwidth(torch.device("cuda"), gib=1.0) / 1e9  # read + write
+    print(f"{torch.cuda.get_device_name()}: device copy {copy_gbs:,.0f} GB/s (read + write)")
     for num_seqs, context in ((256, 900), (64, 640), (1, 8192)):
         args, kv_bytes = batch([context] * num_seqs, [1] * num_seqs)
         ms = median_ms(lambda: paged_attention(**args))

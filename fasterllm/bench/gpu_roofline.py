@@ -12,7 +12,7 @@ import torch
 from fasterllm.engine.engine import Engine
 
 
-def _time_cuda(fn, repeats: int) -> float:
+def time_cuda(fn, repeats: int) -> float:
     """Median seconds of fn() over repeats, timed with CUDA events after a warm-up."""
     fn()
     times = []
@@ -30,7 +30,7 @@ def copy_bandwidth(device: torch.device, gib: float = 0.5) -> float:
     """Bytes per second of a device-to-device copy (read + write counted)."""
     source = torch.empty(int(gib * 2**30), dtype=torch.uint8, device=device)
     target = torch.empty_like(source)
-    seconds = _time_cuda(lambda: target.copy_(source), 10)
+    seconds = time_cuda(lambda: target.copy_(source), 10)
     return 2 * source.numel() / seconds
 
 
@@ -38,7 +38,7 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 8192) -> f
     """FLOP/s of a size^3 matmul in dtype: the practical peak MFU is measured against."""
     a = torch.randn(size, size, dtype=dtype, device=device)
     b = torch.randn(size, size, dtype=dtype, device=device)
-    seconds = _time_cuda(lambda: a @ b, 20)
+    seconds = time_cuda(lambda: a @ b, 20)
     return 2 * size**3 / seconds
 
 

@@ -27,10 +27,6 @@ class AsyncLLM:
 
     def __init__(self, core: ProcessCore | ThreadCore):
         self.core = core
-        self.model_name = core.model_name
-        self.max_model_len = core.max_model_len
-        self.tokenizer = core.tokenizer
-        self.inputs = core.inputs
         self.stats: EngineStats = core.stats  # as of the engine's last turn
         self.dead_reason: str | None = None
         self._accepting: dict[str, asyncio.Future] = {}
@@ -45,6 +41,24 @@ class AsyncLLM:
         from fasterllm.engine.engine import Engine
 
         return cls(ThreadCore(Engine(args)))
+
+    @property
+    def model_name(self) -> str:
+        return self.core.model_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.core.max_model_len
+
+    @property
+    def tokenizer(self):
+        """The model's tokenizer, in this process (the Rust tokenizer is safe to use from the event loop)."""
+        return self.core.tokenizer
+
+    @property
+    def inputs(self):
+        """The prompt checks (engine/input_processor.py), in this process."""
+        return self.core.inputs
 
     @property
     def engine(self):

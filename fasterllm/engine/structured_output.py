@@ -71,6 +71,8 @@ class StructuredOutputs:
     def collect_compiled(self) -> list[tuple[Request, Exception]]:
         """Give each request whose matcher is built its matcher (it may be scheduled from now on); returns the
         requests whose matcher failed to build, with the error."""
+        if not self._compiling:
+            return []
         failed, still = [], []
         for request in self._compiling:
             future: Future = request.grammar_pending

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from fasterllm.config import ModelConfig
+from fasterllm.config import PREQUANTIZED_METHODS, ModelConfig
 from fasterllm.loader.gguf_checkpoint import GGUFFile
 from fasterllm.loader.prequantized import QuantizedCheckpoint
 from fasterllm.loader.hf_checkpoint import iter_safetensors, load_hf_config
@@ -29,16 +29,17 @@ class Checkpoint:
     weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]  # Hugging Face names
     # the same stream as WeightSources that read only the part asked for (safetensors slices; a GGUF's tensors)
     weight_parts: Callable[[], Iterator[tuple[str, WeightSource]]]
-    # a GGUF whose projections are all Q4_0/Q4_1: the same stream with those kept as blocks (quantization='gguf');
-    # a GPTQ or AWQ checkpoint: its projections' codes, scales and minimums (loader/prequantized.py)
+    # a GGUF whose projections are all Q4_0/Q4_1: the same stream with those kept as blocks (quantization='gguf')
     q4_block_weights: Callable[[], Iterator[tuple[str, torch.Tensor]]] | None = None
-    quantization: str | None = None  # the method its weights are stored in ("gptq", "awq"), None: float
+    # the method its weights are stored in (one of PREQUANTIZED_METHODS: `weights` then yields its projections'
+    # codes, scales and minimums, loader/prequantized.py), None: float
+    quantization: str | None = None
 
     def resolve_quantization(self, requested: str | None) -> str | None:
         """The method the model runs with: a pre-quantized checkpoint's own (asked for by name, or not at all), else
         the one requested."""
         if self.quantization is None:
-            if requested in ("gptq", "awq"):
+            if requested in PREQUANTIZED_METHODS:
                 raise ValueError(f"quantization={requested!r} runs a {requested.upper()} checkpoint's codes as stored, "
                                  f"but {self.source.path} is not one; use quantization='int4' (or 'int8') to quantize "
                                  "it at load instead")
@@ -49,7 +50,7 @@ class Checkpoint:
         return self.quantization
 
     def require_q4_block_weights(self) -> Callable[[], Iterator[tuple[str, torch.Tensor]]]:
-        if self.q4_block_weights is None or self.quantization is not None:
+        if self.q4_block_weights is None:
             kind = "GGUF file whose projections are not all Q4_0/Q4_1" if self.source.format == "gguf" else \
                 f"{self.source.format} checkpoint, not a GGUF file"
             raise ValueError(f"quantization='gguf' runs Q4_0/Q4_1 GGUF blocks as stored, but {self.source.path} is a "
@@ -72,7 +73,7 @@ def open_checkpoint(model: str | None, tokenizer: str | None = None) -> Checkpoi
     quantized = QuantizedCheckpoint.of(Path(source.path))
     if quantized is not None:
         weights = lambda: quantized.weights(Path(source.path))  # noqa: E731
-        return Checkpoint(source, config, tok, weights, _no_parts, weights, quantized.method)
+        return Checkpoint(source, config, tok, weights, _no_parts, quantization=quantized.method)
     return Checkpoint(source, config, tok, lambda: iter_safetensors(source.path),
                       lambda: iter_safetensors(source.path, lazy=True))
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from fasterllm.config import PREQUANTIZED_METHODS
 from fasterllm.loader.hf_checkpoint import iter_safetensors, read_json
 
 OUR_GROUP = 32  # the int4 layer's group of inputs
@@ -47,7 +48,7 @@ class QuantizedCheckpoint:
             return None
         method, bits, group_size = raw.get("quant_method"), raw.get("bits", raw.get("w_bit")), raw.get(
             "group_size", raw.get("q_group_size", -1))
-        if method not in ("gptq", "awq"):
+        if method not in PREQUANTIZED_METHODS:
             raise ValueError(f"{model_dir} is quantized with quant_method={method!r}, which is not supported; "
                              f"supported: {SUPPORTED}; or quantize a float checkpoint at load with "
                              "quantization='int4' / 'int8'")

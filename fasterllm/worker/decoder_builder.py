@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from fasterllm.config import PREQUANTIZED_METHODS
 from fasterllm.distributed.tensor_parallel import SINGLE_DEVICE, TensorParallel, check_tensor_parallel
 from fasterllm.layers.linear import can_pack
 from fasterllm.layers.quantization import check_supported, quantize_model
@@ -21,7 +22,7 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
     with_head=False (embeddings read hidden_states() only): the output head is dropped after loading, so no
     copy of it is quantized, packed or kept."""
     quantization = checkpoint.resolve_quantization(quantization)
-    if quantization in ("gptq", "awq") and load_format == "dummy":  # random weights through the same int4 kernels
+    if quantization in PREQUANTIZED_METHODS and load_format == "dummy":  # random weights through the same int4 kernels
         quantization = "int4"
     check_supported(quantization, device)  # refused before any weight loads
     config = checkpoint.config
@@ -34,7 +35,7 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
         weights = checkpoint.require_q4_block_weights()
         prepare_gguf_linears(model)
         model.load_weights(weights())
-    elif quantization in ("gptq", "awq"):  # the same, from a GPTQ or AWQ checkpoint's codes
+    elif quantization in PREQUANTIZED_METHODS:  # the same, from a GPTQ or AWQ checkpoint's codes
         prepare_gguf_linears(model)
         model.load_weights(checkpoint.weights())
     elif tp.size > 1:

@@ -35,15 +35,20 @@ def output(tokens: int, finished: bool = False) -> RequestOutput:
                                                            "length" if finished else None)], finished)
 
 
+async def request_with_outputs(*turns: Turn) -> tuple[StandInCore, AsyncLLM]:
+    """An AsyncLLM over a stand-in core with request "r" added and these turns delivered before anyone reads."""
+    core = StandInCore()
+    llm = AsyncLLM(core)
+    llm.start()
+    await llm.add_request("r", [1], SamplingParams(max_tokens=4))
+    for turn in turns:
+        core.on_turn(turn)
+    return core, llm
+
+
 def test_a_consumer_behind_the_engine_gets_the_latest_output_and_still_the_end():
-    async def run():
-        core = StandInCore()
-        llm = AsyncLLM(core)
-        llm.start()
-        await llm.add_request("r", [1], SamplingParams(max_tokens=4))
-        core.on_turn(Turn(outputs=[("r", output(1))]))
-        core.on_turn(Turn(outputs=[("r", output(2))]))
-        core.on_turn(Turn(outputs=[("r", output(3))]))  # three steps before the consumer reads
+    async def run():  # three steps before the consumer reads
+        core, llm = await request_with_outputs(*(Turn(outputs=[("r", output(n))]) for n in (1, 2, 3)))
         seen = []
         async for item in llm.outputs("r"):
             seen.append(len(item.outputs[0].token_ids))
@@ -56,12 +61,8 @@ def test_a_consumer_behind_the_engine_gets_the_latest_output_and_still_the_end()
 
 def test_a_dead_engine_fails_a_waiting_consumer():
     async def run():
-        core = StandInCore()
-        llm = AsyncLLM(core)
-        llm.start()
-        await llm.add_request("r", [1], SamplingParams(max_tokens=4))
-        core.on_turn(Turn(outputs=[("r", output(1))]))
-        core.on_turn(Turn(dead_reason="the engine process exited with code -9"))
+        _, llm = await request_with_outputs(Turn(outputs=[("r", output(1))]),
+                                            Turn(dead_reason="the engine process exited with code -9"))
         got = []
         with pytest.raises(EngineDeadError, match="exited with code -9"):
             async for item in llm.outputs("r"):

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from fasterllm.config import check_method_name
+from fasterllm.config import PREQUANTIZED_METHODS, STORED_INT4_METHODS, check_method_name
 from fasterllm.layers.linear import replace_linears
 from fasterllm.layers.quantization.gguf import repack_gguf_linears
 from fasterllm.layers.quantization.int4 import Int4WeightOnlyLinear
@@ -79,9 +79,9 @@ def check_supported(method: str | None, device: torch.device) -> None:
 def quantize_model(model: nn.Module, method: str, device: torch.device) -> None:
     """Replace every nn.Linear under model (in place) with its quantized form for device (build_decoder has
     checked that the method runs there and made a tied head a Linear of its own)."""
-    if method in ("gguf", "gptq", "awq"):
+    if method in STORED_INT4_METHODS:
         repack_gguf_linears(model, GGUF_INT4[device.type])
-    if method in ("gptq", "awq"):
+    if method in PREQUANTIZED_METHODS:  # the other linears (the head) run float, as stored
         return
     make = QUANTIZED_LINEARS[method][device.type]
     if method in KEPT_INT8:
