@@ -39,9 +39,7 @@ def supported_models() -> list[dict[str, str]]:
             "architecture": name,
             "code": f"models/{cls.__module__.rsplit('.', 1)[-1]}.py" + (" + layers/moe.py" if experts else ""),
             "kind": "decoder, mixture of experts" if experts else "decoder" if decoder_only else "encoder-decoder",
-            # the fused MoE kernels have run in Triton's interpreter only: decode steps run eagerly until a GPU run
-            "gpu": "Triton kernels (fused MoE: not yet run on a GPU), no CUDA graphs" if experts
-            else "Triton kernels, CUDA graphs",
+            "gpu": "Triton kernels" + (" (fused MoE)" if experts else "") + ", CUDA graphs",
             "quantization": generating + (", gguf (Q4_0/Q4_1 files)" if name in gguf else "")
             + (" (experts stay float)" if experts else ""),
             "gguf": "yes" if name in gguf else "no",

@@ -86,10 +86,6 @@ class ModelRunner:
             self.allocate_swap_space(swap_blocks)
         if self.buffers is None or not capture_graphs:
             return 0.0
-        if self.model_config.num_experts:  # kernels/fused_moe.py has not yet been captured (or run) on a GPU
-            logger.info("a mixture of experts runs its decode steps eagerly (no CUDA graphs) until its fused kernel "
-                        "has been checked on a GPU")
-            return 0.0
         self.graphs = DecodeGraphs(self.model, self.buffers, self.kv_caches, self.encoder_decoder)
         seconds = self.graphs.capture()
         if not self.encoder_decoder:

@@ -29,7 +29,7 @@ def test_models_lists_every_architecture_the_loader_accepts():
     assert set(DECODER_ARCHITECTURES) | set(ENCODER_DECODER_ARCHITECTURES) <= set(rows)
     assert " yes " in rows["LlamaForCausalLM"] and "gguf (Q4_0/Q4_1 files)" in rows["LlamaForCausalLM"]
     assert "encoder-decoder" in rows["T5ForConditionalGeneration"]
-    assert "mixture of experts" in rows["MixtralForCausalLM"] and "no CUDA graphs" in rows["MixtralForCausalLM"]
+    assert "mixture of experts" in rows["MixtralForCausalLM"] and "fused MoE" in rows["MixtralForCausalLM"]
 
 
 def test_chat_streams_replies_and_keeps_the_conversation():
