@@ -9,6 +9,9 @@ only (number of sequences, max_query_len, KV heads), so a decode batch can be ca
 Decode batches (max_query_len == 1) split each sequence's keys over several programs (flash-decoding:
 short batches with long contexts would otherwise use a few SMs) and a second kernel merges the partial
 results by their log-sum-exp. The split count comes from host ints (batch size, heads, block table width).
+
+An fp8 cache (float8_e4m3fn, kernels/kv_store.py) is read as is and widened in registers: K's scale is folded
+into the score scale and V's multiplies the output, so a step reads half the bytes of a bf16 cache.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import triton
 import triton.language as tl
 
 from fasterllm.kernels.online_softmax import LOG2E, dot, online_softmax_update
+from fasterllm.layers.kv_cache_dtype import FP8_KV_DTYPE
 
 _SM_TARGET = 256  # decode programs wanted in flight: about two per SM on an H100
 _MAX_SPLITS = 16
@@ -31,7 +35,7 @@ _DECODE_STAGES = 2
 @triton.jit
 def _paged_attention_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr, out_ptr,
-        part_out_ptr, part_max_ptr, part_sum_ptr, bias_ptr, bias_rows, scale_log2, window, softcap,
+        part_out_ptr, part_max_ptr, part_sum_ptr, bias_ptr, bias_rows, scale_log2, v_scale, window, softcap,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_bt, stride_ot, stride_oh,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -85,6 +89,7 @@ def _paged_attention_kernel(
                         + kv_head * stride_kh + dims[None, :], mask=kv_mask, other=0.0)
             v = tl.load(v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
                         + kv_head * stride_vh + dims[None, :], mask=kv_mask, other=0.0)
+            k, v = k.to(q.dtype), v.to(q.dtype)  # an fp8 cache's values, widened (its scales are applied apart)
             scores = dot(q, tl.trans(k), IEEE_DOT) * scale_log2
             if HAS_SOFTCAP:  # Gemma 2: softcap * tanh(score / softcap), on the natural-log score (tanh written out)
                 capped = 2.0 / (1.0 + tl.exp(scores * (-2.0 / (softcap * 1.4426950408889634)))) - 1.0
@@ -99,6 +104,7 @@ def _paged_attention_kernel(
                 visible &= keys[None, :] > position[:, None] - window
             scores = tl.where(visible, scores, float("-inf"))
             row_max, row_sum, acc = online_softmax_update(scores, v, row_max, row_sum, acc, IEEE_DOT)
+        acc = acc * v_scale
         if NUM_SPLITS > 1:  # unnormalised partials, merged by _merge_splits_kernel
             part = (query_start + token).to(tl.int64) * (tl.num_programs(2) * GROUP) + head  # [token row, head]
             tl.store(part_max_ptr + part * NUM_SPLITS + split, row_max, mask=row_ok)
@@ -146,7 +152,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                     max_query_len: int, scale: float, sliding_window: int | None = None,
                     out: torch.Tensor | None = None, num_kv_splits: int | None = None,
                     causal: bool = True, position_bias: torch.Tensor | None = None,
-                    softcap: float | None = None) -> torch.Tensor:
+                    softcap: float | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Causal attention of the new tokens' queries [T, Hq, D] to their sequences' cached keys/values.
 
     key_cache/value_cache [num_blocks, block_size, Hkv, D]; block_tables [S, max_blocks] int32;
@@ -155,7 +161,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     causal=False: cross-attention, every query of a sequence sees all its seq_lens keys (the encoder's).
     position_bias [R, Hq]: added to the score of a query and a key d positions back (d >= R - 1: row R - 1), T5's
     relative-position bias of a causal stack, tabulated by the model. softcap: each score becomes
-    softcap * tanh(score / softcap) before the mask (Gemma 2).
+    softcap * tanh(score / softcap) before the mask (Gemma 2). Caches in FP8_KV_DTYPE hold K / k_scale and
+    V / v_scale (the scales are unused for caches in the query's dtype).
     """
     num_tokens, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, cache_dim = key_cache.shape
@@ -170,9 +177,9 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     if query_start_loc.shape != (num_seqs + 1,) or block_tables.shape[0] != num_seqs:
         raise ValueError(f"query_start_loc {tuple(query_start_loc.shape)} must be [S + 1] and block_tables "
                          f"{tuple(block_tables.shape)} [S, max_blocks] for S = {num_seqs} sequences")
-    if key_cache.dtype != query.dtype or value_cache.dtype != query.dtype:
+    if key_cache.dtype != value_cache.dtype or key_cache.dtype not in (query.dtype, FP8_KV_DTYPE):
         raise ValueError(f"query ({query.dtype}) and the caches ({key_cache.dtype}, {value_cache.dtype}) "
-                         "must share a dtype")
+                         f"must share a dtype, or the caches be {FP8_KV_DTYPE}")
     if sliding_window is not None and (sliding_window < 1 or not causal):
         raise ValueError(f"sliding_window must be >= 1 or None (and None for non-causal attention), got "
                          f"{sliding_window}")
@@ -204,7 +211,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     _paged_attention_kernel[(num_seqs, tiles, num_kv_heads)](
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out,
         part_out, part_max, part_sum, out if position_bias is None else position_bias,
-        0 if position_bias is None else position_bias.shape[0], scale * LOG2E, sliding_window or 0, softcap or 0.0,
+        0 if position_bias is None else position_bias.shape[0], scale * LOG2E * k_scale, v_scale, sliding_window or 0,
+        softcap or 0.0,
         query.stride(0), query.stride(1), *key_cache.stride()[:3], *value_cache.stride()[:3],
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
@@ -223,8 +231,9 @@ def paged_attention_reference(query: torch.Tensor, key_cache: torch.Tensor, valu
                               block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                               max_query_len: int, scale: float, sliding_window: int | None = None,
                               out: torch.Tensor | None = None, causal: bool = True,
-                              position_bias: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
-    """The same attention in plain torch, one sequence at a time, softmax in fp32."""
+                              position_bias: torch.Tensor | None = None, softcap: float | None = None,
+                              k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    """The same attention in plain torch, one sequence at a time, softmax in fp32 (an fp8 cache dequantized)."""
     out = torch.zeros_like(query) if out is None else out
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     group = query.shape[1] // num_kv_heads
@@ -234,8 +243,9 @@ def paged_attention_reference(query: torch.Tensor, key_cache: torch.Tensor, valu
         if end == start:
             continue
         blocks = block_tables[seq, :math.ceil(seq_len / block_size)].long()
-        k, v = (cache[blocks].reshape(-1, num_kv_heads, cache.shape[-1])[:seq_len].float()
-                .repeat_interleave(group, dim=1).transpose(0, 1) for cache in (key_cache, value_cache))
+        k, v = ((cache.view(torch.uint8)[blocks].view(cache.dtype).float() * scale)
+                .reshape(-1, num_kv_heads, cache.shape[-1])[:seq_len].repeat_interleave(group, dim=1).transpose(0, 1)
+                for cache, scale in ((key_cache, k_scale), (value_cache, v_scale)))
         q = query[start:end].float().transpose(0, 1)  # [Hq, q, D]
         positions = torch.arange(seq_len - (end - start), seq_len, device=query.device)[:, None]
         keys = torch.arange(seq_len, device=query.device)[None, :]

@@ -41,7 +41,7 @@ def _round_to_e4m3_grid(v):
 
 
 @triton.jit
-def _to_quantized(v, inv_scale, QUANT_MAX: tl.constexpr, q_dtype: tl.constexpr, CAST_ROUNDS: tl.constexpr):
+def to_quantized(v, inv_scale, QUANT_MAX: tl.constexpr, q_dtype: tl.constexpr, CAST_ROUNDS: tl.constexpr):
     """CAST_ROUNDS: the fp8 cast itself rounds to nearest even (compiled for a GPU: one instruction per pair); the
     interpreter's cast does not (ties, subnormals, the top of a binade), so there the value is put on the e4m3 grid
     first (some 20 fp32 operations)."""
@@ -78,7 +78,7 @@ def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, stride_x, stride_q, WIDTH: tl
         row_max = tl.maximum(tl.max(tl.abs(v), axis=0), MIN_ABSMAX)
         tl.store(scale_ptr + row, row_max / QUANT_MAX)
         tl.store(q_ptr + row * stride_q + cols,
-                 _to_quantized(v, QUANT_MAX / row_max, QUANT_MAX, q_ptr.dtype.element_ty, CAST_ROUNDS), mask=mask)
+                 to_quantized(v, QUANT_MAX / row_max, QUANT_MAX, q_ptr.dtype.element_ty, CAST_ROUNDS), mask=mask)
         return
     absmax = tl.zeros([CHUNK], dtype=tl.float32)
     for start in range(0, WIDTH, CHUNK):
@@ -92,7 +92,7 @@ def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, stride_x, stride_q, WIDTH: tl
         mask = cols < WIDTH
         v = _row_values(x_row, cols, mask, WIDTH, SILU_MUL)
         tl.store(q_ptr + row * stride_q + cols,
-                 _to_quantized(v, inv_scale, QUANT_MAX, q_ptr.dtype.element_ty, CAST_ROUNDS), mask=mask)
+                 to_quantized(v, inv_scale, QUANT_MAX, q_ptr.dtype.element_ty, CAST_ROUNDS), mask=mask)
 
 
 @triton.jit
@@ -117,7 +117,7 @@ def _rms_norm_quantize_kernel(x_ptr, residual_ptr, weight_ptr, q_ptr, scale_ptr,
     row_max = tl.maximum(tl.max(tl.abs(y), axis=0), MIN_ABSMAX)
     tl.store(scale_ptr + row, row_max / QUANT_MAX)
     tl.store(q_ptr + row * stride_q + cols,
-             _to_quantized(y, QUANT_MAX / row_max, QUANT_MAX, q_ptr.dtype.element_ty, CAST_ROUNDS), mask=mask)
+             to_quantized(y, QUANT_MAX / row_max, QUANT_MAX, q_ptr.dtype.element_ty, CAST_ROUNDS), mask=mask)
 
 
 def _warps(row_block: int) -> int:
@@ -125,7 +125,7 @@ def _warps(row_block: int) -> int:
     return 4 if row_block <= 1024 else 8 if row_block <= 4096 else 16
 
 
-def _cast_rounds(x: torch.Tensor) -> bool:
+def cast_rounds(x: torch.Tensor) -> bool:
     """Whether Triton's fp8 cast rounds to nearest here: compiled for a GPU, not in the interpreter (which
     TRITON_INTERPRET turns on with any of Triton's true spellings)."""
     return x.is_cuda and os.environ.get("TRITON_INTERPRET", "").lower() not in ("1", "true", "on", "yes")
@@ -149,7 +149,7 @@ def _quantize_rows(x: torch.Tensor, width: int, silu_mul: bool, q_dtype: torch.d
         chunk = min(_CHUNK, triton.next_power_of_2(width))
         _quantize_rows_kernel[(num_tokens,)](x, q, scales, x.stride(0), q.stride(0), WIDTH=width,
                                              CHUNK=chunk, SILU_MUL=silu_mul, QUANT_MAX=QMAX[q_dtype],
-                                             MIN_ABSMAX=_MIN_ABSMAX, CAST_ROUNDS=_cast_rounds(x),
+                                             MIN_ABSMAX=_MIN_ABSMAX, CAST_ROUNDS=cast_rounds(x),
                                              num_warps=_warps(chunk))
     return q, scales
 
@@ -187,7 +187,7 @@ def rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight: to
             x, x if residual is None else residual, weight, q, scales, new_residual, eps, x.stride(0),
             x.stride(0) if residual is None else residual.stride(0), q.stride(0), new_residual.stride(0),
             HIDDEN=hidden, BLOCK=block, ADD_RESIDUAL=residual is not None, QUANT_MAX=QMAX[q_dtype],
-            MIN_ABSMAX=_MIN_ABSMAX, CAST_ROUNDS=_cast_rounds(x), num_warps=_warps(block))
+            MIN_ABSMAX=_MIN_ABSMAX, CAST_ROUNDS=cast_rounds(x), num_warps=_warps(block))
     return q, scales, new_residual
 
 

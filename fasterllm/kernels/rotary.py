@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.kv_store import check_store_args
+from fasterllm.kernels.kv_store import check_store_args, to_cache_values
+from fasterllm.kernels.quant_activation import cast_rounds
 
 
 @triton.jit
@@ -36,12 +37,12 @@ def _rotate_heads(x_ptr, stride_h, cos_lo, cos_hi, sin_lo, sin_hi, NUM_HEADS: tl
 
 
 @triton.jit
-def _rotary_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, cos_sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-                   stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_table,
+def _rotary_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, cos_sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale,
+                   v_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_table,
                    stride_kb, stride_ks, stride_kch, stride_vb, stride_vs, stride_vch,
                    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
                    BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                   STORE_KV: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+                   STORE_KV: tl.constexpr, BLOCK_SIZE: tl.constexpr, CAST_ROUNDS: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     row = cos_sin_ptr + tl.load(positions_ptr + token).to(tl.int64) * stride_table
     dims = tl.arange(0, BLOCK_HALF)[None, :]
@@ -61,13 +62,16 @@ def _rotary_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, cos_sin_ptr, k_cache_ptr,
             head_mask = (heads < NUM_K_HEADS) & mask
             k_dst = k_cache_ptr + (slot // BLOCK_SIZE) * stride_kb + (slot % BLOCK_SIZE) * stride_ks \
                 + heads * stride_kch + dims
-            tl.store(k_dst, k_lo, mask=head_mask)
-            tl.store(k_dst + HALF, k_hi, mask=head_mask)
+            cache_dtype: tl.constexpr = k_cache_ptr.dtype.element_ty
+            tl.store(k_dst, to_cache_values(k_lo, k_scale, cache_dtype, CAST_ROUNDS), mask=head_mask)
+            tl.store(k_dst + HALF, to_cache_values(k_hi, k_scale, cache_dtype, CAST_ROUNDS), mask=head_mask)
             v_src = v_ptr + token * stride_vt + heads * stride_vh + dims
             v_dst = v_cache_ptr + (slot // BLOCK_SIZE) * stride_vb + (slot % BLOCK_SIZE) * stride_vs \
                 + heads * stride_vch + dims
-            tl.store(v_dst, tl.load(v_src, mask=head_mask), mask=head_mask)
-            tl.store(v_dst + HALF, tl.load(v_src + HALF, mask=head_mask), mask=head_mask)
+            for half in tl.static_range(2):
+                v_half = tl.load(v_src + half * HALF, mask=head_mask)
+                tl.store(v_dst + half * HALF, to_cache_values(v_half, v_scale, cache_dtype, CAST_ROUNDS),
+                         mask=head_mask)
 
 
 def _check_rotary(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
@@ -84,7 +88,8 @@ def _check_rotary(query: torch.Tensor, key: torch.Tensor, positions: torch.Tenso
 
 
 def _launch(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
-            store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None) -> None:
+            store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None, k_scale: float = 1.0,
+            v_scale: float = 1.0) -> None:
     """store: (value, key_cache, value_cache, slot_mapping) for the fused KV store, or None."""
     num_tokens, num_q_heads, head_dim = query.shape
     if num_tokens == 0:
@@ -95,12 +100,12 @@ def _launch(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor, cos
     value, key_cache, value_cache, slot_mapping = store or (key, key, key, positions)
     cache_strides = (*key_cache.stride()[:3], *value_cache.stride()[:3]) if store else (0,) * 6
     _rotary_kernel[(num_tokens,)](
-        query, key, value, positions, cos_sin, key_cache, value_cache, slot_mapping, query.stride(0),
+        query, key, value, positions, cos_sin, key_cache, value_cache, slot_mapping, k_scale, v_scale, query.stride(0),
         query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1), cos_sin.stride(0),
         *cache_strides, NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=key.shape[1], HALF=half,
         BLOCK_QH=triton.next_power_of_2(num_q_heads), BLOCK_KH=triton.next_power_of_2(key.shape[1]),
         BLOCK_HALF=triton.next_power_of_2(half), STORE_KV=store is not None,
-        BLOCK_SIZE=key_cache.shape[1] if store else 1)
+        BLOCK_SIZE=key_cache.shape[1] if store else 1, CAST_ROUNDS=cast_rounds(key))
 
 
 def apply_rotary(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
@@ -112,10 +117,10 @@ def apply_rotary(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor
 
 def rotary_and_store_kv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, positions: torch.Tensor,
                         cos_sin: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                        slot_mapping: torch.Tensor) -> None:
+                        slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """apply_rotary(query, key, positions, cos_sin) then kv_store.store_kv(key, value, key_cache, value_cache,
-    slot_mapping) in one launch: Q and K rotated in place, rotated K and V [T, Hkv, D] written to the caches
-    [num_blocks, block_size, Hkv, D] at slot_mapping [T] (slots < 0 skipped; their K is still rotated)."""
+    slot_mapping, k_scale, v_scale) in one launch: Q and K rotated in place, rotated K and V [T, Hkv, D] written to
+    the caches [num_blocks, block_size, Hkv, D] at slot_mapping [T] (slots < 0 skipped; their K is still rotated)."""
     _check_rotary(query, key, positions, cos_sin)
     check_store_args(key, value, key_cache, value_cache, slot_mapping)
-    _launch(query, key, positions, cos_sin, (value, key_cache, value_cache, slot_mapping))
+    _launch(query, key, positions, cos_sin, (value, key_cache, value_cache, slot_mapping), k_scale, v_scale)

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from fasterllm.layers.kv_cache_dtype import FP8_KV_DTYPE, cache_values, read_back
+
 if TYPE_CHECKING:
     from fasterllm.worker.piecewise_graphs import PiecewiseCapture
 
@@ -197,10 +199,12 @@ def _decode_group(rows: list[int], query_lens: list[int], seq_lens: list[int], b
 
 def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv_cache: torch.Tensor,
                         meta: AttentionMetadata, cos_sin: torch.Tensor | None, scale: float,
-                        sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+                        sliding_window: int | None = None, softcap: float | None = None,
+                        kv_scales: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor:
     """GPU: qkv [T, Hq + 2 Hkv, D] -> attention output [T, Hq * D]; one launch applies RoPE to Q and K in
     place (cos_sin None: no rotary positions) and stores the new K/V by slot, then one launch attends every
-    sequence (prefill, chunk or decode), within the layer's sliding window."""
+    sequence (prefill, chunk or decode), within the layer's sliding window. kv_scales: (k_scale, v_scale) of an
+    fp8 cache."""
     from fasterllm.kernels.kv_store import store_kv as store_kv_kernel
     from fasterllm.kernels.paged_attention import (
         paged_attention as paged_attention_kernel,
@@ -209,14 +213,15 @@ def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv
 
     query, key, value = qkv.split([num_heads, num_kv_heads, num_kv_heads], dim=1)
     if cos_sin is None:
-        store_kv_kernel(key, value, kv_cache[0], kv_cache[1], meta.slot_mapping)
+        store_kv_kernel(key, value, kv_cache[0], kv_cache[1], meta.slot_mapping, *kv_scales)
     else:
-        rotary_and_store_kv(query, key, value, meta.positions, cos_sin, kv_cache[0], kv_cache[1], meta.slot_mapping)
+        rotary_and_store_kv(query, key, value, meta.positions, cos_sin, kv_cache[0], kv_cache[1], meta.slot_mapping,
+                            *kv_scales)
 
     def attend(k: KernelInputs, out: torch.Tensor | None = None) -> torch.Tensor:
         return paged_attention_kernel(query, kv_cache[0], kv_cache[1], k.block_tables, k.seq_lens, k.query_start_loc,
                                       k.max_query_len, scale, sliding_window, out=out, position_bias=k.position_bias,
-                                      softcap=softcap)
+                                      softcap=softcap, k_scale=kv_scales[0], v_scale=kv_scales[1])
 
     # while a piecewise CUDA graph is captured, attention is left out of it: the graph ends here and attend runs
     # between its pieces when they are replayed, on that step's sequences
@@ -225,42 +230,67 @@ def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv
 
 
 def cross_attend_with_kernels(query: torch.Tensor, kv_cache: torch.Tensor, cross: KernelInputs,
-                              scale: float) -> torch.Tensor:
+                              scale: float, kv_scales: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor:
     """GPU cross-attention: query [T, H, D] over each sequence's cross blocks, all its keys visible -> [T, H * D]."""
     from fasterllm.kernels.paged_attention import (
         paged_attention as paged_attention_kernel,
     )
 
     out = paged_attention_kernel(query, kv_cache[0], kv_cache[1], cross.block_tables, cross.seq_lens,
-                                 cross.query_start_loc, cross.max_query_len, scale, causal=False)
+                                 cross.query_start_loc, cross.max_query_len, scale, causal=False,
+                                 k_scale=kv_scales[0], v_scale=kv_scales[1])
     return out.view(query.shape[0], -1)
 
 
-def store_kv(kv_cache: torch.Tensor, key_value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def store_kv(kv_cache: torch.Tensor, key_value: torch.Tensor, slot_mapping: torch.Tensor,
+             kv_scales: tuple[float, float] = (1.0, 1.0)) -> None:
     """Write the tokens' K/V into their slots in one copy; key_value [T, 2 * Hkv, D] holds each token's
     key heads then its value heads (as the fused QKV projection lays them out); rows past the slots' count are
-    padding."""
+    padding. An fp8 cache gets K / k_scale and V / v_scale on the e4m3 grid, written as bytes (torch's CPU
+    indexing has no fp8 kernels)."""
     n = slot_mapping.shape[0]
     num_kv_heads, head_dim = key_value.shape[1] // 2, key_value.shape[2]
-    flat = kv_cache.view(2, -1, num_kv_heads, head_dim)
-    flat.index_copy_(1, slot_mapping, key_value[:n].view(n, 2, num_kv_heads, head_dim).transpose(0, 1))
+    rows = key_value[:n].view(n, 2, num_kv_heads, head_dim).transpose(0, 1)
+    if kv_cache.dtype == FP8_KV_DTYPE:
+        rows = torch.stack([cache_values(rows[i], kv_scales[i], FP8_KV_DTYPE) for i in (0, 1)]).view(torch.uint8)
+        kv_cache = kv_cache.view(torch.uint8)
+    kv_cache.view(2, -1, num_kv_heads, head_dim).index_copy_(1, slot_mapping, rows)
+
+
+def _read_blocks(kv_cache: torch.Tensor, blocks: torch.Tensor | slice, dtype: torch.dtype,
+                 kv_scales: tuple[float, float]) -> torch.Tensor:
+    """K and V of the blocks [2, n, block_size, Hkv, D] (a view for a slice of blocks, else gathered); an fp8
+    cache's read as bytes, then widened to dtype and scaled."""
+    fp8 = kv_cache.dtype == FP8_KV_DTYPE
+    raw = kv_cache.view(torch.uint8) if fp8 else kv_cache
+    raw = raw[:, blocks] if isinstance(blocks, slice) else raw.index_select(1, blocks)
+    if not fp8:
+        return raw
+    values = raw.view(FP8_KV_DTYPE).to(dtype)
+    values[0] *= kv_scales[0]
+    values[1] *= kv_scales[1]
+    return values
 
 
 def paged_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
                     kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                    softcap: float | None = None) -> torch.Tensor:
+                    softcap: float | None = None, kv_scales: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor:
     """query [T, Hq, D], key/value [T, Hkv, D] of the new tokens -> [T, Hq * D].
 
     The new K/V must already be stored (store_kv); cached context is read back whole blocks at a
     time (a block is one contiguous run of memory, far cheaper to gather than single slots). key/value are read
     only for a sequence with nothing cached before its new tokens; cross-attention (every key cached) passes None.
-    softcap: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2).
+    softcap: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2). kv_scales: (k_scale, v_scale)
+    of an fp8 cache.
     """
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[-2] if key is None else key.shape[1]
+    if key is not None and kv_cache is not None:  # what the cache holds: an fp8 cache's values, as every read sees
+        key, value = (read_back(x, s, kv_cache.dtype) for x, s in ((key, kv_scales[0]), (value, kv_scales[1])))
     decode = meta.decode
     if decode is not None and decode.token_index is None:  # a pure decode batch: no scatter needed
-        return _decode_attention(query, kv_cache, decode, scale, softcap).reshape(num_tokens, num_heads * head_dim)
+        return _decode_attention(query, kv_cache, decode, scale, softcap, kv_scales).reshape(num_tokens,
+                                                                                             num_heads * head_dim)
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=query.dtype, device=query.device)
     for group in meta.prefills:
         # SDPA's GQA support wants [batch, heads, tokens, D]: 3-D inputs give wrong results on CUDA
@@ -271,26 +301,24 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.
             o = _attend(q, k, v, group.mask, scale, softcap, is_causal=group.mask is None)
         else:
             seq_len = group.mask.shape[-1]
-            k, v = (kv_cache[i].index_select(0, group.context_blocks).view(-1, num_kv_heads, head_dim)[:seq_len]
-                    .transpose(0, 1)[None] for i in (0, 1))
+            k, v = _read_blocks(kv_cache, group.context_blocks, query.dtype, kv_scales).view(
+                2, -1, num_kv_heads, head_dim)[:, :seq_len].transpose(1, 2)[:, None]
             o = _attend(q, k, v, group.mask, scale, softcap)
         out[group.token_start:group.token_end] = o[0].transpose(0, 1)
     if decode is not None:
-        out[decode.token_index] = _decode_attention(query[decode.token_index], kv_cache, decode, scale, softcap)
+        out[decode.token_index] = _decode_attention(query[decode.token_index], kv_cache, decode, scale, softcap,
+                                                    kv_scales)
     return out.view(num_tokens, num_heads * head_dim)
 
 
 def _decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, d: DecodeGroup, scale: float,
-                      softcap: float | None) -> torch.Tensor:
+                      softcap: float | None, kv_scales: tuple[float, float]) -> torch.Tensor:
     """One new token per sequence: [B, Hq, D] -> [B, Hq, D], all sequences in one padded batch."""
     batch, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[-2]
     # each KV head's query heads become rows of one query block: no K/V repeat needed
     q = query.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    if isinstance(d.blocks, slice):  # a view of the blocks, K and V together
-        kv = kv_cache[:, d.blocks]
-    else:  # K and V gathered in one copy
-        kv = kv_cache.index_select(1, d.blocks)
+    kv = _read_blocks(kv_cache, d.blocks, query.dtype, kv_scales)  # K and V together: a view, or one gather
     kv = kv.view(2, batch, -1, num_kv_heads, head_dim)[:, :, d.keys].transpose(2, 3)
     mask = d.mask
     if mask is not None and mask.shape[1] == num_heads:  # an additive mask per query head: rows of its KV head

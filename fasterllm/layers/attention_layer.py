@@ -3,7 +3,9 @@ the step's metadata says (the Triton kernels on a GPU, the torch path elsewhere)
 
 Models build one Attention per layer and never branch on the device: the path is the metadata's
 (AttentionMetadata.kernel is set when the inputs were staged for the kernels). Each layer declares its KVCacheSpec,
-which the runner reads to size and lay out the KV cache.
+which the runner reads to size and lay out the KV cache. kv_scales (k_scale, v_scale) divide K and V on their way
+into an fp8 cache (kv_cache_dtype="fp8") and multiply them back when read: 1.0 unless set, as vLLM does for
+checkpoints that carry none.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ class Attention(nn.Module):
         self.sliding_window, self.softcap = sliding_window, softcap
         kind = "full" if sliding_window is None else "sliding_window"
         self.kv_spec = KVCacheSpec(kind, num_kv_heads, head_dim, sliding_window)
+        self.kv_scales = (1.0, 1.0)
 
     def forward(self, qkv: torch.Tensor, rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None,
                 kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
@@ -41,15 +44,15 @@ class Attention(nn.Module):
         pass without a cache (embeddings: whole prompts, nothing kept; torch path only)."""
         if meta.kernel is not None:
             return attend_with_kernels(qkv, self.num_heads, self.num_kv_heads, kv_cache, meta, rope, self.scale,
-                                       self.sliding_window, self.softcap)
+                                       self.sliding_window, self.softcap, self.kv_scales)
         if rope is not None:  # Q and K rotated together in one call, in place: K then V stay side by side
             qk = qkv[:, :self.num_heads + self.num_kv_heads]
             apply_rotary(qk, *rope, out=qk)
         query, key, value = qkv.split_with_sizes([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         if kv_cache is not None:
-            store_kv(kv_cache, qkv[:, self.num_heads:], meta.slot_mapping)
+            store_kv(kv_cache, qkv[:, self.num_heads:], meta.slot_mapping, self.kv_scales)
         return paged_attention(query, key, value, kv_cache, meta.for_window(self.sliding_window), self.scale,
-                               self.softcap)
+                               self.softcap, self.kv_scales)
 
 
 class CrossAttention(nn.Module):
@@ -62,14 +65,15 @@ class CrossAttention(nn.Module):
         self.num_heads, self.head_dim = num_heads, head_dim
         self.scale = head_dim ** -0.5 if scale is None else scale
         self.kv_spec = KVCacheSpec("cross", num_heads, head_dim)
+        self.kv_scales = (1.0, 1.0)
 
     def store(self, key_value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """key_value [T_enc, 2 H D]: the encoder tokens' keys then values (a fused K/V projection's output), into
         their cross slots."""
-        store_kv(kv_cache, key_value.view(-1, 2 * self.num_heads, self.head_dim), slot_mapping)
+        store_kv(kv_cache, key_value.view(-1, 2 * self.num_heads, self.head_dim), slot_mapping, self.kv_scales)
 
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """query [T, H, D] -> [T, H * D]."""
         if meta.cross.kernel is not None:
-            return cross_attend_with_kernels(query, kv_cache, meta.cross.kernel, self.scale)
-        return paged_attention(query, None, None, kv_cache, meta.cross, self.scale)
+            return cross_attend_with_kernels(query, kv_cache, meta.cross.kernel, self.scale, self.kv_scales)
+        return paged_attention(query, None, None, kv_cache, meta.cross, self.scale, kv_scales=self.kv_scales)

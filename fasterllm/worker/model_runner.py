@@ -49,9 +49,12 @@ class PendingOutput:
 
 class ModelRunner:
     def __init__(self, checkpoint: Checkpoint, max_model_len: int, device: torch.device, dtype: torch.dtype,
-                 load_format: str = "auto", quantization: str | None = None, tp: TensorParallel = SINGLE_DEVICE):
+                 load_format: str = "auto", quantization: str | None = None, tp: TensorParallel = SINGLE_DEVICE,
+                 cache_dtype: torch.dtype | None = None):
+        """cache_dtype: the KV cache's (float8_e4m3fn: fp8 K/V with the attention layers' scales); None: dtype."""
         self.model_config: ModelConfig = checkpoint.config
         self.device, self.dtype = device, dtype
+        self.cache_dtype = cache_dtype or dtype
         start = time.perf_counter()
         self.model = build_decoder(checkpoint, max_model_len, device, dtype, load_format, quantization, tp=tp)
         self.kv_specs = _cache_layers(self.model.kv_cache_specs())
@@ -94,7 +97,7 @@ class ModelRunner:
         return seconds
 
     def bytes_per_block(self, block_size: int) -> int:
-        return block_size * sum(spec.bytes_per_token(self.dtype) for spec in self.kv_specs)
+        return block_size * sum(spec.bytes_per_token(self.cache_dtype) for spec in self.kv_specs)
 
     def determine_num_blocks(self, cache: CacheConfig, sched: SchedulerConfig, gpu_memory_utilization: float,
                              cpu_kv_cache_gib: float) -> int:
@@ -143,27 +146,30 @@ class ModelRunner:
         spec = self.kv_specs[0]
         self.block_size = block_size
         self.kv_caches = torch.zeros(len(self.kv_specs), 2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim,
-                                     dtype=self.dtype, device=self.device)
+                                     dtype=self.cache_dtype, device=self.device)
 
     def allocate_swap_space(self, num_blocks: int) -> None:
         shape = list(self.kv_caches.shape)
         shape[2] = num_blocks
-        self.swap_caches = torch.zeros(shape, dtype=self.dtype, pin_memory=self.device.type == "cuda")
+        self.swap_caches = torch.zeros(shape, dtype=self.cache_dtype, pin_memory=self.device.type == "cuda")
 
     @torch.inference_mode()
     def move_blocks(self, out: SchedulerOutput) -> None:
         """Before the forward pass: preempted requests' blocks to the CPU pool, copy-on-write copies,
-        then returning requests' blocks back (in that order: a block freed by a swap-out is read first)."""
+        then returning requests' blocks back (in that order: a block freed by a swap-out is read first). Blocks
+        move as bytes, whatever the cache's dtype (torch's CPU indexing has no fp8 kernels)."""
+        caches = self.kv_caches.view(torch.uint8)
         if out.swap_out:
             device_blocks, cpu_blocks = (torch.tensor(c) for c in zip(*out.swap_out))
-            self.swap_caches[:, :, cpu_blocks] = self.kv_caches[:, :, device_blocks.to(self.device)].cpu()
+            self.swap_caches.view(torch.uint8)[:, :, cpu_blocks] = caches[:, :, device_blocks.to(self.device)].cpu()
         if out.copies:
             sources, destinations = (torch.tensor(c, device=self.device) for c in zip(*out.copies))
             # gathered then scattered: about 2x faster than an indexed assignment (beam search copies many a step)
-            self.kv_caches.index_copy_(2, destinations, self.kv_caches.index_select(2, sources))
+            caches.index_copy_(2, destinations, caches.index_select(2, sources))
         if out.swap_in:
             cpu_blocks, device_blocks = (torch.tensor(c) for c in zip(*out.swap_in))
-            self.kv_caches[:, :, device_blocks.to(self.device)] = self.swap_caches[:, :, cpu_blocks].to(self.device)
+            caches[:, :, device_blocks.to(self.device)] = self.swap_caches.view(torch.uint8)[:, :, cpu_blocks].to(
+                self.device)
 
     @torch.inference_mode()
     def execute(self, message: SchedulerOutput) -> PendingOutput | None:

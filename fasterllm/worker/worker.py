@@ -44,7 +44,7 @@ def init_worker(config: WorkerConfig, rank: int = 0, init_method: str | None = N
     tp = init_tensor_parallel(rank, size, init_method, device)
     checkpoint = checkpoint or open_checkpoint(args.model, args.tokenizer)
     runner = ModelRunner(checkpoint, config.max_model_len, device, config.dtype, args.load_format, args.quantization,
-                         tp)
+                         tp, args.resolve_cache_dtype(config.dtype))
     runner.prepare_inputs(args.block_size, config.sched)
     return runner
 

@@ -23,12 +23,12 @@ from fasterllm.kernels.quant_fp8 import fp8_gemm
 from fasterllm.kernels.quant_w8a8 import int8_gemm
 from fasterllm.kernels.quant_weight_only import (pack_int4_codes, pack_int4_tinygemm, tinygemm_kernel_available,
                                                  tinygemm_matmul, weight_only_matmul)
+from fasterllm.layers.kv_cache_dtype import FP8_MAX
 from fasterllm.layers.linear import FlatLinear
 from fasterllm.layers.quantization.fused_activation import QuantizedRows
 from fasterllm.layers.quantization.int4 import GROUP_SIZE, quantize_int4_grouped, scales_and_zeros
 from fasterllm.layers.quantization.int8 import quantize_int8_per_channel
 
-FP8_MAX = 448.0
 _SCALED_MM_MULTIPLE = 16  # torch._scaled_mm: K and N must be multiples of 16 (M is free)
 
 
