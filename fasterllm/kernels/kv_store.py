@@ -14,14 +14,14 @@ import triton
 import triton.language as tl
 
 from fasterllm.kernels.quant_activation import cast_rounds, to_quantized
-from fasterllm.layers.kv_cache_dtype import FP8_KV_DTYPE, FP8_MAX, cache_values
+from fasterllm.layers.kv_cache_dtype import FP8_KV_DTYPE, cache_values
 
 
 @triton.jit
 def to_cache_values(x, scale, cache_dtype: tl.constexpr, CAST_ROUNDS: tl.constexpr):
     """K or V values as the cache holds them: as they are, or x / scale on the e4m3 grid for an fp8 cache."""
     if cache_dtype == tl.float8e4nv:
-        out = to_quantized(x.to(tl.float32), 1.0 / scale, FP8_MAX, cache_dtype, CAST_ROUNDS)
+        out = to_quantized(x.to(tl.float32), 1.0 / scale, 448.0, cache_dtype, CAST_ROUNDS)  # FP8_MAX
     else:
         out = x.to(cache_dtype)
     return out
