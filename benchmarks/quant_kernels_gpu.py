@@ -100,7 +100,7 @@ def bench_layer(layer: str, n: int, k: int, rows: list[int]) -> None:
                    else dequantize_reference(q4, s4, m4, GROUP_SIZE))
     del codes
     try:
-        fp8 = FP8Linear(weight, None)
+        fp8 = FP8Linear.from_float(weight, None)
     except ValueError as exc:  # not a Hopper GPU: the fp8 rows print this
         print(f"fp8 unavailable: {exc}", flush=True)
         fp8 = None

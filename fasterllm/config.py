@@ -18,9 +18,10 @@ _DTYPES = {
 }
 
 # what quantization= takes (gguf: a GGUF's Q4 blocks as they are); layers/quantization/ implements each
-QUANTIZATION_METHODS = ("int8", "int4", "w8a8", "fp8", "gguf", "gptq", "awq")
-PREQUANTIZED_METHODS = ("gptq", "awq")  # a checkpoint's own codes, named by its quantization_config
-STORED_INT4_METHODS = ("gguf", *PREQUANTIZED_METHODS)  # 4-bit codes run as stored, repacked into the int4 layer
+QUANTIZATION_METHODS = ("int8", "int4", "w8a8", "fp8", "gguf", "gptq", "awq", "compressed-tensors")
+# a checkpoint's own codes, named by its quantization_config, run as stored (loader/prequantized.py)
+PREQUANTIZED_METHODS = ("gptq", "awq", "compressed-tensors")
+STORED_METHODS = ("gguf", *PREQUANTIZED_METHODS)  # a file's own codes, never quantized at load
 
 
 def check_method_name(method: str | None) -> None:

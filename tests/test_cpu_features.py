@@ -85,9 +85,9 @@ def test_w8a8_without_an_exact_int8_matmul_gives_the_integer_sums_numbers(monkey
     x[0] = x[0].abs()  # rows of one sign and many large codes: where a saturating int8 GEMM goes wrong
     exact = None
     if cpu_features().exact_int8_matmul:
-        exact = W8A8Linear(weight, None)(x)
+        exact = W8A8Linear.from_float(weight, None)(x)
     monkeypatch.setattr(cpu_features_module, "_detected", AVX2_ONLY)
-    layer = W8A8Linear(weight, None)
+    layer = W8A8Linear.from_float(weight, None)
     assert layer.qweight is None  # the fp32 path was chosen
     got = layer(x)
     codes, w_scales = quantize_int8_per_channel(weight)

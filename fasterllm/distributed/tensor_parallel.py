@@ -15,7 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from fasterllm.config import STORED_INT4_METHODS
+from fasterllm.config import STORED_METHODS
 
 # how long a collective may wait for the other ranks before it fails instead of hanging (gloo raises; NCCL's
 # watchdog ends the process, which the executor sees)
@@ -94,8 +94,8 @@ def check_tensor_parallel(config, quantization: str | None, size: int) -> None:
     if config.num_experts:
         raise ValueError(f"tensor_parallel_size={size}: {config.architecture} is a mixture of experts, whose experts "
                          "are not sharded yet; use tensor_parallel_size=1")
-    if quantization in STORED_INT4_METHODS:
-        raise ValueError(f"tensor_parallel_size={size}: quantization={quantization!r} keeps the checkpoint's 4-bit codes "
+    if quantization in STORED_METHODS:
+        raise ValueError(f"tensor_parallel_size={size}: quantization={quantization!r} keeps the checkpoint's codes "
                          "whole and cannot split them yet; use tensor_parallel_size=1 (or quantization='int4' on a "
                          "float checkpoint, quantized per rank at load)")
     tp = TensorParallel(0, size)

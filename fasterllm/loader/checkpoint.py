@@ -9,7 +9,7 @@ import torch
 
 from fasterllm.config import PREQUANTIZED_METHODS, ModelConfig
 from fasterllm.loader.gguf_checkpoint import GGUFFile
-from fasterllm.loader.prequantized import QuantizedCheckpoint
+from fasterllm.loader.prequantized import stored_quantization
 from fasterllm.loader.hf_checkpoint import iter_safetensors, load_hf_config
 from fasterllm.loader.model_source import ModelSource, resolve_model
 from fasterllm.loader.tokenizer import (
@@ -32,8 +32,10 @@ class Checkpoint:
     # a GGUF whose projections are all Q4_0/Q4_1: the same stream with those kept as blocks (quantization='gguf')
     q4_block_weights: Callable[[], Iterator[tuple[str, torch.Tensor]]] | None = None
     # the method its weights are stored in (one of PREQUANTIZED_METHODS: `weights` then yields its projections'
-    # codes, scales and minimums, loader/prequantized.py), None: float
+    # codes and scales, loader/prequantized.py), None: float
     quantization: str | None = None
+    stored_layout: str | None = None  # the layer those codes run as (layers/quantization: STORED_LINEARS)
+    stored_scheme: str = ""  # what the checkpoint says it is, for messages ("GPTQ", "compressed-tensors W8A8")
 
     def resolve_quantization(self, requested: str | None) -> str | None:
         """The method the model runs with: a pre-quantized checkpoint's own (asked for by name, or not at all), else
@@ -45,7 +47,7 @@ class Checkpoint:
                                  "it at load instead")
             return requested
         if requested not in (None, self.quantization):
-            raise ValueError(f"{self.source.path} is a {self.quantization.upper()} checkpoint, which runs as stored; "
+            raise ValueError(f"{self.source.path} is a {self.stored_scheme} checkpoint, which runs as stored; "
                              f"quantization={requested!r} cannot apply to it: leave quantization unset")
         return self.quantization
 
@@ -70,14 +72,15 @@ def open_checkpoint(model: str | None, tokenizer: str | None = None) -> Checkpoi
     config = load_hf_config(source.path)  # an unsupported architecture is the first thing it reports
     tok_dir = source.path if tokenizer is None else Path(resolve_model(tokenizer).path)
     tok = load_hf_tokenizer(tok_dir, config.eos_token_ids)
-    quantized = QuantizedCheckpoint.of(Path(source.path))
+    quantized = stored_quantization(Path(source.path))
     if quantized is not None:
         weights = lambda: quantized.weights(Path(source.path))  # noqa: E731
-        return Checkpoint(source, config, tok, weights, _no_parts, quantization=quantized.method)
+        return Checkpoint(source, config, tok, weights, _no_parts, quantization=quantized.method,
+                          stored_layout=quantized.layout, stored_scheme=quantized.name)
     return Checkpoint(source, config, tok, lambda: iter_safetensors(source.path),
                       lambda: iter_safetensors(source.path, lazy=True))
 
 
 def _no_parts():
-    raise ValueError("a GPTQ or AWQ checkpoint runs on one device: tensor parallelism does not shard its packed codes "
-                     "yet")
+    raise ValueError("a GPTQ, AWQ or compressed-tensors checkpoint runs on one device: tensor parallelism does not "
+                     "shard its stored codes yet")

@@ -22,13 +22,26 @@ from pathlib import Path
 import torch
 
 from fasterllm.config import PREQUANTIZED_METHODS
+from fasterllm.layers.quantization.int4 import GROUP_SIZE as OUR_GROUP
+from fasterllm.loader.compressed_tensors import CompressedTensorsCheckpoint, unpack_nibbles
 from fasterllm.loader.hf_checkpoint import iter_safetensors, read_json
 
-OUR_GROUP = 32  # the int4 layer's group of inputs
 SUPPORTED = ("GPTQ and AWQ checkpoints of 4-bit codes with group_size a multiple of 32 (GPTQ: or -1), GPTQ without "
              "desc_act reordering")
 _AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AWQ's nibble j of a word holds output 8 i + _AWQ_ORDER[j]
-_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
+
+
+def stored_quantization(model_dir: Path) -> QuantizedCheckpoint | CompressedTensorsCheckpoint | None:
+    """The checkpoint's quantization (config.json's quantization_config, or GPTQ's quantize_config.json); None for a
+    float checkpoint. One it does not run is a ValueError naming it."""
+    raw = read_json(model_dir / "config.json").get("quantization_config")
+    if raw is None and (model_dir / "quantize_config.json").is_file():
+        raw = {"quant_method": "gptq", **read_json(model_dir / "quantize_config.json")}
+    if raw is None:
+        return None
+    if raw.get("quant_method") == "compressed-tensors":
+        return CompressedTensorsCheckpoint.of(raw, model_dir)
+    return QuantizedCheckpoint.of(raw, model_dir)
 
 
 @dataclass(frozen=True)
@@ -36,16 +49,15 @@ class QuantizedCheckpoint:
     method: str  # "gptq" or "awq"
     group_size: int  # -1: one group per row
     zero_offset: int  # added to a stored zero point: 1 in GPTQ's v1 format
+    layout = "int4"  # the layer its projections become
+
+    @property
+    def name(self) -> str:
+        return self.method.upper()
 
     @staticmethod
-    def of(model_dir: Path) -> QuantizedCheckpoint | None:
-        """The checkpoint's quantization (config.json's quantization_config, or GPTQ's quantize_config.json); None
-        for a float checkpoint. One it does not run is a ValueError naming it."""
-        raw = read_json(model_dir / "config.json").get("quantization_config")
-        if raw is None and (model_dir / "quantize_config.json").is_file():
-            raw = {"quant_method": "gptq", **read_json(model_dir / "quantize_config.json")}
-        if raw is None:
-            return None
+    def of(raw: dict, model_dir: Path) -> QuantizedCheckpoint:
+        """A GPTQ or AWQ quantization_config's settings; one it does not run is a ValueError naming it."""
         method, bits, group_size = raw.get("quant_method"), raw.get("bits", raw.get("w_bit")), raw.get(
             "group_size", raw.get("q_group_size", -1))
         if method not in PREQUANTIZED_METHODS:
@@ -98,7 +110,7 @@ class QuantizedCheckpoint:
                              f"group_size={self.group_size}; the checkpoint and its quantization_config disagree")
         if gptq:
             codes = self._gptq_codes(module, parts, inputs, outputs, group)
-            zeros = _unpack_words(parts["qzeros"]).reshape(inputs // group, outputs)
+            zeros = unpack_nibbles(parts["qzeros"]).reshape(inputs // group, outputs)
         else:
             codes, zeros = _awq_unpack(qweight), _awq_unpack(parts["qzeros"])
         zeros = zeros.float() + self.zero_offset
@@ -115,17 +127,12 @@ class QuantizedCheckpoint:
             raise ValueError(f"GPTQ projection {module!r} orders its inputs by activation (desc_act, a g_idx out of "
                              f"group order), which is not supported; supported: {SUPPORTED}")
         words = parts["qweight"]  # [K / 8, N]: the 8 nibbles of a word are 8 consecutive inputs
-        return ((words[:, None, :] >> _SHIFTS[None, :, None]) & 0xF).reshape(inputs, outputs)
-
-
-def _unpack_words(words: torch.Tensor) -> torch.Tensor:
-    """int32 [R, C] -> [R, C, 8] nibbles, nibble j in bits 4 j."""
-    return (words[:, :, None] >> _SHIFTS[None, None, :]) & 0xF
+        return unpack_nibbles(words).transpose(1, 2).reshape(inputs, outputs)
 
 
 def _awq_unpack(words: torch.Tensor) -> torch.Tensor:
     """AWQ's int32 [R, C / 8] -> [R, C]: nibble j of word i is column 8 i + _AWQ_ORDER[j]."""
-    nibbles = _unpack_words(words)
+    nibbles = unpack_nibbles(words)
     columns = torch.empty_like(nibbles)
     columns[:, :, list(_AWQ_ORDER)] = nibbles
     return columns.reshape(words.shape[0], -1)

@@ -10,7 +10,7 @@ from fasterllm.config import (
     MOE_ARCHITECTURES,
     POOLING_MODES,
     QUANTIZATION_METHODS,
-    STORED_INT4_METHODS,
+    STORED_METHODS,
     check_architecture,
 )
 from fasterllm.loader.gguf_checkpoint import GGUF_ARCHITECTURES
@@ -31,7 +31,7 @@ def model_class(architecture: str) -> type[nn.Module]:
 def supported_models() -> list[dict[str, str]]:
     """One row per architecture (and per encoder model_type) with what runs it and what it runs with."""
     gguf = {hf_name for hf_name, _ in GGUF_ARCHITECTURES.values()}
-    generating = ", ".join(m for m in QUANTIZATION_METHODS if m not in STORED_INT4_METHODS) + " (fp8: Hopper GPUs)"
+    generating = ", ".join(m for m in QUANTIZATION_METHODS if m not in STORED_METHODS) + " (fp8: Hopper GPUs)"
     rows = []
     for name, cls in _MODELS.items():
         decoder_only, experts = name in DECODER_ARCHITECTURES, name in MOE_ARCHITECTURES

@@ -6,8 +6,9 @@ import torch
 from fasterllm.config import PREQUANTIZED_METHODS
 from fasterllm.distributed.tensor_parallel import SINGLE_DEVICE, TensorParallel, check_tensor_parallel
 from fasterllm.layers.linear import can_pack
-from fasterllm.layers.quantization import check_supported, quantize_model
+from fasterllm.layers.quantization import check_stored_supported, check_supported, quantize_model
 from fasterllm.layers.quantization.gguf import prepare_gguf_linears
+from fasterllm.layers.quantization.stored import prepare_stored_linears
 from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.loader.dummy_weights import fill_dummy_weights
 from fasterllm.models.registry import model_class
@@ -22,9 +23,15 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
     with_head=False (embeddings read hidden_states() only): the output head is dropped after loading, so no
     copy of it is quantized, packed or kept."""
     quantization = checkpoint.resolve_quantization(quantization)
-    if quantization in PREQUANTIZED_METHODS and load_format == "dummy":  # random weights through the same int4 kernels
-        quantization = "int4"
+    if quantization in PREQUANTIZED_METHODS and load_format == "dummy":  # random weights through the same layers
+        quantization = checkpoint.stored_layout
     check_supported(quantization, device)  # refused before any weight loads
+    if quantization in PREQUANTIZED_METHODS:
+        what = f"{checkpoint.source.path} ({checkpoint.stored_scheme})"
+        check_stored_supported(checkpoint.stored_layout, device, what)
+        if getattr(checkpoint.config, "num_experts", 0):
+            raise ValueError(f"{what} is a mixture of experts, whose stored expert codes are not loaded yet; use a "
+                             "float checkpoint of it")
     config = checkpoint.config
     check_tensor_parallel(config, quantization, tp.size)
     cls = model_class(config.architecture)
@@ -35,8 +42,8 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
         weights = checkpoint.require_q4_block_weights()
         prepare_gguf_linears(model)
         model.load_weights(weights())
-    elif quantization in PREQUANTIZED_METHODS:  # the same, from a GPTQ or AWQ checkpoint's codes
-        prepare_gguf_linears(model)
+    elif quantization in PREQUANTIZED_METHODS:  # the same, from a pre-quantized checkpoint's codes
+        prepare_stored_linears(model, checkpoint.stored_layout)
         model.load_weights(checkpoint.weights())
     elif tp.size > 1:
         model.load_weights(checkpoint.weight_parts())
@@ -47,7 +54,8 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
     else:
         model.lm_head = torch.nn.Identity()  # never called: forward() would return the hidden states
     if quantization is not None:
-        quantize_model(model, quantization, device)  # the output head too (a tied head: a quantized copy)
+        # the output head too (a tied head: a quantized copy); a pre-quantized checkpoint's stored codes as stored
+        quantize_model(model, quantization, device, checkpoint.stored_layout)
     elif device.type == "cuda":  # batch-1 decode through the matrix-vector kernel, the head too
         from fasterllm.layers.gpu_linear import use_gemv_linears  # Triton: only with CUDA
 

@@ -19,7 +19,7 @@ DTYPE = torch.bfloat16 if DEVICE.type == "cuda" else torch.float16  # the interp
 HIDDEN, INTERMEDIATE, TOKENS = 64, 96, 5
 
 
-def decoder_like_layer(down_proj_kind=W8A8GPULinear) -> nn.Module:
+def decoder_like_layer(down_proj_kind=W8A8GPULinear.from_float) -> nn.Module:
     """The attributes a decoder layer has, with random weights: norm -> qkv_proj, norm -> gate_up_proj,
     act -> down_proj."""
     torch.manual_seed(0)
@@ -28,8 +28,9 @@ def decoder_like_layer(down_proj_kind=W8A8GPULinear) -> nn.Module:
         norm = RMSNorm(HIDDEN, 1e-5).to(DEVICE, DTYPE)
         norm.weight.data = (1 + 0.2 * torch.randn(HIDDEN, device=DEVICE)).to(DTYPE)
         setattr(layer, name, norm)
-    layer.qkv_proj = W8A8GPULinear((torch.randn(80, HIDDEN, device=DEVICE) * 0.05).to(DTYPE), None)
-    layer.gate_up_proj = W8A8GPULinear((torch.randn(2 * INTERMEDIATE, HIDDEN, device=DEVICE) * 0.05).to(DTYPE), None)
+    layer.qkv_proj = W8A8GPULinear.from_float((torch.randn(80, HIDDEN, device=DEVICE) * 0.05).to(DTYPE), None)
+    layer.gate_up_proj = W8A8GPULinear.from_float((torch.randn(2 * INTERMEDIATE, HIDDEN, device=DEVICE) * 0.05).to(DTYPE),
+                                                  None)
     layer.act = SiluAndMul()
     layer.down_proj = down_proj_kind((torch.randn(HIDDEN, INTERMEDIATE, device=DEVICE) * 0.05).to(DTYPE), None)
     return layer
@@ -59,7 +60,7 @@ def test_fused_producers_hand_the_projections_the_codes_they_would_make():
 
 
 def test_a_producer_stays_float_where_its_projection_takes_float_rows():
-    layer = decoder_like_layer(down_proj_kind=Int8GPULinear)  # w8a8's weight-only down_proj
+    layer = decoder_like_layer(down_proj_kind=Int8GPULinear.from_float)  # w8a8's weight-only down_proj
     fuse_activation_quantization(layer)
     assert isinstance(layer.post_attention_layernorm, QuantizingRMSNorm)
     assert type(layer.act) is SiluAndMul  # down_proj widens int8 weights and reads float rows
@@ -78,7 +79,7 @@ def test_a_llama_model_with_fused_w8a8_gives_the_unfused_hidden_states():
     torch.manual_seed(0)
     for param in model.parameters():
         param.copy_((torch.randn(param.shape) * 0.1 + (1.0 if param.dim() == 1 else 0.0)).to(DTYPE))
-    replace_linears(model, lambda linear: W8A8GPULinear(linear.weight.detach(), linear.bias))
+    replace_linears(model, lambda linear: W8A8GPULinear.from_float(linear.weight.detach(), linear.bias))
     ids = torch.randint(0, 128, (7,), device=DEVICE)
     meta = AttentionMetadata.build([7], [7], [[0]], 16, DEVICE)
     unfused = model.hidden_states(ids, meta.positions.to(DEVICE), None, meta)

@@ -14,9 +14,10 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 HOPPER = DEVICE.type == "cuda" and torch.cuda.get_device_capability()[0] >= 9
 DTYPE = torch.bfloat16 if DEVICE.type == "cuda" else torch.float16  # the interpreter's bf16 dot is wrong
 # relative error of the output each format allows (random weights, std 0.05; activations N(0, 1))
-FORMATS = {"int8": (Int8GPULinear, 0.015), "int4": (Int4GPULinear.from_float, 0.1), "w8a8": (W8A8GPULinear, 0.02)}
+FORMATS = {"int8": (Int8GPULinear.from_float, 0.015), "int4": (Int4GPULinear.from_float, 0.1),
+           "w8a8": (W8A8GPULinear.from_float, 0.02)}
 if HOPPER:
-    FORMATS["fp8"] = (FP8Linear, 0.08)
+    FORMATS["fp8"] = (FP8Linear.from_float, 0.08)
 
 
 def relative_error(make, tokens, n, k):
@@ -43,13 +44,13 @@ def test_fp8_is_refused_off_hopper_with_the_fix():
     with pytest.raises(ValueError, match="Hopper.*'int8'"):
         check_fp8_device(torch.device("cpu"))
     with pytest.raises(ValueError, match="Hopper"):
-        FP8Linear(torch.randn(32, 32), None)
+        FP8Linear.from_float(torch.randn(32, 32), None)
 
 
 @pytest.mark.skipif(not HOPPER, reason="fp8 needs a Hopper GPU")
 def test_fp8_refuses_widths_scaled_mm_cannot_take():
     with pytest.raises(ValueError, match="multiples of 16"):
-        FP8Linear(torch.randn(40, 24, device=DEVICE, dtype=DTYPE), None)
+        FP8Linear.from_float(torch.randn(40, 24, device=DEVICE, dtype=DTYPE), None)
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="real model shapes need a GPU")

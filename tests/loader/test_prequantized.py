@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "parity"))
 from parity_utils import TINY_SPECS, build_tiny_model, random_prompt  # noqa: E402
 
 from fasterllm import LLM, SamplingParams  # noqa: E402
-from fasterllm.loader.prequantized import QuantizedCheckpoint  # noqa: E402
+from fasterllm.loader.prequantized import stored_quantization  # noqa: E402
 
 pytest.importorskip("transformers")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -105,7 +105,7 @@ def test_a_prequantized_checkpoint_runs_as_its_dequantized_weights(tmp_path, gro
     spec = next(s for s in TINY_SPECS if s.name == "llama3_gqa")
     model = build_tiny_model(spec, tmp_path)
     codes_of = write_quantized(tmp_path, model, group_size, sym, checkpoint_format)
-    unpacked = dict(QuantizedCheckpoint.of(tmp_path).weights(tmp_path))
+    unpacked = dict(stored_quantization(tmp_path).weights(tmp_path))
     for module, codes in codes_of.items():  # the loader's unpacking against the test's packing
         assert torch.equal(unpacked[f"{module}.qcodes"], torch.from_numpy(codes.T.astype(np.uint8)))
     llm = LLM(str(tmp_path), dtype="float32", device="cpu", num_kv_blocks=64)

@@ -119,7 +119,7 @@ def test_a_rank_that_dies_mid_run_fails_the_engine_naming_it(tiny_tp2):
 @pytest.mark.parametrize("kwargs, message", [
     ({"tensor_parallel_size": 2}, "num_attention_heads=9 does not divide over tensor_parallel_size=2"),
     ({"tensor_parallel_size": 0}, "tensor_parallel_size=0 must be >= 1"),
-    ({"tensor_parallel_size": 3, "quantization": "gguf"}, "quantization='gguf' keeps the checkpoint's 4-bit codes whole"),
+    ({"tensor_parallel_size": 3, "quantization": "gguf"}, "quantization='gguf' keeps the checkpoint's codes whole"),
     ({"tensor_parallel_size": 3, "distributed_executor_backend": "uni"}, "distributed_executor_backend='uni'"),
     ({"tensor_parallel_size": 3, "task": "embed"}, "task='embed' runs its encoder on one device"),
 ])

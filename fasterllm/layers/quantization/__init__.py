@@ -14,8 +14,9 @@ Methods (all quantized at load from the float weights of any checkpoint, the out
   fp8   e4m3 weights + dynamic per-token activations (Hopper GPUs)   no CPU path
   gguf  a GGUF's own Q4_0/Q4_1 blocks repacked as int4 (no re-rounding); the other linears
         (the output head) as int8                                     gguf.py
-  gptq, awq  a GPTQ or AWQ checkpoint's own 4-bit codes repacked as int4 (no re-rounding); the other
-        linears (the output head) float, as stored                    loader/prequantized.py
+  gptq, awq, compressed-tensors  a checkpoint's own codes, run by the layer of their layout (STORED_LINEARS: int4,
+        int8, w8a8 or fp8) with no re-rounding; the other linears (the output head) float, as stored
+                                                                     loader/prequantized.py, stored.py
 """
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from fasterllm.config import PREQUANTIZED_METHODS, STORED_INT4_METHODS, check_method_name
+from fasterllm.config import PREQUANTIZED_METHODS, check_method_name
 from fasterllm.layers.linear import replace_linears
 from fasterllm.layers.quantization.gguf import repack_gguf_linears
+from fasterllm.layers.quantization.stored import repack_stored_linears
 from fasterllm.layers.quantization.int4 import Int4WeightOnlyLinear
 from fasterllm.layers.quantization.int8 import Int8WeightOnlyLinear
 from fasterllm.layers.quantization.w8a8 import W8A8Linear
@@ -41,18 +43,23 @@ def _gpu():
 
 
 QUANTIZED_LINEARS: dict[str, dict[str, LinearFactory]] = {
-    "int8": {"cpu": Int8WeightOnlyLinear, "cuda": lambda w, b: _gpu().Int8GPULinear(w, b)},
+    "int8": {"cpu": Int8WeightOnlyLinear.from_float, "cuda": lambda w, b: _gpu().Int8GPULinear.from_float(w, b)},
     "int4": {"cpu": Int4WeightOnlyLinear.from_float, "cuda": lambda w, b: _gpu().Int4GPULinear.from_float(w, b)},
-    "w8a8": {"cpu": W8A8Linear, "cuda": lambda w, b: _gpu().W8A8GPULinear(w, b)},
-    "fp8": {"cuda": lambda w, b: _gpu().FP8Linear(w, b)},
+    "w8a8": {"cpu": W8A8Linear.from_float, "cuda": lambda w, b: _gpu().W8A8GPULinear.from_float(w, b)},
+    "fp8": {"cuda": lambda w, b: _gpu().FP8Linear.from_float(w, b)},
 }
 QUANTIZED_LINEARS["gguf"] = QUANTIZED_LINEARS["int8"]  # the linears a GGUF does not store as Q4 blocks (the head)
-# a GPTQ or AWQ checkpoint's projections run as int4 layers (GGUF_INT4 below); its other linears stay float
-QUANTIZED_LINEARS["gptq"] = QUANTIZED_LINEARS["awq"] = {"cpu": Int4WeightOnlyLinear,
-                                                         "cuda": lambda *blocks: _gpu().Int4GPULinear(*blocks)}
-# the int4 layer a GGUF's Q4 blocks are repacked into, per device (codes, scales, minimums, bias, dtype)
-GGUF_INT4 = {"cpu": lambda codes, scales, minimums, bias, dtype: Int4WeightOnlyLinear(codes, scales, minimums, bias),
-             "cuda": lambda *blocks: _gpu().Int4GPULinear(*blocks)}
+# the layer a stored layout's codes are repacked into, per device: int4 from (codes, scales, minimums, bias, dtype),
+# the others from (qweight, scales, bias, dtype)
+STORED_LINEARS: dict[str, dict[str, Callable[..., nn.Module]]] = {
+    "int4": {"cpu": lambda codes, scales, minimums, bias, dtype: Int4WeightOnlyLinear(codes, scales, minimums, bias),
+             "cuda": lambda *blocks: _gpu().Int4GPULinear(*blocks)},
+    "int8": {"cpu": lambda qweight, scales, bias, dtype: Int8WeightOnlyLinear(qweight, scales, bias),
+             "cuda": lambda *codes: _gpu().Int8GPULinear(*codes)},
+    "w8a8": {"cpu": lambda qweight, scales, bias, dtype: W8A8Linear(qweight, scales, bias),
+             "cuda": lambda *codes: _gpu().W8A8GPULinear(*codes)},
+    "fp8": {"cuda": lambda qweight, scales, bias, dtype: _gpu().FP8Linear(qweight, scales, bias)},
+}
 
 # Linears (by attribute name) that a method leaves as weight-only INT8 (measured on SmolLM2, RESULTS.md):
 # w8a8: down_proj's input, SiLU(gate) * up, has per-token outliers that per-token INT8 rounds too coarsely
@@ -65,7 +72,7 @@ KEPT_INT8 = {"w8a8": ("down_proj", "lm_head"), "int4": ("lm_head",), "fp8": ("lm
 def check_supported(method: str | None, device: torch.device) -> None:
     """Raise a ValueError naming the method, where it runs and the fix, if it cannot run on device."""
     check_method_name(method)
-    if method is None:
+    if method is None or method in PREQUANTIZED_METHODS:  # where its layout runs: check_stored_supported
         return
     if device.type not in QUANTIZED_LINEARS[method]:
         where = [m for m, devices in QUANTIZED_LINEARS.items() if device.type in devices]
@@ -76,12 +83,26 @@ def check_supported(method: str | None, device: torch.device) -> None:
         _gpu().check_fp8_device(device)  # a CUDA GPU older than Hopper
 
 
-def quantize_model(model: nn.Module, method: str, device: torch.device) -> None:
+def check_stored_supported(layout: str, device: torch.device, what: str) -> None:
+    """Raise a ValueError naming what (the checkpoint and its scheme) if its layout has no layer on device."""
+    if device.type not in STORED_LINEARS[layout]:
+        raise ValueError(f"{what} runs as {layout!r}, which has no {device.type.upper()} kernels; run it on an "
+                         f"NVIDIA Hopper GPU, or use a checkpoint of another scheme")
+    if layout == "fp8":
+        _gpu().check_fp8_device(device)
+
+
+def quantize_model(model: nn.Module, method: str, device: torch.device, stored_layout: str | None = None) -> None:
     """Replace every nn.Linear under model (in place) with its quantized form for device (build_decoder has
-    checked that the method runs there and made a tied head a Linear of its own)."""
-    if method in STORED_INT4_METHODS:
-        repack_gguf_linears(model, GGUF_INT4[device.type])
+    checked that the method runs there and made a tied head a Linear of its own); a pre-quantized checkpoint's held
+    codes (stored_layout) with the layer that runs them."""
+    if method == "gguf":
+        repack_gguf_linears(model, STORED_LINEARS["int4"][device.type])
     if method in PREQUANTIZED_METHODS:  # the other linears (the head) run float, as stored
+        repack_stored_linears(model, stored_layout, STORED_LINEARS[stored_layout][device.type])
+        if device.type == "cuda" and stored_layout in ("w8a8", "fp8"):
+            from fasterllm.layers.quantization.fused_activation import fuse_activation_quantization
+            fuse_activation_quantization(model)
         return
     make = QUANTIZED_LINEARS[method][device.type]
     if method in KEPT_INT8:

@@ -33,11 +33,18 @@ _SCALED_MM_MULTIPLE = 16  # torch._scaled_mm: K and N must be multiples of 16 (M
 
 
 class Int8GPULinear(FlatLinear):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    """Built from int8 codes [N, K] and fp32 scales [N] (a checkpoint's, as stored) for a model run in dtype;
+    from_float quantizes."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
         super().__init__()
-        self.out_features = weight.shape[0]
-        self.qweight, self.scales = quantize_int8_per_channel(weight)
-        self.bias = None if bias is None else bias.to(weight.dtype)  # F.linear (prefill) takes x's dtype only
+        self.out_features = qweight.shape[0]
+        self.qweight, self.scales = qweight, scales.float()
+        self.bias = None if bias is None else bias.to(dtype)  # F.linear (prefill) takes x's dtype only
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Int8GPULinear:
+        return cls(*quantize_int8_per_channel(weight), bias, weight.dtype)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         return weight_only_matmul(x, self.qweight, self.scales, self.bias)
@@ -93,7 +100,7 @@ class ActivationQuantizedLinear(FlatLinear):
 
 
 class W8A8GPULinear(ActivationQuantizedLinear, Int8GPULinear):
-    """Int8GPULinear's int8 weights (its constructor), multiplied by int8 activations instead of widened."""
+    """Int8GPULinear's int8 weights (its constructors), multiplied by int8 activations instead of widened."""
 
     activation_dtype = torch.int8
 
@@ -114,21 +121,29 @@ def check_fp8_device(device: torch.device) -> None:
 
 
 class FP8Linear(ActivationQuantizedLinear):
+    """Built from e4m3 codes [N, K] and fp32 scales [N] (a checkpoint's, as stored); from_float quantizes per
+    output channel."""
+
     activation_dtype = torch.float8_e4m3fn
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
-        check_fp8_device(weight.device)
-        n, k = weight.shape
+        check_fp8_device(qweight.device)
+        n, k = qweight.shape
         if n % _SCALED_MM_MULTIPLE or k % _SCALED_MM_MULTIPLE:
             raise ValueError(f"quantization='fp8' needs in and out features that are multiples of "
                              f"{_SCALED_MM_MULTIPLE} (torch._scaled_mm), got a [{n}, {k}] weight; use 'w8a8'")
-        w = weight.float()
-        scales = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / FP8_MAX
         self.out_features = n
-        self.qweight = (w / scales).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)  # [N, K]: .t() is column-major
-        self.scales = scales.view(1, n).contiguous()  # [1, N] fp32, the row-wise form
+        self.qweight = qweight  # [N, K]: .t() is column-major
+        self.scales = scales.float().reshape(1, n).contiguous()  # [1, N] fp32, the row-wise form
         self.bias = bias
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> FP8Linear:
+        check_fp8_device(weight.device)
+        w = weight.float()
+        scales = w.abs().amax(dim=1).clamp_min(1e-12) / FP8_MAX
+        return cls((w / scales[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scales, bias)
 
     def quantized_matmul(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return fp8_gemm(codes, scales, self.qweight, self.scales, self.bias, dtype)  # scales [M, 1] fp32

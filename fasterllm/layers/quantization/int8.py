@@ -24,13 +24,18 @@ def quantize_int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch
 
 
 class Int8WeightOnlyLinear(FlatLinear):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    """Built from int8 codes [N, K] and fp32 scales [N] (a checkpoint's, as stored); from_float quantizes."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
-        self.out_features = weight.shape[0]
-        qweight, scales = quantize_int8_per_channel(weight)
+        self.out_features = qweight.shape[0]
         self.qweight = qweight
         self.scales = scales.to(PACKED_KERNEL_DTYPE)
         self.bias = bias
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Int8WeightOnlyLinear:
+        return cls(*quantize_int8_per_channel(weight), bias)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         out = torch._weight_int8pack_mm(x.to(PACKED_KERNEL_DTYPE), self.qweight, self.scales).to(x.dtype)

@@ -23,14 +23,19 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class W8A8Linear(FlatLinear):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    """Built from int8 codes [N, K] and fp32 scales [N] (a checkpoint's, as stored); from_float quantizes."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
-        self.out_features = weight.shape[0]
-        qweight, scales = quantize_int8_per_channel(weight)
+        self.out_features = qweight.shape[0]
         self.qweight = qweight if cpu_features().exact_int8_matmul else None
         self.float_codes = None if self.qweight is not None else _float_linear(qweight.float())
-        self.weight_scales = scales[None, :]
+        self.weight_scales = scales.float()[None, :]
         self.bias = bias
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> W8A8Linear:
+        return cls(*quantize_int8_per_channel(weight), bias)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         qx, x_scales = quantize_per_token(x)

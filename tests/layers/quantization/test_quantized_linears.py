@@ -5,11 +5,12 @@ import torch
 from torch import nn
 
 from fasterllm import LLM
-from fasterllm.config import QUANTIZATION_METHODS
-from fasterllm.layers.quantization import QUANTIZED_LINEARS, check_supported
+from fasterllm.config import PREQUANTIZED_METHODS, QUANTIZATION_METHODS
+from fasterllm.layers.quantization import QUANTIZED_LINEARS, STORED_LINEARS, check_supported
 from fasterllm.layers.quantization.int4 import GROUP_SIZE, Int4WeightOnlyLinear, quantize_int4_grouped
 from fasterllm.layers.quantization.int8 import Int8WeightOnlyLinear, quantize_int8_per_channel
 from fasterllm.layers.quantization.w8a8 import W8A8Linear, quantize_per_token
+from fasterllm.loader.compressed_tensors import LAYOUTS
 
 IN, OUT, ROWS = 256, 96, 5
 
@@ -37,7 +38,7 @@ KERNEL_DTYPE = torch.bfloat16
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int8_is_off_by_at_most_half_a_step_per_weight(dtype):
     layer, x = float_layer(dtype)
-    got, want = Int8WeightOnlyLinear(layer.weight, layer.bias)(x), layer(x).float()
+    got, want = Int8WeightOnlyLinear.from_float(layer.weight, layer.bias)(x), layer(x).float()
     assert got.dtype == dtype
     _, scales = quantize_int8_per_channel(layer.weight)
     bound = x.float().abs().sum(dim=1, keepdim=True) * scales[None, :] / 2 + dtype_rounding(want, KERNEL_DTYPE)
@@ -59,7 +60,7 @@ def test_int4_is_off_by_at_most_half_a_step_per_weight_of_its_group(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w8a8_is_off_by_the_weight_and_the_activation_steps(dtype):
     layer, x = float_layer(dtype)
-    got, want = W8A8Linear(layer.weight, layer.bias)(x).float(), layer(x).float()
+    got, want = W8A8Linear.from_float(layer.weight, layer.bias)(x).float(), layer(x).float()
     qweight, w_scales = quantize_int8_per_channel(layer.weight)
     _, x_scales = quantize_per_token(x)
     # x w - x~ w~ = x (w - w~) + (x - x~) w~
@@ -75,7 +76,8 @@ def test_int4_rejects_a_width_its_groups_do_not_divide():
 
 
 def test_every_method_the_cli_and_config_name_has_layers():
-    assert set(QUANTIZED_LINEARS) == set(QUANTIZATION_METHODS)
+    assert set(QUANTIZED_LINEARS) | set(PREQUANTIZED_METHODS) == set(QUANTIZATION_METHODS)
+    assert set(STORED_LINEARS) == {"int4", *LAYOUTS.values()}  # every layout a stored checkpoint may have
 
 
 def test_methods_are_refused_where_they_have_no_kernels():
