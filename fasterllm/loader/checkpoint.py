@@ -29,8 +29,10 @@ class Checkpoint:
     weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]  # Hugging Face names
     # the same stream as WeightSources that read only the part asked for (safetensors slices; a GGUF's tensors)
     weight_parts: Callable[[], Iterator[tuple[str, WeightSource]]]
-    # a GGUF whose projections are all Q4_0/Q4_1: the same stream with those kept as blocks (quantization='gguf')
+    # a GGUF with projections stored in 4-bit blocks (Q4_0 / Q4_1 / Q4_K): the same stream with those kept as blocks
+    # (quantization='gguf'), and which projections they are ("layers.3.qkv_proj")
     q4_block_weights: Callable[[], Iterator[tuple[str, torch.Tensor]]] | None = None
+    q4_block_modules: frozenset[str] = frozenset()
     # the method its weights are stored in (one of PREQUANTIZED_METHODS: `weights` then yields its projections'
     # codes and scales, loader/prequantized.py), None: float
     quantization: str | None = None
@@ -53,10 +55,10 @@ class Checkpoint:
 
     def require_q4_block_weights(self) -> Callable[[], Iterator[tuple[str, torch.Tensor]]]:
         if self.q4_block_weights is None:
-            kind = "GGUF file whose projections are not all Q4_0/Q4_1" if self.source.format == "gguf" else \
+            kind = "GGUF file with no projection in 4-bit blocks" if self.source.format == "gguf" else \
                 f"{self.source.format} checkpoint, not a GGUF file"
-            raise ValueError(f"quantization='gguf' runs Q4_0/Q4_1 GGUF blocks as stored, but {self.source.path} is a "
-                             f"{kind}; use quantization='int4' (or 'int8') to quantize it at load instead")
+            raise ValueError(f"quantization='gguf' runs Q4_0/Q4_1/Q4_K GGUF blocks as stored, but {self.source.path} is "
+                             f"a {kind}; use quantization='int4' (or 'int8') to quantize it at load instead")
         return self.q4_block_weights
 
 
@@ -67,8 +69,9 @@ def open_checkpoint(model: str | None, tokenizer: str | None = None) -> Checkpoi
         config = gguf_file.model_config()
         tok = (load_gguf_tokenizer(gguf_file.metadata, config.eos_token_ids) if tokenizer is None
                else load_hf_tokenizer(resolve_model(tokenizer).path, config.eos_token_ids))
-        q4_blocks = (lambda: gguf_file.iter_weights(keep_q4_blocks=True)) if gguf_file.projections_are_q4() else None
-        return Checkpoint(source, config, tok, gguf_file.iter_weights, gguf_file.iter_weights, q4_blocks)
+        modules = gguf_file.q4_projections()
+        q4_blocks = (lambda: gguf_file.iter_weights(keep_q4_blocks=True)) if modules else None
+        return Checkpoint(source, config, tok, gguf_file.iter_weights, gguf_file.iter_weights, q4_blocks, modules)
     config = load_hf_config(source.path)  # an unsupported architecture is the first thing it reports
     tok_dir = source.path if tokenizer is None else Path(resolve_model(tokenizer).path)
     tok = load_hf_tokenizer(tok_dir, config.eos_token_ids)

@@ -25,6 +25,9 @@ _TENSOR_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# our fused projections and the GGUF tensors each is made of
+_PROJECTION_PARTS = {"qkv_proj": ("attn_q", "attn_k", "attn_v"), "o_proj": ("attn_output",),
+                     "gate_up_proj": ("ffn_gate", "ffn_up"), "down_proj": ("ffn_down",)}
 _LAYER_TENSOR_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -111,15 +114,21 @@ class GGUFFile:
             rope_freq_factors=rope_freqs,
         )
 
-    def projections_are_q4(self) -> bool:
-        """Whether every decoder-layer projection is stored as Q4_0 / Q4_1 blocks."""
-        return all(t.tensor_type.name in Q4_TYPES for t in self.reader.tensors
-                   if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.shape) == 2)
+    def q4_projections(self) -> frozenset[str]:
+        """The decoder-layer projections (ours, "layers.3.qkv_proj") whose every part is stored as 4-bit blocks
+        (Q4_0 / Q4_1 / Q4_K): those run as the file stores them. A Q4_K_M file keeps some attn_v and ffn_down
+        tensors in Q6_K; the projections holding them do not qualify."""
+        types = {t.name: t.tensor_type.name for t in self.reader.tensors}
+        layers = {int(name.split(".")[1]) for name in types if name.startswith("blk.")}
+        return frozenset(f"layers.{i}.{projection}" for i in layers for projection, parts in _PROJECTION_PARTS.items()
+                         if all(types.get(f"blk.{i}.{part}.weight") in Q4_TYPES for part in parts))
 
     def iter_weights(self, keep_q4_blocks: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """(Hugging Face name, float32 tensor) for every weight, with llama.cpp's Q/K permutation undone.
-        keep_q4_blocks: a Q4_0/Q4_1 projection comes as three row-indexed tensors instead, <module>.qcodes,
+        keep_q4_blocks: a part of one of q4_projections() comes as three row-indexed tensors instead, <module>.qcodes,
         .qscales and .qmins (loader/gguf_blocks.py)."""
+        kept = {f"blk.{p.split('.')[1]}.{part}.weight" for p in self.q4_projections() if keep_q4_blocks
+                for part in _PROJECTION_PARTS[p.split(".")[2]]}
         cfg_heads = self.required(f"{self.arch}.attention.head_count")
         kv_heads = self.metadata.get(f"{self.arch}.attention.head_count_kv", cfg_heads)
         permuted = GGUF_ARCHITECTURES[self.arch][1]
@@ -127,7 +136,7 @@ class GGUFFile:
             if tensor.name == "rope_freqs.weight":
                 continue  # folded into the rotary embedding by model_config()
             name = _hf_name(tensor.name)
-            if keep_q4_blocks and tensor.name.startswith("blk.") and tensor.tensor_type.name in Q4_TYPES:
+            if tensor.name in kept:
                 shape = tuple(int(d) for d in reversed(tensor.shape))
                 parts = unpack_q4_blocks(tensor.data, tensor.tensor_type.name, shape)
                 named = [(name.replace(".weight", suffix), part)
@@ -154,8 +163,8 @@ class GGUFFile:
             values = quants.dequantize(tensor.data, tensor.tensor_type)
         except NotImplementedError as exc:
             raise ValueError(f"GGUF tensor {tensor.name!r} in {self.path.name} has type {tensor.tensor_type.name}, "
-                             "which this gguf package cannot dequantize; convert the file to F16, Q8_0, Q4_0 or "
-                             "Q4_1 (llama.cpp's llama-quantize)") from exc
+                             "which this gguf package cannot dequantize; convert the file to F16, Q8_0, Q4_0, "
+                             "Q4_1 or Q4_K (llama.cpp's llama-quantize)") from exc
         # GGUF lists dimensions innermost first; torch wants them outermost first
         return values.reshape(tuple(int(d) for d in reversed(tensor.shape))).astype(np.float32, copy=False)
 

@@ -40,7 +40,7 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
         fill_dummy_weights(model)
     elif quantization == "gguf":  # the projections take the file's Q4 blocks as stored
         weights = checkpoint.require_q4_block_weights()
-        prepare_gguf_linears(model)
+        prepare_gguf_linears(model, checkpoint.q4_block_modules)
         model.load_weights(weights())
     elif quantization in PREQUANTIZED_METHODS:  # the same, from a pre-quantized checkpoint's codes
         prepare_stored_linears(model, checkpoint.stored_layout)

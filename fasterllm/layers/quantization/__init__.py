@@ -12,7 +12,7 @@ Methods (all quantized at load from the float weights of any checkpoint, the out
   w8a8  INT8 weights per channel + dynamic INT8 per-token activations w8a8.py
         (down_proj and the output head: weight-only INT8, see KEPT_INT8)
   fp8   e4m3 weights + dynamic per-token activations (Hopper GPUs)   no CPU path
-  gguf  a GGUF's own Q4_0/Q4_1 blocks repacked as int4 (no re-rounding); the other linears
+  gguf  a GGUF's own Q4_0/Q4_1/Q4_K blocks repacked as int4 (no re-rounding); the other linears
         (the output head) as int8                                     gguf.py
   gptq, awq, compressed-tensors  a checkpoint's own codes, run by the layer of their layout (STORED_LINEARS: int4,
         int8, w8a8 or fp8) with no re-rounding; the other linears (the output head) float, as stored

@@ -1,7 +1,8 @@
-"""Linears that load a GGUF's Q4_0 / Q4_1 blocks as they are stored, then run as int4. A GPTQ checkpoint's codes
-and an AWQ checkpoint's take the same path (loader/prequantized.py unpacks them into the same three tensors).
+"""Linears that load a GGUF's Q4_0 / Q4_1 / Q4_K blocks as they are stored, then run as int4. A GPTQ, AWQ or
+compressed-tensors W4A16 checkpoint's codes take the same path (loader/prequantized.py and compressed_tensors.py unpack
+them into the same three tensors).
 
-Before loading, every projection becomes a GGUFQ4Linear whose parameters (qcodes, qscales, qmins)
+Before loading, every projection stored so becomes a GGUFQ4Linear whose parameters (qcodes, qscales, qmins)
 receive the unpacked blocks (loader/gguf_blocks.py) through the model's ordinary load_weights:
 each is indexed by output row, so fusing Q/K/V or gate/up and undoing llama.cpp's Q/K row order
 act on them as on a float weight. After loading they repack into Int4WeightOnlyLinear: the codes
@@ -36,10 +37,16 @@ class GGUFQ4Linear(nn.Module):
                            "repacks it before the first forward")
 
 
-def prepare_gguf_linears(model: nn.Module) -> None:
-    """Before load_weights: the projections of the decoder layers take Q4 blocks; the output head
-    (often another GGUF type) keeps its float weight."""
-    replace_linears(model.layers, GGUFQ4Linear)
+def prepare_gguf_linears(model: nn.Module, modules: frozenset[str] | None = None) -> None:
+    """Before load_weights: the projections of the decoder layers take 4-bit blocks (modules: only those named, as
+    "layers.3.qkv_proj"; None: all); the others and the output head (often other GGUF types) keep float weights."""
+    if modules is None:
+        replace_linears(model.layers, GGUFQ4Linear)
+        return
+    for index, layer in enumerate(model.layers):
+        for name, child in list(layer.named_children()):
+            if isinstance(child, nn.Linear) and f"layers.{index}.{name}" in modules:
+                setattr(layer, name, GGUFQ4Linear(child))
 
 
 def repack_gguf_linears(model: nn.Module, int4_linear) -> None:

@@ -1,5 +1,6 @@
-"""GGUF Q4_0/Q4_1 blocks kept as stored: unpacked without rounding, Q/K rows reordered like the float
-weights, multiplied by the int4 kernel as their dequantized values; refused for other checkpoints."""
+"""GGUF Q4_0/Q4_1/Q4_K blocks kept as stored: unpacked without rounding, Q/K rows reordered like the float
+weights, multiplied by the int4 kernel as their dequantized values; a Q4_K_M-like mix runs its 4-bit projections as
+stored and the rest as int8; refused for other checkpoints."""
 import numpy as np
 import pytest
 import torch
@@ -7,7 +8,7 @@ from gguf import GGMLQuantizationType, quants
 from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from fasterllm import LLM
+from fasterllm import LLM, SamplingParams
 from fasterllm.layers.quantization.int4 import Int4WeightOnlyLinear
 from fasterllm.loader.gguf_blocks import dequantize_q4_blocks, unpack_q4_blocks
 from fasterllm.loader.gguf_checkpoint import GGUFFile
@@ -40,7 +41,7 @@ def test_blocks_unpack_to_exactly_what_gguf_dequantizes_and_the_kernel_multiplie
 
 def test_smollm2_blocks_with_qk_rows_reordered_equal_the_float_weights():
     gguf_file = GGUFFile(default_model_path())
-    assert gguf_file.projections_are_q4()
+    assert len(gguf_file.q4_projections()) == 4 * 30  # every projection of the 30 layers is Q4_1
     wanted = ("model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj", "model.layers.0.mlp.down_proj")
     floats = {name: w for name, w in gguf_file.iter_weights() if name.removesuffix(".weight") in wanted}
     parts = {name: w for name, w in gguf_file.iter_weights(keep_q4_blocks=True) if name.rsplit(".", 1)[0] in wanted}
@@ -54,6 +55,90 @@ def test_gguf_quantization_is_refused_for_a_checkpoint_without_q4_blocks(tmp_pat
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     LlamaForCausalLM(config).save_pretrained(tmp_path)
     Tokenizer(models.WordLevel({f"w{i}": i for i in range(64)}, unk_token="w0")).save(str(tmp_path / "tokenizer.json"))
-    with pytest.raises(ValueError, match="quantization='gguf' runs Q4_0/Q4_1 GGUF blocks as stored, but .* is a hf "
+    with pytest.raises(ValueError, match="quantization='gguf' runs Q4_0/Q4_1/Q4_K GGUF blocks as stored, but .* is a hf "
                                          "checkpoint, not a GGUF file; use quantization='int4'"):
         LLM(str(tmp_path), quantization="gguf", num_kv_blocks=4)
+
+
+def q4_k_bytes(weight: np.ndarray) -> np.ndarray:
+    """A [rows, cols] weight as Q4_K super-blocks (llama.cpp's documented layout, written here): per 32 weights a
+    6-bit scale and min relative to the super-block's fp16 d and dmin, codes 0..15."""
+    rows, cols = weight.shape
+    sub = weight.reshape(rows, cols // 256, 8, 32)
+    low, high = np.minimum(sub.min(-1), 0), sub.max(-1)
+    d = ((high - low) / 15).max(-1, keepdims=True).astype(np.float16) / np.float16(63)
+    dmin = (-low).max(-1, keepdims=True).astype(np.float16) / np.float16(63)
+    sc = np.clip(np.round((high - low) / 15 / d.astype(np.float32)), 1, 63).astype(np.int64)
+    m = np.clip(np.round(-low / np.maximum(dmin.astype(np.float32), 1e-12)), 0, 63).astype(np.int64)
+    scale, minimum = d.astype(np.float32) * sc, dmin.astype(np.float32) * m
+    codes = np.clip(np.round((sub + minimum[..., None]) / scale[..., None]), 0, 15).astype(np.int64)
+    packed = np.zeros((rows, cols // 256, 144), dtype=np.uint8)
+    packed[..., 0:2] = d.view(np.uint8)
+    packed[..., 2:4] = dmin.view(np.uint8)
+    packed[..., 4:8] = (sc[..., :4] & 63) | ((sc[..., 4:] >> 4) << 6)
+    packed[..., 8:12] = (m[..., :4] & 63) | ((m[..., 4:] >> 4) << 6)
+    packed[..., 12:16] = (sc[..., 4:] & 0xF) | ((m[..., 4:] & 0xF) << 4)
+    runs = codes.reshape(rows, cols // 256, 4, 2, 32)
+    packed[..., 16:] = (runs[..., 0, :] | (runs[..., 1, :] << 4)).reshape(rows, cols // 256, 128)
+    return packed.reshape(rows, -1)
+
+
+def test_q4_k_super_blocks_unpack_to_exactly_what_gguf_dequantizes():
+    weight = np.random.default_rng(1).standard_normal((24, 512)).astype(np.float32)
+    raw = q4_k_bytes(weight)
+    reference = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType.Q4_K).reshape(24, 512))
+    codes, scales, minimums = unpack_q4_blocks(raw, "Q4_K", (24, 512))
+    assert torch.equal(dequantized(codes, scales, minimums), reference)
+    assert (reference - torch.from_numpy(weight)).abs().max() < 0.5  # the test's quantizer: about a step of 4 bits
+
+
+def write_mixed_gguf(path, q8_layers: set[int]) -> None:
+    """SmolLM2's file with every ffn_down re-encoded as Q4_K, or as Q8_0 in q8_layers: the mix of a Q4_K_M file,
+    which keeps some ffn_down and attn_v tensors at 6 bits (its other projections stay Q4_1: their 576 inputs are
+    not a multiple of Q4_K's 256)."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(default_model_path())
+    writer = GGUFWriter(str(path), arch=reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "general.alignment"):
+            continue
+        sub_type = field.types[1] if field.types[0] == GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), field.types[0], sub_type)
+    for tensor in reader.tensors:
+        shape = [int(d) for d in reversed(tensor.shape)]
+        if tensor.name.endswith("ffn_down.weight"):
+            weight = dequantize_q4_blocks(tensor.data, tensor.tensor_type.name, shape).numpy()
+            layer = int(tensor.name.split(".")[1])
+            kind = GGMLQuantizationType.Q8_0 if layer in q8_layers else GGMLQuantizationType.Q4_K
+            raw = quants.quantize(weight, kind) if layer in q8_layers else q4_k_bytes(weight)
+            writer.add_tensor(tensor.name, raw, raw_shape=raw.shape, raw_dtype=kind)
+        else:
+            writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_shape=tensor.data.shape,
+                              raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_a_q4_k_m_like_file_runs_its_4_bit_projections_as_stored(tmp_path):
+    path = tmp_path / "smollm2-q4_k-mix.gguf"
+    write_mixed_gguf(path, q8_layers={0, 1, 15, 29})
+    assert len(GGUFFile(path).q4_projections()) == 4 * 30 - 4  # the Q8_0 down_proj of four layers does not qualify
+    blocks = LLM(str(path), quantization="gguf", num_kv_blocks=64, max_model_len=256)
+    layers = blocks.engine.executor.runner.model.layers
+    assert type(layers[2].down_proj).__name__ == "Int4WeightOnlyLinear"  # Q4_K, as stored
+    assert type(layers[1].down_proj).__name__ == "Int8WeightOnlyLinear"  # Q8_0, dequantized then int8 at load
+    assert type(layers[1].qkv_proj).__name__ == "Int4WeightOnlyLinear"
+    floats = LLM(str(path), num_kv_blocks=64, max_model_len=256)  # the same file dequantized
+    prompt = floats.get_tokenizer().encode("The capital of France is Paris. The capital of Italy is Rome.")
+    params = SamplingParams(temperature=0, max_tokens=8, prompt_logprobs=0)
+    ours, reference = (llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+                       for llm in (blocks, floats))
+    logprobs = [torch.tensor([next(iter(e.values())).logprob for e in out.prompt_logprobs[1:]]) for out in
+                (ours, reference)]
+    # the int4 kernel's bf16 activations and the int8 head: within a few hundredths of the float load, on average
+    assert (logprobs[0] - logprobs[1]).abs().mean() < 0.05
+    assert "Paris" in blocks.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8),
+                                      use_tqdm=False)[0].outputs[0].text
