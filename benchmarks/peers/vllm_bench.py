@@ -48,6 +48,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--kv-cache-dtype", default="auto", help="vLLM's kv_cache_dtype (auto, fp8)")
     args = parser.parse_args()
 
     import vllm
@@ -62,7 +63,8 @@ def main() -> None:
     # what random_prompts reads of an engine: its tokenizer's special ids and the vocabulary's size
     source = SimpleNamespace(tokenizer=load_hf_tokenizer(directory, config.eos_token_ids), model_config=config)
     settings = dict(model=str(directory), load_format="dummy", dtype="bfloat16", seed=args.seed,
-                    max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization)
+                    max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
+                    kv_cache_dtype=args.kv_cache_dtype)
     if args.max_model_len:
         settings["max_model_len"] = args.max_model_len
     start = time.perf_counter()
