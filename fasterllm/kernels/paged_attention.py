@@ -10,8 +10,9 @@ Decode batches (max_query_len == 1) split each sequence's keys over several prog
 short batches with long contexts would otherwise use a few SMs) and a second kernel merges the partial
 results by their log-sum-exp. The split count comes from host ints (batch size, heads, block table width).
 
-An fp8 cache (float8_e4m3fn, kernels/kv_store.py) is read as is and widened in registers: K's scale is folded
-into the score scale and V's multiplies the output, so a step reads half the bytes of a bf16 cache.
+An fp8 cache (float8_e4m3fn, kernels/kv_store.py) is read as is and widened in registers (to fp16 under bf16
+queries: one instruction per pair, where bf16 takes more): K's scale is folded into the score scale and V's multiplies
+the output, so a step reads half the bytes of a bf16 cache.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def _paged_attention_kernel(
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
         USE_WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-        IEEE_DOT: tl.constexpr):
+        IEEE_DOT: tl.constexpr, FP16_DOT: tl.constexpr):
     seq, tile, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
     query_start = tl.load(query_start_ptr + seq)
@@ -63,6 +64,8 @@ def _paged_attention_kernel(
         dim_ok = dims < HEAD_DIM
         q = tl.load(q_ptr + (query_start + token)[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh
                     + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+        if FP16_DOT:
+            q = q.to(tl.float16)
         position = context_len + token  # absolute position of each row's token
         if CAUSAL:
             key_end = tl.minimum(seq_len, context_len + tl.minimum(first_token + BLOCK_Q, query_len))
@@ -89,7 +92,10 @@ def _paged_attention_kernel(
                         + kv_head * stride_kh + dims[None, :], mask=kv_mask, other=0.0)
             v = tl.load(v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
                         + kv_head * stride_vh + dims[None, :], mask=kv_mask, other=0.0)
-            k, v = k.to(q.dtype), v.to(q.dtype)  # an fp8 cache's values, widened (its scales are applied apart)
+            if FP16_DOT:  # e4m3 widens to fp16 in one instruction per pair (to bf16 it takes more), and holds exactly
+                k, v = k.to(tl.float16), v.to(tl.float16)
+            else:  # the cache's values in the query's dtype (an fp8 cache's widened; its scales are applied apart)
+                k, v = k.to(q.dtype), v.to(q.dtype)
             scores = dot(q, tl.trans(k), IEEE_DOT) * scale_log2
             if HAS_SOFTCAP:  # Gemma 2: softcap * tanh(score / softcap), on the natural-log score (tanh written out)
                 capped = 2.0 / (1.0 + tl.exp(scores * (-2.0 / (softcap * 1.4426950408889634)))) - 1.0
@@ -195,6 +201,9 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         return out
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
+    # bf16 queries over an fp8 cache multiply in fp16 (e4m3 is exact there; the queries' range is far inside it), and
+    # a decode tile takes 128 keys: the bytes of a bf16 cache's 64
+    fp16_dot = key_cache.dtype == FP8_KV_DTYPE and query.dtype == torch.bfloat16
     block_d = max(16, triton.next_power_of_2(head_dim))
     if max_query_len == 1:
         splits = num_kv_splits or decode_splits(num_seqs, num_kv_heads, block_tables.shape[1] * block_size)
@@ -216,9 +225,10 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         query.stride(0), query.stride(1), *key_cache.stride()[:3], *value_cache.stride()[:3],
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
-        BLOCK_N=max(block_size, 64), BLOCK_SIZE=block_size, NUM_SPLITS=splits,
+        BLOCK_N=max(block_size, 128 if fp16_dot and max_query_len == 1 else 64), BLOCK_SIZE=block_size,
+        NUM_SPLITS=splits,
         USE_WINDOW=sliding_window is not None, CAUSAL=causal, HAS_BIAS=position_bias is not None,
-        HAS_SOFTCAP=softcap is not None, IEEE_DOT=query.dtype == torch.float32,
+        HAS_SOFTCAP=softcap is not None, IEEE_DOT=query.dtype == torch.float32, FP16_DOT=fp16_dot,
         num_stages=_DECODE_STAGES if max_query_len == 1 else 3)
     if splits > 1:
         _merge_splits_kernel[(num_seqs, num_heads)](
