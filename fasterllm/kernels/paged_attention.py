@@ -10,9 +10,9 @@ Decode batches (max_query_len == 1) split each sequence's keys over several prog
 short batches with long contexts would otherwise use a few SMs) and a second kernel merges the partial
 results by their log-sum-exp. The split count comes from host ints (batch size, heads, block table width).
 
-An fp8 cache (float8_e4m3fn, kernels/kv_store.py) is read as is and widened in registers (to fp16 under bf16
-queries: one instruction per pair, where bf16 takes more): K's scale is folded into the score scale and V's multiplies
-the output, so a step reads half the bytes of a bf16 cache.
+An fp8 cache (float8_e4m3fn, kernels/kv_store.py) is read as is and widened in registers (in decode launches under
+bf16 queries to fp16: one instruction per pair, where bf16 takes more): K's scale is folded into the score scale and
+V's multiplies the output, so a step reads half the bytes of a bf16 cache.
 """
 from __future__ import annotations
 
@@ -201,9 +201,9 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         return out
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
-    # bf16 queries over an fp8 cache multiply in fp16 (e4m3 is exact there; the queries' range is far inside it), and
-    # a decode tile takes 128 keys: the bytes of a bf16 cache's 64
-    fp16_dot = key_cache.dtype == FP8_KV_DTYPE and query.dtype == torch.bfloat16
+    # decode launches with bf16 queries over an fp8 cache multiply in fp16 (e4m3 is exact there; the queries' range is
+    # far inside it) and take 128 keys a tile, the bytes of a bf16 cache's 64
+    fp16_dot = key_cache.dtype == FP8_KV_DTYPE and query.dtype == torch.bfloat16 and max_query_len == 1
     block_d = max(16, triton.next_power_of_2(head_dim))
     if max_query_len == 1:
         splits = num_kv_splits or decode_splits(num_seqs, num_kv_heads, block_tables.shape[1] * block_size)
@@ -225,7 +225,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         query.stride(0), query.stride(1), *key_cache.stride()[:3], *value_cache.stride()[:3],
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
-        BLOCK_N=max(block_size, 128 if fp16_dot and max_query_len == 1 else 64), BLOCK_SIZE=block_size,
+        BLOCK_N=max(block_size, 128 if fp16_dot else 64), BLOCK_SIZE=block_size,
         NUM_SPLITS=splits,
         USE_WINDOW=sliding_window is not None, CAUSAL=causal, HAS_BIAS=position_bias is not None,
         HAS_SOFTCAP=softcap is not None, IEEE_DOT=query.dtype == torch.float32, FP16_DOT=fp16_dot,
