@@ -122,6 +122,25 @@ def test_a_prequantized_checkpoint_runs_as_its_dequantized_weights(tmp_path, gro
         torch.testing.assert_close(torch.tensor(ours), expected, atol=0.08, rtol=0.02)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("group_size, sym, checkpoint_format", [(-1, True, "gptq"), (64, False, "awq")])
+def test_on_the_gpu_a_prequantized_checkpoint_runs_as_its_dequantized_weights(tmp_path, group_size, sym,
+                                                                              checkpoint_format):
+    spec = next(s for s in TINY_SPECS if s.name == "llama3_gqa")
+    model = build_tiny_model(spec, tmp_path)
+    write_quantized(tmp_path, model, group_size, sym, checkpoint_format)
+    llm = LLM(str(tmp_path), dtype="bfloat16", device="cuda", num_kv_blocks=64, gpu_memory_utilization=0.2)
+    assert type(llm.engine.executor.runner.model.layers[0].qkv_proj).__name__ == "Int4GPULinear"
+    prompt = random_prompt(23, spec.vocab_size, 323)
+    output = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0),
+                          use_tqdm=False)[0]
+    with torch.no_grad():
+        reference = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    ours = torch.tensor([next(iter(entry.values())).logprob for entry in output.prompt_logprobs[1:]])
+    expected = reference[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
+    torch.testing.assert_close(ours, expected, atol=0.2, rtol=0.02)  # bf16 activations against fp32
+
+
 def test_what_the_support_does_not_cover_is_an_error_naming_it(tmp_path):
     spec = next(s for s in TINY_SPECS if s.name == "llama3_gqa")
     model = build_tiny_model(spec, tmp_path)
