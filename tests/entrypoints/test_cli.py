@@ -14,8 +14,9 @@ def run(args, stdin=None, timeout=300):
     return subprocess.run(CLI + args, input=stdin, capture_output=True, text=True, timeout=timeout)
 
 
-def test_generate_with_the_default_model_answers():
-    result = run(["generate", "What is the capital of France?", *SMALL])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_generate_with_the_default_model_answers(kv_cache_dtype):
+    result = run(["generate", "What is the capital of France?", *SMALL, "--kv-cache-dtype", kv_cache_dtype])
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
 
