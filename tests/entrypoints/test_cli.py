@@ -14,9 +14,16 @@ def run(args, stdin=None, timeout=300):
     return subprocess.run(CLI + args, input=stdin, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_generate_with_the_default_model_answers(kv_cache_dtype):
-    result = run(["generate", "What is the capital of France?", *SMALL, "--kv-cache-dtype", kv_cache_dtype])
+def test_generate_with_the_default_model_answers():
+    result = run(["generate", "What is the capital of France?", *SMALL])
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+
+
+def test_generate_with_an_fp8_kv_cache_answers():
+    # a plain prompt: through the chat template SmolLM2-135M's bf16 answer changes with an fp8 cache (README)
+    result = run(["generate", "--no-chat-template", "The capital of France is", *SMALL, "--kv-cache-dtype", "fp8",
+                  "--max-tokens", "8"])
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
 
