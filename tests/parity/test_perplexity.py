@@ -18,10 +18,11 @@ TEXT = (Path(__file__).parent.parent / "data" / "pride_and_prejudice_ch1.txt").r
 # +1.2% to +1.6% (fp32, or AVX2-capped kernels): benchmarks/RESULTS.md, "CPUs without AVX-512"
 ALLOWED_INCREASE = {"int8": 0.01, "w8a8": 0.02, "int4": 0.05, "gguf": 0.01}
 sys.path.insert(0, str(Path(__file__).parents[1] / "loader"))  # test_compressed_tensors writes the checkpoints
-# compressed-tensors checkpoints of the float model, round-to-nearest (RESULTS.md): W8A8 +1.16% (its down_proj takes
-# int8 activations too, as our w8a8 does not: +1.1% measured there), W8A16 +0.12%. No 4-bit scheme here: this float
-# model is a Q4_1 file's grid, which 4-bit codes with integer zero points cannot hold (+19% for W4A16 g32)
-COMPRESSED_ALLOWED_INCREASE = {"W8A8": 0.02, "W8A16": 0.005}
+# compressed-tensors checkpoints of the float model, round-to-nearest (RESULTS.md): W8A8 +1.16% with bf16, +2.12% with
+# fp32 on the AVX2 path (its down_proj takes int8 activations too, as our w8a8's does not), W8A16 +0.12% / +0.33%. No
+# 4-bit scheme here: this float model is a Q4_1 file's grid, which 4-bit codes with integer zero points cannot hold
+# (+19% for W4A16 g32)
+COMPRESSED_ALLOWED_INCREASE = {"W8A8": 0.03, "W8A16": 0.005}
 # the fp8 KV cache (e4m3, scale 1): +1.0% with fp32 arithmetic, -0.3% with bf16 on the AVX-512 VM (RESULTS.md)
 FP8_KV_ALLOWED_INCREASE = 0.015
 
