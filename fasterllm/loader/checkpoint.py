@@ -9,7 +9,7 @@ import torch
 
 from fasterllm.config import PREQUANTIZED_METHODS, ModelConfig
 from fasterllm.loader.gguf_checkpoint import GGUFFile
-from fasterllm.loader.prequantized import stored_quantization
+from fasterllm.loader.prequantized import StoredQuantization, stored_quantization
 from fasterllm.loader.hf_checkpoint import iter_safetensors, load_hf_config
 from fasterllm.loader.model_source import ModelSource, resolve_model
 from fasterllm.loader.tokenizer import (
@@ -33,25 +33,28 @@ class Checkpoint:
     # (quantization='gguf'), and which projections they are ("layers.3.qkv_proj")
     q4_block_weights: Callable[[], Iterator[tuple[str, torch.Tensor]]] | None = None
     q4_block_modules: frozenset[str] = frozenset()
-    # the method its weights are stored in (one of PREQUANTIZED_METHODS: `weights` then yields its projections'
-    # codes and scales, loader/prequantized.py), None: float
-    quantization: str | None = None
-    stored_layout: str | None = None  # the layer those codes run as (layers/quantization: STORED_LINEARS)
-    stored_scheme: str = ""  # what the checkpoint says it is, for messages ("GPTQ", "compressed-tensors W8A8")
+    # how its weights are stored, when pre-quantized (loader/prequantized.py: its method, one of PREQUANTIZED_METHODS;
+    # its layout, the layer its codes run as; its name for messages): `weights` then yields its projections' codes
+    # and scales. None: float
+    stored: StoredQuantization | None = None
+
+    @property
+    def stored_layout(self) -> str | None:
+        return None if self.stored is None else self.stored.layout
 
     def resolve_quantization(self, requested: str | None) -> str | None:
         """The method the model runs with: a pre-quantized checkpoint's own (asked for by name, or not at all), else
         the one requested."""
-        if self.quantization is None:
+        if self.stored is None:
             if requested in PREQUANTIZED_METHODS:
                 raise ValueError(f"quantization={requested!r} runs a {requested.upper()} checkpoint's codes as stored, "
                                  f"but {self.source.path} is not one; use quantization='int4' (or 'int8') to quantize "
                                  "it at load instead")
             return requested
-        if requested not in (None, self.quantization):
-            raise ValueError(f"{self.source.path} is a {self.stored_scheme} checkpoint, which runs as stored; "
+        if requested not in (None, self.stored.method):
+            raise ValueError(f"{self.source.path} is a {self.stored.name} checkpoint, which runs as stored; "
                              f"quantization={requested!r} cannot apply to it: leave quantization unset")
-        return self.quantization
+        return self.stored.method
 
     def require_q4_block_weights(self) -> Callable[[], Iterator[tuple[str, torch.Tensor]]]:
         if self.q4_block_weights is None:
@@ -78,8 +81,7 @@ def open_checkpoint(model: str | None, tokenizer: str | None = None) -> Checkpoi
     quantized = stored_quantization(Path(source.path))
     if quantized is not None:
         weights = lambda: quantized.weights(Path(source.path))  # noqa: E731
-        return Checkpoint(source, config, tok, weights, _no_parts, quantization=quantized.method,
-                          stored_layout=quantized.layout, stored_scheme=quantized.name)
+        return Checkpoint(source, config, tok, weights, _no_parts, stored=quantized)
     return Checkpoint(source, config, tok, lambda: iter_safetensors(source.path),
                       lambda: iter_safetensors(source.path, lazy=True))
 

@@ -114,21 +114,30 @@ class GGUFFile:
             rope_freq_factors=rope_freqs,
         )
 
-    def q4_projections(self) -> frozenset[str]:
-        """The decoder-layer projections (ours, "layers.3.qkv_proj") whose every part is stored as 4-bit blocks
-        (Q4_0 / Q4_1 / Q4_K): those run as the file stores them. A Q4_K_M file keeps some attn_v and ffn_down
-        tensors in Q6_K; the projections holding them do not qualify."""
+    @functools.cached_property
+    def _q4_groups(self) -> dict[str, tuple[str, ...]]:
+        """Our decoder-layer projection ("layers.3.qkv_proj") -> its GGUF tensors, for those whose every part is
+        stored as 4-bit blocks (Q4_0 / Q4_1 / Q4_K). A Q4_K_M file keeps some attn_v and ffn_down tensors in Q6_K;
+        the projections holding them do not qualify."""
         types = {t.name: t.tensor_type.name for t in self.reader.tensors}
         layers = {int(name.split(".")[1]) for name in types if name.startswith("blk.")}
-        return frozenset(f"layers.{i}.{projection}" for i in layers for projection, parts in _PROJECTION_PARTS.items()
-                         if all(types.get(f"blk.{i}.{part}.weight") in Q4_TYPES for part in parts))
+        groups = {}
+        for i in sorted(layers):
+            for projection, parts in _PROJECTION_PARTS.items():
+                names = tuple(f"blk.{i}.{part}.weight" for part in parts)
+                if all(types.get(name) in Q4_TYPES for name in names):
+                    groups[f"layers.{i}.{projection}"] = names
+        return groups
+
+    def q4_projections(self) -> frozenset[str]:
+        """The projections that run as the file stores them (quantization='gguf')."""
+        return frozenset(self._q4_groups)
 
     def iter_weights(self, keep_q4_blocks: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """(Hugging Face name, float32 tensor) for every weight, with llama.cpp's Q/K permutation undone.
         keep_q4_blocks: a part of one of q4_projections() comes as three row-indexed tensors instead, <module>.qcodes,
         .qscales and .qmins (loader/gguf_blocks.py)."""
-        kept = {f"blk.{p.split('.')[1]}.{part}.weight" for p in self.q4_projections() if keep_q4_blocks
-                for part in _PROJECTION_PARTS[p.split(".")[2]]}
+        kept = {name for names in self._q4_groups.values() for name in names} if keep_q4_blocks else set()
         cfg_heads = self.required(f"{self.arch}.attention.head_count")
         kv_heads = self.metadata.get(f"{self.arch}.attention.head_count_kv", cfg_heads)
         permuted = GGUF_ARCHITECTURES[self.arch][1]

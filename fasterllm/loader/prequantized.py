@@ -31,7 +31,7 @@ SUPPORTED = ("GPTQ and AWQ checkpoints of 4-bit codes with group_size a multiple
 _AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AWQ's nibble j of a word holds output 8 i + _AWQ_ORDER[j]
 
 
-def stored_quantization(model_dir: Path) -> QuantizedCheckpoint | CompressedTensorsCheckpoint | None:
+def stored_quantization(model_dir: Path) -> StoredQuantization | None:
     """The checkpoint's quantization (config.json's quantization_config, or GPTQ's quantize_config.json); None for a
     float checkpoint. One it does not run is a ValueError naming it."""
     raw = read_json(model_dir / "config.json").get("quantization_config")
@@ -136,3 +136,6 @@ def _awq_unpack(words: torch.Tensor) -> torch.Tensor:
     columns = torch.empty_like(nibbles)
     columns[:, :, list(_AWQ_ORDER)] = nibbles
     return columns.reshape(words.shape[0], -1)
+
+
+StoredQuantization = QuantizedCheckpoint | CompressedTensorsCheckpoint  # what stored_quantization finds

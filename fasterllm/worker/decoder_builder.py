@@ -27,7 +27,7 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
         quantization = checkpoint.stored_layout
     check_supported(quantization, device)  # refused before any weight loads
     if quantization in PREQUANTIZED_METHODS:
-        what = f"{checkpoint.source.path} ({checkpoint.stored_scheme})"
+        what = f"{checkpoint.source.path} ({checkpoint.stored.name})"
         check_stored_supported(checkpoint.stored_layout, device, what)
         if getattr(checkpoint.config, "num_experts", 0):
             raise ValueError(f"{what} is a mixture of experts, whose stored expert codes are not loaded yet; use a "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fasterllm.layers.attention import AttentionMetadata, KernelInputs, attend_with_kernels, paged_attention
+from fasterllm.layers.attention import attend_with_kernels, paged_attention
 from fasterllm.layers.attention import store_kv as store_kv_torch
 from fasterllm.layers.kv_cache_dtype import FP8_KV_DTYPE, FP8_MAX, cache_values
 from fasterllm.layers.rotary import RotaryEmbedding, rope_inv_freq
@@ -16,6 +16,7 @@ from fasterllm.kernels.kv_store import store_kv, store_kv_reference  # noqa: E40
 from fasterllm.kernels.paged_attention import paged_attention as paged_attention_kernel  # noqa: E402
 from fasterllm.kernels.paged_attention import paged_attention_reference  # noqa: E402
 from fasterllm.kernels.rotary import apply_rotary, rotary_and_store_kv  # noqa: E402
+from test_triton_rope_store import decode_and_chunk_meta  # noqa: E402
 
 # dtypes the interpreter computes as the GPU does (its bf16 arithmetic rounds differently: bf16 runs on a GPU)
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
@@ -120,14 +121,10 @@ def test_attention_layer_kernels_match_the_torch_path_on_an_fp8_cache():
     """attend_with_kernels (fused RoPE + fp8 store, attention) against layers/attention.py's CPU path over the same
     fp8 cache: one decode with 20 tokens cached and a chunk of 4 after 6."""
     num_heads, num_kv_heads, head_dim, block_size = 4, 2, 32, 16
-    query_lens, seq_lens, tables = [1, 4], [20, 10], [[3, 1], [0]]
     rotary = RotaryEmbedding(head_dim, 64, rope_inv_freq(head_dim, 10000.0, None), DEVICE, torch.float32)
     qkv = torch.randn(5, num_heads + 2 * num_kv_heads, head_dim, device=DEVICE) * 3
     cache = fp8_cache(4, block_size, num_kv_heads, head_dim)
-    meta = AttentionMetadata.build(query_lens, seq_lens, tables, block_size, DEVICE)
-    meta.kernel = KernelInputs(torch.tensor([[3, 1], [0, 0]], dtype=torch.int32, device=DEVICE),
-                               torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
-                               torch.tensor([0, 1, 5], dtype=torch.int32, device=DEVICE), 4)
+    meta = decode_and_chunk_meta(block_size)
     scale = head_dim ** -0.5
     kernel_cache = cache.clone()
     kernel_out = attend_with_kernels(qkv.clone(), num_heads, num_kv_heads, kernel_cache, meta, rotary.cos_sin, scale,

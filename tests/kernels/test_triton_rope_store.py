@@ -94,16 +94,23 @@ def test_mismatched_cache_is_refused():
         rotary_and_store_kv(query, key, value, positions, rotary.cos_sin[:, :64], cache[0], cache[1], slots)
 
 
-def test_attention_layer_kernels_match_torch_path():
-    """attend_with_kernels (fused RoPE + store, then paged attention) against the CPU path of models/llama.py,
-    on a batch of one decode (20 tokens cached) and one chunk of 4 new tokens after 6 cached."""
-    num_heads, num_kv_heads, head_dim, block_size = 4, 2, 32, 16
+def decode_and_chunk_meta(block_size: int = 16) -> AttentionMetadata:
+    """Both paths' metadata for 5 new tokens: one decode with 20 tokens cached (blocks 3, 1) and a chunk of 4 after 6
+    cached (block 0)."""
     query_lens, seq_lens, tables = [1, 4], [20, 10], [[3, 1], [0]]
-    rotary, qkv, _, _, cache = make_inputs(5, num_heads, num_kv_heads, head_dim, torch.float32, block_size, 4, 64)
     meta = AttentionMetadata.build(query_lens, seq_lens, tables, block_size, DEVICE)
     meta.kernel = KernelInputs(torch.tensor([[3, 1], [0, 0]], dtype=torch.int32, device=DEVICE),
                                torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
                                torch.tensor([0, 1, 5], dtype=torch.int32, device=DEVICE), 4)
+    return meta
+
+
+def test_attention_layer_kernels_match_torch_path():
+    """attend_with_kernels (fused RoPE + store, then paged attention) against the CPU path of models/llama.py,
+    on a batch of one decode (20 tokens cached) and one chunk of 4 new tokens after 6 cached."""
+    num_heads, num_kv_heads, head_dim, block_size = 4, 2, 32, 16
+    rotary, qkv, _, _, cache = make_inputs(5, num_heads, num_kv_heads, head_dim, torch.float32, block_size, 4, 64)
+    meta = decode_and_chunk_meta(block_size)
     scale = head_dim ** -0.5
     kernel_cache = cache.clone()
     kernel_out = attend_with_kernels(qkv.clone(), num_heads, num_kv_heads, kernel_cache, meta, rotary.cos_sin, scale)

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "parity"))
-from parity_utils import TINY_SPECS, build_tiny_model, random_prompt  # noqa: E402
+from parity_utils import TINY_SPECS, assert_prompt_logprobs_match, build_tiny_model, random_prompt  # noqa: E402
 
-from fasterllm import LLM, SamplingParams  # noqa: E402
+from fasterllm import LLM  # noqa: E402
 from fasterllm.loader.prequantized import stored_quantization  # noqa: E402
 
 pytest.importorskip("transformers")
@@ -90,15 +90,7 @@ def write_compressed(directory: Path, model, scheme: QuantizationScheme, quantiz
 
 def assert_logprobs_match(llm: LLM, model, tolerance: float) -> None:
     """The engine's prompt logprobs against transformers' fp32 on the dequantized weights (the CPU)."""
-    prompts = [random_prompt(n, SPEC.vocab_size, 500 + n) for n in (6, 21)]
-    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
-    for prompt, output in zip(prompts, llm.generate([{"prompt_token_ids": p} for p in prompts], params,
-                                                    use_tqdm=False)):
-        with torch.no_grad():
-            reference = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), dim=-1)
-        ours = torch.tensor([next(iter(entry.values())).logprob for entry in output.prompt_logprobs[1:]])
-        expected = reference[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
-        torch.testing.assert_close(ours, expected, atol=tolerance, rtol=0.02)
+    assert_prompt_logprobs_match(llm, model, [random_prompt(n, SPEC.vocab_size, 500 + n) for n in (6, 21)], tolerance)
 
 
 @pytest.mark.parametrize("name", list(SCHEMES))

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "parity"))
-from parity_utils import TINY_SPECS, build_tiny_model, random_prompt  # noqa: E402
+from parity_utils import TINY_SPECS, assert_prompt_logprobs_match, build_tiny_model, random_prompt  # noqa: E402
 
-from fasterllm import LLM, SamplingParams  # noqa: E402
+from fasterllm import LLM  # noqa: E402
 from fasterllm.loader.prequantized import stored_quantization  # noqa: E402
 
 pytest.importorskip("transformers")
@@ -110,16 +110,8 @@ def test_a_prequantized_checkpoint_runs_as_its_dequantized_weights(tmp_path, gro
         assert torch.equal(unpacked[f"{module}.qcodes"], torch.from_numpy(codes.T.astype(np.uint8)))
     llm = LLM(str(tmp_path), dtype="float32", device="cpu", num_kv_blocks=64)
     assert type(llm.engine.executor.runner.model.layers[0].qkv_proj).__name__ == "Int4WeightOnlyLinear"
-    prompts = [random_prompt(n, spec.vocab_size, 300 + n) for n in (5, 23)]
-    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
-    for prompt, output in zip(prompts, llm.generate([{"prompt_token_ids": p} for p in prompts], params,
-                                                    use_tqdm=False)):
-        with torch.no_grad():
-            reference = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), dim=-1)
-        ours = [next(iter(entry.values())).logprob for entry in output.prompt_logprobs[1:]]
-        expected = reference[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
-        # the int4 kernel multiplies bf16 activations: logprobs within a few hundredths of the float model's
-        torch.testing.assert_close(torch.tensor(ours), expected, atol=0.08, rtol=0.02)
+    # the int4 kernel multiplies bf16 activations: logprobs within a few hundredths of the float model's
+    assert_prompt_logprobs_match(llm, model, [random_prompt(n, spec.vocab_size, 300 + n) for n in (5, 23)], 0.08)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -131,14 +123,8 @@ def test_on_the_gpu_a_prequantized_checkpoint_runs_as_its_dequantized_weights(tm
     write_quantized(tmp_path, model, group_size, sym, checkpoint_format)
     llm = LLM(str(tmp_path), dtype="bfloat16", device="cuda", num_kv_blocks=64, gpu_memory_utilization=0.2)
     assert type(llm.engine.executor.runner.model.layers[0].qkv_proj).__name__ == "Int4GPULinear"
-    prompt = random_prompt(23, spec.vocab_size, 323)
-    output = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0),
-                          use_tqdm=False)[0]
-    with torch.no_grad():
-        reference = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), dim=-1)
-    ours = torch.tensor([next(iter(entry.values())).logprob for entry in output.prompt_logprobs[1:]])
-    expected = reference[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
-    torch.testing.assert_close(ours, expected, atol=0.2, rtol=0.02)  # bf16 activations against fp32
+    # bf16 activations against fp32
+    assert_prompt_logprobs_match(llm, model, [random_prompt(23, spec.vocab_size, 323)], 0.2)
 
 
 def test_what_the_support_does_not_cover_is_an_error_naming_it(tmp_path):

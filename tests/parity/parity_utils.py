@@ -350,3 +350,17 @@ def build_tiny_model(spec: TinySpec, directory: Path, seed: int = 0):
 def random_prompt(length: int, vocab_size: int, seed: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab_size, (length,), generator=g).tolist()
+
+
+def assert_prompt_logprobs_match(llm, hf_model, prompts: Sequence[Sequence[int]], atol: float) -> None:
+    """The engine's prompt logprobs of each prompt against transformers' (hf_model, fp32 on the CPU) within atol."""
+    from fasterllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+    for prompt, output in zip(prompts, outputs):
+        with torch.no_grad():
+            reference = torch.log_softmax(hf_model(torch.tensor([list(prompt)])).logits[0].float(), dim=-1)
+        ours = torch.tensor([next(iter(entry.values())).logprob for entry in output.prompt_logprobs[1:]])
+        expected = reference[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
+        torch.testing.assert_close(ours, expected, atol=atol, rtol=0.02)
