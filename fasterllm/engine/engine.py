@@ -28,6 +28,7 @@ from fasterllm.loader.checkpoint import open_checkpoint
 from fasterllm.outputs import RequestOutput
 from fasterllm.sampling_params import BeamSearchParams, SamplingParams
 from fasterllm.worker.model_runner import PendingOutput
+from fasterllm.worker.step_messages import GrammarMasks
 from fasterllm.worker.worker import WorkerConfig
 
 logger = logging.getLogger("fasterllm")
@@ -79,6 +80,7 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self.forks = SequenceForks(self.requests, self.kv_cache, self.scheduler, self._eos_ids(), self.max_model_len)
         self._in_flight: tuple[ScheduledBatch, PendingOutput] | None = None  # launched, tokens not read
+        self._failed_lookahead: tuple[ScheduledBatch, Exception] | None = None  # its masks could not be applied
         self.startup_seconds = {"total": time.perf_counter() - start, "weights": self.executor.load_seconds,
                                 "kv_sizing": profile_seconds, "cuda_graphs": graph_seconds}
         logger.info("engine ready in %.1fs (weights %.1fs, KV sizing %.1fs, CUDA graphs %.1fs): %s, %s on %s, "
@@ -134,8 +136,13 @@ class Engine:
         """Run one step; return an output for every request that produced a token or finished.
 
         With asynchronous scheduling, the next decode step is launched before this step's tokens are
-        read: the host's work on them (detokenizing, stop checks, outputs) overlaps the GPU's next step."""
+        read: the host's work on them (detokenizing, stop checks, outputs) overlaps the GPU's next step. Where that
+        step samples under a grammar, its forward pass runs meanwhile and it samples once this step's tokens have
+        advanced the matchers and its masks are filled."""
         self._take_compiled_grammars()
+        if self._failed_lookahead is not None:
+            failed, self._failed_lookahead = self._failed_lookahead, None
+            self._fail_batch(*failed)
         launched = self._in_flight or self._launch(self.scheduler.schedule())
         self._in_flight = None
         if launched is None:
@@ -145,7 +152,15 @@ class Engine:
         out, result = launched
         if self.async_scheduling:
             self._in_flight = self._launch_lookahead(out, result)
-        return self._finish_step(out, result)
+        if self._in_flight is None or not self._in_flight[0].message.masks_follow:
+            return self._finish_step(out, result)
+        try:
+            outputs = self._finish_step(out, result)
+        except BaseException:
+            self._in_flight = None  # its masks will not come: dropped (the worker drops it at the next step)
+            raise
+        self._sample_lookahead_with_masks()
+        return outputs
 
     def _take_compiled_grammars(self) -> None:
         """Requests whose grammar matcher is built may be scheduled; one that failed to build fails alone."""
@@ -164,13 +179,17 @@ class Engine:
         except WorkerFailedError:  # the ranks are gone: nothing goes on
             raise
         except Exception as exc:
-            # a failed sample or beam fails its whole request: the samples and beams not in this step too
-            ids = list(dict.fromkeys(_added_as(item.request).request_id for item in batch.scheduled))
-            logger.exception("forward pass failed; failing requests %s", ids)
-            for request_id in ids:
-                self.abort_request(request_id, "error")
-            raise StepFailedError(ids, exc) from exc
+            self._fail_batch(batch, exc)
         return None if pending is None else (batch, pending)
+
+    def _fail_batch(self, batch: ScheduledBatch, exc: Exception) -> None:
+        """A step that failed fails its requests (a failed sample or beam its whole request: the samples and beams
+        not in this step too) and raises StepFailedError naming them."""
+        ids = list(dict.fromkeys(_added_as(item.request).request_id for item in batch.scheduled))
+        logger.error("step failed; failing requests %s", ids, exc_info=exc)
+        for request_id in ids:
+            self.abort_request(request_id, "error")
+        raise StepFailedError(ids, exc) from exc
 
     def _launch_lookahead(self, batch: ScheduledBatch,
                           pending: PendingOutput) -> tuple[ScheduledBatch, PendingOutput] | None:
@@ -181,7 +200,8 @@ class Engine:
         lookahead = self.scheduler.schedule_lookahead(batch, pending.request_ids)
         if lookahead is None:
             return None
-        self.structured.attach_masks(lookahead)  # a request admitted here may sample under a grammar
+        # a constrained row's mask needs the token this step samples for it: filled once that is read
+        lookahead.message.masks_follow = self.structured.samples_constrained(lookahead)
         try:
             launched = self.executor.execute(lookahead.message)
         except WorkerFailedError:
@@ -190,6 +210,18 @@ class Engine:
             logger.warning("a lookahead step failed to launch; continuing synchronously", exc_info=True)
             return None
         return lookahead, launched
+
+    def _sample_lookahead_with_masks(self) -> None:
+        """The lookahead step's forward pass runs; now that this step's tokens advanced the matchers, fill its
+        constrained rows' masks and let it sample."""
+        batch, _ = self._in_flight
+        self.structured.attach_masks(batch)
+        try:
+            self.executor.sample_with_masks(GrammarMasks(batch.message.grammar_rows, batch.message.grammar_bitmask))
+        except WorkerFailedError:
+            raise
+        except Exception as exc:  # this step's outputs still go out: the lookahead's requests fail at the next step
+            self._in_flight, self._failed_lookahead = None, (batch, exc)
 
     def _finish_step(self, batch: ScheduledBatch, pending: PendingOutput) -> list[RequestOutput]:
         """Read the step's tokens and account them: forks, beams, logprobs, stops, outputs."""

@@ -309,13 +309,14 @@ class AsyncScheduler(Scheduler):
         samples; a request at its token limit after that token is left out, it finishes), a prompt that step computes
         a chunk of goes on with its next chunk, other running requests with theirs, then waiting requests are
         admitted with the budget left. Only where nothing needs the in-flight tokens on the host first (each sampling
-        request samples one row, none is in a group, has a grammar or logit controls: those read the tokens),
+        request samples one row, none is in a group or has logit controls: those read the tokens; a grammar's mask
+        is filled after the in-flight tokens are read, while this step's forward pass runs),
         nothing is swapped out, and every chunk gets its blocks without preempting; otherwise None, and the next
         step is scheduled once the tokens are read."""
         flying = set(sampled_ids)
         if len(flying) != len(sampled_ids) or self.swapped or any(
-                item.request.group is not None or item.request.matcher is not None
-                or item.request.sampling_params.controls_logits for item in in_flight.scheduled if item.samples):
+                item.request.group is not None or item.request.sampling_params.controls_logits
+                for item in in_flight.scheduled if item.samples):
             return None
         in_flight_chunks = {id(item.request): item.num_new_tokens for item in in_flight.scheduled if not item.samples}
         out = ScheduledBatch()

@@ -99,16 +99,22 @@ class StructuredOutputs:
     def compiling(self) -> bool:
         return bool(self._compiling)
 
+    def samples_constrained(self, batch: ScheduledBatch) -> bool:
+        """Whether a row the step samples belongs to a request with a grammar."""
+        return bool(self._live) and any(num_samples and item.request.matcher is not None
+                                        for item, num_samples in zip(batch.scheduled, batch.message.num_samples))
+
     def attach_masks(self, batch: ScheduledBatch) -> None:
         """Tell the worker which tokens each sampled row of a constrained request may take: the message's
-        grammar_rows and a [rows, ceil(vocab / 32)] int32 bitmask (bit t set where token t may come next)."""
+        grammar_rows and a [rows, ceil(vocab / 32)] int32 bitmask (bit t set where token t may come next). A row of a
+        request that has ended since the step was scheduled (its lookahead row, dropped) is left free."""
         if not self._live:
             return
         import llguidance.numpy
 
         message, row, constrained = batch.message, 0, []
         for item, num_samples in zip(batch.scheduled, message.num_samples):
-            if num_samples and item.request.matcher is not None:
+            if num_samples and item.request.matcher is not None and not item.request.finished:
                 message.grammar_rows.extend(range(row, row + num_samples))
                 constrained.extend([item.request] * num_samples)
             row += num_samples

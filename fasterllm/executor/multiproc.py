@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 
 from fasterllm.distributed.tensor_parallel import free_port
 from fasterllm.executor.ranks import RankExecutor, RankOutput
-from fasterllm.worker.step_messages import ModelRunnerOutput, SchedulerOutput
+from fasterllm.worker.step_messages import GrammarMasks, ModelRunnerOutput, SchedulerOutput
 from fasterllm.worker.worker import WorkerConfig, call_runner, init_worker
 
 
@@ -53,6 +53,9 @@ class MultiprocExecutor(RankExecutor):
     def execute(self, message: SchedulerOutput) -> RankOutput | None:
         self._send(("step", pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)))
         return RankOutput(self, message.sampled_request_ids) if message.request_ids else None
+
+    def sample_with_masks(self, masks: GrammarMasks) -> None:
+        self._send(("masks", masks))
 
     def shutdown(self) -> None:
         self._stop()
@@ -114,8 +117,13 @@ def run_worker(rank: int, config: WorkerConfig, init_method: str, commands: Conn
             if kind == "stop":
                 break
             if kind == "step":
-                pending = runner.execute(pickle.loads(payload))
-                if rank == 0 and pending is not None:
+                message = pickle.loads(payload)
+                pending = runner.execute(message)
+                if rank == 0 and pending is not None and not message.masks_follow:  # else: once its masks came
+                    sender.put("output", pending)
+            elif kind == "masks":
+                pending = runner.sample_with_masks(payload)
+                if rank == 0:
                     sender.put("output", pending)
             else:
                 sender.put("result", call_runner(runner, *payload))

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from fasterllm.distributed.tensor_parallel import free_port
 from fasterllm.executor.ranks import RankExecutor, RankOutput
-from fasterllm.worker.step_messages import ModelRunnerOutput, SchedulerOutput
+from fasterllm.worker.step_messages import GrammarMasks, ModelRunnerOutput, SchedulerOutput
 from fasterllm.worker.worker import WorkerConfig, call_runner, init_worker
 
 
@@ -53,8 +53,14 @@ class RayWorker:
         return call_runner(self.runner, method, args)
 
     def execute(self, payload: bytes) -> None:
-        pending = self.runner.execute(pickle.loads(payload))
-        if self.rank == 0 and pending is not None:
+        message = pickle.loads(payload)
+        pending = self.runner.execute(message)
+        if self.rank == 0 and pending is not None and not message.masks_follow:
+            self.pending.append(pending)
+
+    def sample_with_masks(self, masks: GrammarMasks) -> None:
+        pending = self.runner.sample_with_masks(masks)
+        if self.rank == 0:
             self.pending.append(pending)
 
     def next_output(self) -> ModelRunnerOutput:
@@ -101,6 +107,10 @@ class RayExecutor(RankExecutor):
         payload = _ray().put(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
         self._outstanding.update((actor.execute.remote(payload), rank) for rank, actor in enumerate(self._actors))
         return RankOutput(self, message.sampled_request_ids) if message.request_ids else None
+
+    def sample_with_masks(self, masks: GrammarMasks) -> None:
+        self._check_alive()
+        self._outstanding.update((actor.sample_with_masks.remote(masks), rank) for rank, actor in enumerate(self._actors))
 
     def shutdown(self) -> None:
         self._stop()

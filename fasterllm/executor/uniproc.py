@@ -7,7 +7,7 @@ from collections.abc import Callable
 from fasterllm.config import CacheConfig, SchedulerConfig
 from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.worker.model_runner import PendingOutput
-from fasterllm.worker.step_messages import SchedulerOutput
+from fasterllm.worker.step_messages import GrammarMasks, SchedulerOutput
 from fasterllm.worker.worker import WorkerConfig, call_runner, init_worker
 
 
@@ -28,6 +28,9 @@ class UniProcExecutor:
 
     def execute(self, message: SchedulerOutput) -> PendingOutput | None:
         return self.runner.execute(message)
+
+    def sample_with_masks(self, masks: GrammarMasks) -> None:
+        self.runner.sample_with_masks(masks)
 
     def collective_rpc(self, method: str | Callable, *args) -> list:
         """[runner.method(*args)], or [method(runner, *args)]: the one rank's result, as MultiprocExecutor answers."""

@@ -22,7 +22,7 @@ from fasterllm.worker.logit_controls import LogitControls
 from fasterllm.worker.piecewise_graphs import PiecewiseGraphs
 from fasterllm.worker.request_states import RequestState, RequestStates
 from fasterllm.worker.sampler import SamplerOutput, SamplingMetadata, sample
-from fasterllm.worker.step_messages import ModelRunnerOutput, SchedulerOutput
+from fasterllm.worker.step_messages import GrammarMasks, ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 class PendingOutput:
     """A launched step's output: get() waits for its samples to reach the host and returns them as plain lists.
     On a GPU the copy was queued right behind the step's sampling, so get() waits for that step only, not for
-    a step launched after it."""
+    a step launched after it. A step run with masks_follow has its samples once sample_with_masks has run."""
 
     def __init__(self, request_ids: list[str], sampled: SamplerOutput | None, prompt_logprobs: dict):
         self.request_ids, self.sampled, self.prompt_logprobs = request_ids, sampled, prompt_logprobs
@@ -38,6 +38,8 @@ class PendingOutput:
     def get(self) -> ModelRunnerOutput:
         sampled = self.sampled
         if sampled is None:
+            if self.request_ids:
+                raise RuntimeError("this step's rows wait for their grammar masks: sample_with_masks first")
             return ModelRunnerOutput([], [], prompt_logprobs=self.prompt_logprobs)
         output = ModelRunnerOutput(self.request_ids, sampled.host("token_ids").tolist(),
                                    prompt_logprobs=self.prompt_logprobs)
@@ -71,6 +73,8 @@ class ModelRunner:
         # the last step's sampled ids, still on the device, and the request of each row: a step scheduled before
         # the engine read them (asynchronous scheduling) takes a request's next input token from here
         self.previous_samples: tuple[torch.Tensor, list[str]] | None = None
+        # a step run with masks_follow: (its output, its rows' logits, its message) until sample_with_masks
+        self.awaiting_masks: tuple[PendingOutput, torch.Tensor, SchedulerOutput] | None = None
 
     def prepare_inputs(self, block_size: int, sched: SchedulerConfig) -> None:
         """On a GPU, the fixed buffers every step's inputs are staged into (the Triton kernels' path)."""
@@ -175,6 +179,7 @@ class ModelRunner:
     def execute(self, message: SchedulerOutput) -> PendingOutput | None:
         """One step: take in the message, make its block copies, run the scheduled chunks and sample.
         None when nothing was scheduled."""
+        self.awaiting_masks = None  # a step whose masks never came (the engine dropped it) is dropped too
         self.requests.update(message)
         if message.swap_out or message.swap_in or message.copies:  # before the forward pass writes into any
             self.move_blocks(message)
@@ -213,13 +218,31 @@ class ModelRunner:
         logits = self._forward(token_ids, query_lens, seq_lens, tables, logits_rows, self._carried_inputs(carried),
                                cross)
         prompt_logprobs = self._prompt_logprobs(logits[len(sampling):], prompt_rows)
+        pending = PendingOutput(sampling, None, prompt_logprobs)
         if not sampling:
-            return PendingOutput([], None, prompt_logprobs)
-        sampled = self._sample(logits[:len(sampling)], sampling, message)
+            return pending
+        if message.masks_follow:
+            self.awaiting_masks = (pending, logits[:len(sampling)], message)
+        else:
+            self._launch_sampling(pending, logits[:len(sampling)], message)
+        return pending
+
+    @torch.inference_mode()
+    def sample_with_masks(self, masks: GrammarMasks) -> PendingOutput:
+        """Sample the step executed with masks_follow, under its grammar masks."""
+        if self.awaiting_masks is None:
+            raise RuntimeError("grammar masks came for no step: the last step was not sent with masks_follow")
+        (pending, logits, message), self.awaiting_masks = self.awaiting_masks, None
+        message.grammar_rows, message.grammar_bitmask = masks.rows, masks.bitmask
+        self._launch_sampling(pending, logits, message)
+        return pending
+
+    def _launch_sampling(self, pending: PendingOutput, logits: torch.Tensor, message: SchedulerOutput) -> None:
+        sampled = self._sample(logits, pending.request_ids, message)
         if self.device.type == "cuda":
             sampled.copy_to_host_async()
-        self.previous_samples = (sampled.token_ids, sampling)
-        return PendingOutput(sampling, sampled, prompt_logprobs)
+        self.previous_samples = (sampled.token_ids, pending.request_ids)
+        pending.sampled = sampled
 
     def _sample(self, logits: torch.Tensor, sampling: list[str], message: SchedulerOutput) -> SamplerOutput:
         states = [self.requests.states[request_id] for request_id in sampling]

@@ -62,6 +62,9 @@ class SchedulerOutput:
     # next ([rows, ceil(vocab / 32)] int32, bit t of word t // 32)
     grammar_rows: list[int] = field(default_factory=list)
     grammar_bitmask: np.ndarray | None = None
+    # a lookahead step whose constrained rows' masks depend on tokens the engine has not read yet: the worker runs
+    # the forward pass now and samples when GrammarMasks come (the masks are filled meanwhile, overlapping the GPU)
+    masks_follow: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -71,6 +74,14 @@ class SchedulerOutput:
     def sampled_request_ids(self) -> list[str]:
         """The request of each row the step samples, in row order (a best_of request's rows repeat it)."""
         return [request_id for request_id, count in zip(self.request_ids, self.num_samples) for _ in range(count)]
+
+
+@dataclass
+class GrammarMasks:
+    """The masks of a step sent with masks_follow: its rows that carry a grammar and their packed bitmask (as in
+    SchedulerOutput)."""
+    rows: list[int]
+    bitmask: np.ndarray | None
 
 
 @dataclass

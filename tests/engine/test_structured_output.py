@@ -96,9 +96,23 @@ def test_async_scheduling_and_preemption_give_the_same_constrained_outputs(llm):
     # 6 blocks of 16 tokens for six requests of ~50 tokens each: some are preempted and recomputed
     for engine_args in ({"async_scheduling": True}, {"max_model_len": 96, "num_kv_blocks": 6}):
         other = LLM(dtype="float32", **{"max_model_len": 512, "num_kv_blocks": 128, **engine_args})
+        masked_ahead = count_calls(other.engine.executor, "sample_with_masks")
         assert [o.outputs[0].text for o in other.generate(PROMPTS, params, use_tqdm=False)] == expected, engine_args
         if "num_kv_blocks" in engine_args:
             assert other.engine.stats().num_preemptions > 0
+        else:  # constrained decode steps were launched before the previous step's tokens were read
+            assert masked_ahead[0] > 50
+
+
+def count_calls(owner, name: str) -> list[int]:
+    """Counts calls of owner.name from now on (in the returned list's one item)."""
+    calls, original = [0], getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return original(*args, **kwargs)
+    setattr(owner, name, counted)
+    return calls
 
 
 @pytest.mark.parametrize("kwargs, field, message", [

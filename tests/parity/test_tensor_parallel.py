@@ -13,7 +13,7 @@ import pytest
 
 from fasterllm import LLM, SamplingParams
 from fasterllm.errors import WorkerFailedError
-from fasterllm.sampling_params import BeamSearchParams
+from fasterllm.sampling_params import BeamSearchParams, StructuredOutputsParams
 from fasterllm.worker.step_messages import SchedulerOutput
 from parity_utils import (NEW_TOKENS, TINY_SPECS, build_tiny_model, first_divergence, hf_greedy, random_prompt,
                           run_staggered)
@@ -55,6 +55,31 @@ def test_smollm2_beam_search_over_3_ranks_matches_one_device(smollm2_tp3, smollm
     single = smollm2_llm.beam_search(prompts, params, use_tqdm=False)
     for ours, reference in zip(sharded, single):
         assert [list(s.token_ids) for s in ours.sequences] == [list(s.token_ids) for s in reference.sequences]
+
+
+def test_constrained_steps_launched_ahead_over_3_ranks_match_one_device(gguf, smollm2_llm):
+    """Grammar masks reach every rank after the step's forward pass was launched (asynchronous scheduling): the
+    constrained and the free request answer as on one device, synchronously."""
+    json_like = StructuredOutputsParams(regex=r'\{"name": "[A-Za-z ]{1,12}", "age": [0-9]{1,2}\}')
+    params = [SamplingParams(temperature=0, max_tokens=30, structured_outputs=json_like),
+              SamplingParams(temperature=0, max_tokens=12, structured_outputs=StructuredOutputsParams(choice=["yes", "no"])),
+              SamplingParams(temperature=0, max_tokens=16)]
+    prompts = ["Describe a person as JSON.", "Is the sky blue?", "The capital of France is"]
+    expected = [o.outputs[0].text for o in smollm2_llm.generate(prompts, params, use_tqdm=False)]
+    llm = LLM(str(gguf), dtype="float32", device="cpu", tensor_parallel_size=3, max_model_len=128, num_kv_blocks=32,
+              async_scheduling=True)
+    try:
+        executor, masked_ahead = llm.engine.executor, [0]
+        sample_with_masks = executor.sample_with_masks
+
+        def counted(masks):
+            masked_ahead[0] += 1
+            sample_with_masks(masks)
+        executor.sample_with_masks = counted
+        assert [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)] == expected
+        assert masked_ahead[0] > 5
+    finally:
+        llm.engine.shutdown()
 
 
 # mistral_mqa: 1 KV head replicated on both ranks; qwen2: q/k/v biases sharded, tied embedding; phi3: q/k/v and
