@@ -270,3 +270,43 @@ def test_unsupported_variants_are_named(tmp_path):
     writer.close()
     with pytest.raises(ValueError, match="gating function 2; only softmax"):
         GGUFFile(path).model_config()
+
+
+@pytest.mark.parametrize("case", ["phi3", "qwen2moe"])
+def test_quantization_gguf_keeps_fused_and_attention_blocks_and_dequantizes_experts(tmp_path, case):
+    """quantization='gguf': Phi-3's stored-fused attn_qkv and ffn_up run as their Q4_0 blocks; a mixture of experts'
+    attention does too while its experts (no int4 expert kernel) are dequantized to float at load."""
+    arch, model = tiny_model(case)
+    path = tmp_path / f"{case}.gguf"
+    write_gguf(path, arch, model, GGMLQuantizationType.Q4_0)
+    assert {"layers.0.qkv_proj", "layers.0.o_proj"} <= GGUFFile(path).q4_projections()
+    llm = LLM(str(path), quantization="gguf", dtype="float32", cpu_kv_cache_gib=0.01)
+    layer = llm.engine.executor.runner.model.layers[0]
+    assert type(layer.qkv_proj).__name__ == "Int4WeightOnlyLinear"
+    if case == "phi3":
+        assert type(layer.gate_up_proj).__name__ == "Int4WeightOnlyLinear"
+    else:
+        assert layer.moe.w_gate_up.dtype == torch.float32
+    prompts = [random_prompt(40, model.config.vocab_size, 1)]
+    # the int4 kernel's bf16 activations: near the dequantized weights' logprobs, far below a wrong layout's gap
+    assert logprob_gap(llm, dequantized_reference(model, GGMLQuantizationType.Q4_0), prompts) < 0.1
+
+
+def test_q4_k_experts_dequantize_to_what_gguf_reads(tmp_path):
+    """A merged [experts, rows, cols] Q4_K tensor (any bytes with finite fp16 scales are valid super-blocks)
+    splits into each expert's weight exactly as gguf dequantizes the whole."""
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 256, size=(3, 4, 144), dtype=np.uint8)
+    raw[..., 0:4] = np.array([0.01, 0.02], dtype=np.float16).view(np.uint8)  # d and dmin of each super-block
+    path = tmp_path / "q4k-experts.gguf"
+    writer = GGUFWriter(str(path), "qwen3moe")
+    writer.add_head_count(4)
+    writer.add_tensor("blk.0.ffn_gate_exps.weight", raw, raw_shape=raw.shape, raw_dtype=GGMLQuantizationType.Q4_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    expected = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType.Q4_K).reshape(3, 4, 256))
+    weights = dict(GGUFFile(path).iter_weights())
+    for e in range(3):
+        assert torch.equal(weights[f"model.layers.0.mlp.experts.{e}.gate_proj.weight"], expected[e])
