@@ -103,7 +103,8 @@ class GGUFFile:
             raise ValueError(f"GGUF file {self.path.name} rotates {rotary} of each head's {head_dim} dimensions; "
                              "partial rotary embeddings are not supported (every supported family rotates all)")
         vocab = meta.get(f"{arch}.vocab_size", len(meta.get("tokenizer.ggml.tokens", [])))
-        eos = meta.get("tokenizer.ggml.eos_token_id")
+        # a chat model's end of turn (Gemma's <end_of_turn>, Phi-3's <|end|>) stops generation too, as in llama.cpp
+        stops = [meta.get(f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot")]
         kv_heads = meta.get(f"{arch}.attention.head_count_kv", num_heads)
         rope_freqs = self.float_tensor("rope_freqs.weight") if self.has_tensor("rope_freqs.weight") else None
         q_norm = self._tensors.get("blk.0.attn_q_norm.weight")
@@ -128,7 +129,7 @@ class GGUFFile:
             qk_norm_over_heads=q_norm is not None and int(q_norm.shape[0]) == num_heads * head_dim != head_dim,
             sliding_window=meta.get(f"{arch}.attention.sliding_window"),
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-            eos_token_ids=[] if eos is None else [eos],
+            eos_token_ids=list(dict.fromkeys(t for t in stops if t is not None)),
             rope_freq_factors=rope_freqs,
         )
         if self.family.fields is not None:

@@ -99,7 +99,7 @@ def converted_tensors(arch: str, model) -> list[tuple[str, np.ndarray]]:
     return out
 
 
-def write_gguf(path: Path, arch: str, model, qtype: GGMLQuantizationType) -> None:
+def write_gguf(path: Path, arch: str, model, qtype: GGMLQuantizationType, eot: int | None = None) -> None:
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     writer = GGUFWriter(str(path), arch)
@@ -153,6 +153,8 @@ def write_gguf(path: Path, arch: str, model, qtype: GGMLQuantizationType) -> Non
     writer.add_token_types([3 if i == EOS else 1 for i in range(cfg.vocab_size)])
     writer.add_token_merges([])
     writer.add_eos_token_id(EOS)
+    if eot is not None:
+        writer.add_eot_token_id(eot)
     for name, data in tensors:
         kind = qtype if data.ndim >= 2 and ".ffn_gate_inp." not in name else GGMLQuantizationType.F32
         writer.add_tensor(name, quants.quantize(np.ascontiguousarray(data), kind), raw_dtype=kind)
@@ -214,12 +216,14 @@ def test_config_read_from_the_metadata(tmp_path):
     configs = {}
     for case in ("gemma3", "phi3_longrope", "qwen2moe", "olmoe", "mixtral"):
         arch, model = tiny_model(case)
-        write_gguf(tmp_path / f"{case}.gguf", arch, model, GGMLQuantizationType.F32)
+        eot = 5 if case == "gemma3" else None
+        write_gguf(tmp_path / f"{case}.gguf", arch, model, GGMLQuantizationType.F32, eot=eot)
         configs[case] = GGUFFile(tmp_path / f"{case}.gguf").model_config()
     gemma3 = configs["gemma3"]
     assert gemma3.layer_sliding_windows == [8] * 5 + [None]
     assert gemma3.layer_rope == [(20_000.0, None)] * 5 + [(1_000_000.0, {"rope_type": "linear", "factor": 4.0})]
     assert gemma3.query_pre_attn_scalar == 16 and gemma3.attn_logit_softcap is None
+    assert gemma3.eos_token_ids == [EOS, 5]  # <end_of_turn> stops a chat turn as the eos does
     scaling = configs["phi3_longrope"].rope_scaling
     assert scaling["original_max_position_embeddings"] == 160 and scaling["factor"] == 256 / 160
     assert scaling["short_factor"] == pytest.approx([1.0 + 0.3 * i for i in range(8)])
