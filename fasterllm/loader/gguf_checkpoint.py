@@ -1,4 +1,5 @@
-"""GGUF files: metadata -> ModelConfig, tensors -> Hugging Face names, dequantized to float."""
+"""GGUF files: metadata -> ModelConfig, tensors -> Hugging Face names, dequantized to float (what each architecture's
+converter did differently: loader/gguf_families.py)."""
 from __future__ import annotations
 
 import functools
@@ -86,8 +87,8 @@ class GGUFFile:
 
     def rope_scaling(self) -> dict[str, Any] | None:
         kind = self.metadata.get(f"{self.arch}.rope.scaling.type")
-        if kind in (None, "none"):
-            return None
+        if kind in (None, "none") or (kind == "longrope" and self.has_tensor("rope_factors_long.weight")):
+            return None  # LongRoPE: its factor tensors, read by the family (Phi-3)
         if kind != "linear":
             raise ValueError(f"GGUF file {self.path.name} has RoPE scaling {kind!r}, which is not supported from GGUF; "
                              "supported: linear (and Phi-3's LongRoPE factors)")

@@ -274,6 +274,14 @@ def test_unsupported_variants_are_named(tmp_path):
     writer.close()
     with pytest.raises(ValueError, match="gating function 2; only softmax"):
         GGUFFile(path).model_config()
+    path = tmp_path / "yarn.gguf"
+    writer = GGUFWriter(str(path), "qwen3moe")
+    writer.add_rope_scaling_type(RopeScalingType.YARN)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="RoPE scaling 'yarn', which is not supported from GGUF; supported: linear"):
+        GGUFFile(path).rope_scaling()
 
 
 @pytest.mark.parametrize("case", ["phi3", "qwen2moe"])
