@@ -13,7 +13,7 @@ from fasterllm.config import (
     STORED_METHODS,
     check_architecture,
 )
-from fasterllm.loader.gguf_checkpoint import GGUF_ARCHITECTURES
+from fasterllm.loader.gguf_families import GGUF_HF_ARCHITECTURES
 from fasterllm.models.bart import BartForConditionalGeneration
 from fasterllm.models.llama import LlamaForCausalLM
 from fasterllm.models.t5 import T5ForConditionalGeneration
@@ -30,7 +30,7 @@ def model_class(architecture: str) -> type[nn.Module]:
 
 def supported_models() -> list[dict[str, str]]:
     """One row per architecture (and per encoder model_type) with what runs it and what it runs with."""
-    gguf = {hf_name for hf_name, _ in GGUF_ARCHITECTURES.values()}
+    gguf = GGUF_HF_ARCHITECTURES
     generating = ", ".join(m for m in QUANTIZATION_METHODS if m not in STORED_METHODS) + " (fp8: Hopper GPUs)"
     rows = []
     for name, cls in _MODELS.items():

@@ -128,7 +128,8 @@ def assert_generates_as(path, reference):
 def test_unsupported_architecture_and_tensor_type_are_named(tmp_path, tiny_llama):
     path = tmp_path / "gpt2.gguf"
     write_gguf(path, tiny_llama, GGMLQuantizationType.F32, arch="gpt2")
-    with pytest.raises(ValueError, match="GGUF architecture 'gpt2' in gpt2.gguf is not supported; supported: llama"):
+    with pytest.raises(ValueError, match="GGUF architecture 'gpt2' in gpt2.gguf is not supported; supported: gemma2, "
+                                         "gemma3, llama, mistral, olmoe, phi3, qwen2, qwen2moe, qwen3, qwen3moe"):
         LLM(str(path))
     path = tmp_path / "f64.gguf"
     writer = GGUFWriter(str(path), "llama")
