@@ -1,12 +1,13 @@
-"""Write a Llama-3-8B-shaped (or SmolLM2-135M-shaped) model directory with random bf16 weights, for GPU benchmarks
-(no hub needed).
+"""Write a Llama-3-8B-shaped (or SmolLM2-135M-, Qwen3-8B-, Gemma-2-9B-, Qwen3-30B-A3B-shaped) model directory with
+random bf16 weights, for GPU benchmarks (no hub needed).
 
     python benchmarks/make_random_llama.py /tmp/llama3-8b-random            # the 8B shape, about 16 GB
     python benchmarks/make_random_llama.py /tmp/llama3-8b-2l --num-layers 2  # the same shape, 2 layers (a quick check)
     python benchmarks/make_random_llama.py /tmp/llama3-8b --config-only       # for `--load-format dummy`
     python benchmarks/make_random_llama.py /tmp/smollm2 --shape smollm2-135m --config-only  # SmolLM2-135M's shape
+    python benchmarks/make_random_llama.py /tmp/qwen3-moe --shape qwen3-30b-a3b --config-only  # 128 experts, top 8
 
-The tokenizer is word-level ("w0 w1 ..." over the whole 128256-token vocabulary) with a minimal
+The tokenizer is word-level ("w0 w1 ..." over the shape's whole vocabulary) with a minimal
 chat template: `fasterllm bench serve` sends token ids, so only decoding speed matters. Needs
 transformers (the test extra). Weights are drawn on the GPU when there is one (minutes on a CPU).
 """
@@ -39,7 +40,38 @@ def smollm2_135m_config(num_layers: int):
                        bos_token_id=1, eos_token_id=2)
 
 
-SHAPES = {"llama3-8b": (llama3_8b_config, 32), "smollm2-135m": (smollm2_135m_config, 30)}
+def qwen3_8b_config(num_layers: int):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=num_layers,
+                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                       rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                       tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645)
+
+
+def gemma2_9b_config(num_layers: int):
+    from transformers import Gemma2Config
+
+    return Gemma2Config(vocab_size=256000, hidden_size=3584, intermediate_size=14336, num_hidden_layers=num_layers,
+                        num_attention_heads=16, num_key_value_heads=8, head_dim=256, query_pre_attn_scalar=256,
+                        sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                        max_position_embeddings=8192, bos_token_id=2, eos_token_id=1)
+
+
+def qwen3_30b_a3b_config(num_layers: int):
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                          num_hidden_layers=num_layers, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                          num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
+                          mlp_only_layers=[], max_position_embeddings=40960, rms_norm_eps=1e-6,
+                          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                          tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645)
+
+
+SHAPES = {"llama3-8b": (llama3_8b_config, 32), "smollm2-135m": (smollm2_135m_config, 30),
+          "qwen3-8b": (qwen3_8b_config, 36), "gemma2-9b": (gemma2_9b_config, 42),
+          "qwen3-30b-a3b": (qwen3_30b_a3b_config, 48)}
 
 
 def save_word_tokenizer(directory: Path, vocab_size: int, bos_id: int, eos_id: int) -> None:
@@ -66,12 +98,12 @@ def main() -> None:
     parser.add_argument("--config-only", action="store_true",
                         help="config.json and tokenizer only: for --load-format dummy (random weights at load)")
     ns = parser.parse_args()
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     make_config, default_layers = SHAPES[ns.shape]
     config = make_config(ns.num_layers or default_layers)
+    config.architectures = [AutoModelForCausalLM._model_mapping[type(config)].__name__]
     if ns.config_only:
-        config.architectures = ["LlamaForCausalLM"]
         config.save_pretrained(ns.directory)
         save_word_tokenizer(ns.directory, config.vocab_size, config.bos_token_id, config.eos_token_id)
         return
@@ -79,7 +111,7 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_default_dtype(torch.bfloat16)  # built in bf16 directly: no fp32 copy of 8B weights
     with torch.device(device):
-        model = LlamaForCausalLM(config)  # initialised N(0, 0.02), as transformers does
+        model = AutoModelForCausalLM.from_config(config)  # initialised N(0, 0.02), as transformers does
     model.save_pretrained(ns.directory, safe_serialization=True, max_shard_size="5GB")
     save_word_tokenizer(ns.directory, config.vocab_size, config.bos_token_id, config.eos_token_id)
     print(f"wrote {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters to {ns.directory}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from fasterllm.engine.engine import Engine
+from fasterllm.layers.moe import SparseMoE
 
 
 def time_cuda(fn, repeats: int) -> float:
@@ -43,17 +44,21 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 8192) -> f
 
 
 def weight_bytes_per_step(model: torch.nn.Module) -> int:
-    """Bytes of weights one decode step reads: every tensor the modules hold (a quantized layer's codes and
+    """Bytes of weights one batch-1 decode step reads: every tensor the modules hold (a quantized layer's codes and
     scales too, which are not Parameters), less the input embedding table unless the output head reads it (a
-    separate head: a step reads one row of the table)."""
+    separate head: a step reads one row of the table); of a mixture of experts' stacked experts, the top_k a token
+    is routed to."""
     sizes: dict[int, int] = {}
     for module in model.modules():
         held = [*module._parameters.values(), *module._buffers.values(),
                 *(v for v in vars(module).values() if isinstance(v, torch.Tensor))]
+        experts = {id(module.w_gate_up), id(module.w_down)} if isinstance(module, SparseMoE) else set()
         for tensor in held:
             if tensor is not None:  # keyed by storage: a tied table counts once (oneDNN-packed CPU tensors have none)
                 key = tensor.data_ptr() if not tensor.is_mkldnn else id(tensor)
                 sizes[key] = tensor.numel() * tensor.element_size()
+                if id(tensor) in experts:
+                    sizes[key] = sizes[key] * module.top_k // tensor.shape[0]
     head = getattr(model, "lm_head", None)
     table = model.embed_tokens.weight
     if head is not None and getattr(head, "weight", None) is not table:
