@@ -1,12 +1,16 @@
 """The experts of a mixture-of-experts FFN in two Triton launches (GPU), after routing.
 
 Every (token, choice) slot is sorted by its expert, each expert's run padded to whole row tiles (align_by_expert,
-torch ops with no host synchronisation), so one tile of rows belongs to one expert. Launch 1, a grouped GEMM over all
+torch ops with no host synchronisation), so one tile of rows belongs to one expert; a step of a few tokens skips the
+sort and gives each slot a tile of its own. Tile sizes follow the slots an expert gets (tile_config). Launch 1, a grouped GEMM over all
 experts: each tile's tokens times its expert's gate and up rows, act(gate) * up written per slot. Launch 2: those
 rows times the expert's down projection, scaled by the slot's routing weight and added into the token's output in
 the epilogue (fp32 atomics: a token's k slots meet there). The torch reference is layers/moe.py's expert loop.
 """
 from __future__ import annotations
+
+import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -85,6 +89,20 @@ def _down_kernel(a_ptr, w_ptr, out_ptr, slots_ptr, tile_experts_ptr, routing_ptr
                       mask=valid[:, None] & (columns[None, :] < hidden))
 
 
+# this few (token, choice) slots (a decode step of a few tokens) are not sorted: a tile per slot reads its expert's
+# weights once per slot, and the sort's dozen small launches cost more than the few repeated reads save
+UNSORTED_SLOTS = 32
+
+
+@functools.lru_cache(maxsize=256)
+def one_slot_per_tile(num_slots: int, block_m: int, device: torch.device) -> torch.Tensor:
+    """The sorted-slots layout of num_slots tiles of one slot each (slot i in row 0 of tile i, the rest padding); the
+    tiles' experts are the slots' own. Made once per size (outside CUDA-graph capture: its warm-up makes it)."""
+    slots = torch.full((num_slots, block_m), num_slots, dtype=torch.int32, device=device)
+    slots[:, 0] = torch.arange(num_slots, dtype=torch.int32, device=device)
+    return slots.flatten()
+
+
 def align_by_expert(experts: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """experts [T, k] -> (slots [P] int32: the (token * k + choice) slots sorted by expert, each expert's run padded
     with the sentinel T * k to a multiple of block_m; tile_experts [P / block_m] int32: each tile's expert, or
@@ -105,10 +123,33 @@ def align_by_expert(experts: torch.Tensor, num_experts: int, block_m: int) -> tu
     return slots, tile_experts
 
 
+class TileConfig(NamedTuple):
+    block_m: int  # slots (token, choice) per tile, all of one expert
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+# by the (token, choice) slots an expert gets on average: the fastest of benchmarks/moe_kernel_gpu.py's sweep on an
+# H100 at Qwen3-30B-A3B's experts (RESULTS.md). Few slots: each tile reads its expert's weights in long K steps;
+# many: tiles as large as tensor cores take
+TILE_CONFIGS = ((8, TileConfig(16, 64, 128, 4, 3)), (32, TileConfig(32, 64, 64, 4, 3)),
+                 (128, TileConfig(64, 128, 64, 8, 4)), (None, TileConfig(128, 128, 64, 8, 3)))
+# what any device can hold (shared memory): the fallback where a larger tile does not compile
+SMALL_TILES = TileConfig(16, 64, 32, 4, 2)
+
+
+def tile_config(num_slots: int, num_experts: int) -> TileConfig:
+    """The tiles for num_slots (token, choice) pairs over num_experts experts."""
+    per_expert = num_slots / num_experts
+    return next(config for below, config in TILE_CONFIGS if below is None or per_expert < below)
+
+
 def fused_experts(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, routing_weights: torch.Tensor,
-                  experts: torch.Tensor, activation: str, block_m: int = 16) -> torch.Tensor:
+                  experts: torch.Tensor, activation: str, config: TileConfig | None = None) -> torch.Tensor:
     """hidden [T, H], w_gate_up [E, 2I, H], w_down [E, H, I], routing_weights and experts [T, k] -> [T, H]: sum over a
-    token's k experts of weight * down(act(gate(x)) * up(x))."""
+    token's k experts of weight * down(act(gate(x)) * up(x)). config: the tiles (default: tile_config's)."""
     num_tokens, hidden_size = hidden.shape
     num_experts, double_inter, _ = w_gate_up.shape
     inter, top_k = double_inter // 2, experts.shape[1]
@@ -118,17 +159,33 @@ def fused_experts(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.T
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
     hidden, w_gate_up, w_down = hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous()
-    slots, tile_experts = align_by_expert(experts, num_experts, block_m)
+    config = config or tile_config(num_tokens * top_k, num_experts)
+    try:
+        return _launch(hidden, w_gate_up, w_down, routing_weights, experts, activation, config)
+    except triton.runtime.errors.OutOfResources:  # a device with less shared memory than the tile needs
+        return _launch(hidden, w_gate_up, w_down, routing_weights, experts, activation, SMALL_TILES)
+
+
+def _launch(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, routing_weights: torch.Tensor,
+            experts: torch.Tensor, activation: str, config: TileConfig) -> torch.Tensor:
+    num_tokens, hidden_size = hidden.shape
+    num_experts, double_inter, _ = w_gate_up.shape
+    inter, top_k = double_inter // 2, experts.shape[1]
+    m, n, k, warps, stages = config
+    if num_tokens * top_k <= UNSORTED_SLOTS:
+        slots, tile_experts = one_slot_per_tile(num_tokens * top_k, m, hidden.device), experts.flatten()
+    else:
+        slots, tile_experts = align_by_expert(experts, num_experts, m)
     gated = torch.empty(slots.shape[0], inter, dtype=hidden.dtype, device=hidden.device)
     out = torch.zeros(num_tokens, hidden_size, dtype=torch.float32, device=hidden.device)
-    block_n, block_k = 64, 32
     ieee = hidden.dtype == torch.float32  # full fp32 products, not TF32, for fp32 models
-    _gate_up_kernel[(tile_experts.shape[0], triton.cdiv(inter, block_n))](
+    _gate_up_kernel[(tile_experts.shape[0], triton.cdiv(inter, n))](
         hidden, w_gate_up, gated, slots, tile_experts, num_tokens * top_k, hidden_size, inter,
         hidden.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), gated.stride(0), TOP_K=top_k,
-        NUM_EXPERTS=num_experts, ACT=ACTIVATIONS[activation], IEEE=ieee, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
-    _down_kernel[(tile_experts.shape[0], triton.cdiv(hidden_size, block_n))](
+        NUM_EXPERTS=num_experts, ACT=ACTIVATIONS[activation], IEEE=ieee, BLOCK_M=m, BLOCK_N=n, BLOCK_K=k,
+        num_warps=warps, num_stages=stages)
+    _down_kernel[(tile_experts.shape[0], triton.cdiv(hidden_size, n))](
         gated, w_down, out, slots, tile_experts, routing_weights.contiguous(), num_tokens * top_k, hidden_size,
         inter, gated.stride(0), w_down.stride(0), w_down.stride(1), out.stride(0), TOP_K=top_k,
-        NUM_EXPERTS=num_experts, IEEE=ieee, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+        NUM_EXPERTS=num_experts, IEEE=ieee, BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, num_warps=warps, num_stages=stages)
     return out.to(hidden.dtype)

@@ -61,8 +61,14 @@ def run_experts(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Ten
 def route(hidden: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool
           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token's top_k experts [T, k] and their weights [T, k] (in hidden's dtype): softmax over every expert's
-    logit in fp32, the k largest kept, rescaled to sum 1 when normalize."""
-    probabilities = F.linear(hidden, router).float().softmax(dim=-1)
+    logit in fp32, the k largest kept, rescaled to sum 1 when normalize (on a GPU in one Triton launch after the
+    router's product: kernels/moe_routing.py)."""
+    logits = F.linear(hidden, router)
+    if hidden.is_cuda:
+        from fasterllm.kernels.moe_routing import route_logits  # Triton: only with CUDA
+
+        return route_logits(logits, top_k, normalize, hidden.dtype)
+    probabilities = logits.float().softmax(dim=-1)
     weights, experts = probabilities.topk(top_k, dim=-1)
     if normalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)

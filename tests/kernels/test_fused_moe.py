@@ -10,7 +10,8 @@ from fasterllm.layers.moe import route, run_experts
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytest.importorskip("triton")
-from fasterllm.kernels.fused_moe import align_by_expert, fused_experts  # noqa: E402
+from fasterllm.kernels.fused_moe import (SMALL_TILES, TILE_CONFIGS, UNSORTED_SLOTS, align_by_expert,  # noqa: E402
+                                         fused_experts)
 
 
 def uneven_experts(num_tokens: int, num_experts: int, top_k: int) -> torch.Tensor:
@@ -45,6 +46,24 @@ def test_fused_experts_match_the_torch_loop(top_k, num_experts, act):
     x, w_gate_up, w_down, weights, experts = moe_inputs(37, num_experts, 48, 40, top_k)
     expected = run_experts(x, w_gate_up, w_down, weights, experts, act)
     got = fused_experts(x, w_gate_up, w_down, weights, experts, act.name)
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("config", [*(config for _, config in TILE_CONFIGS), SMALL_TILES], ids=str)
+def test_every_tile_shape_matches_the_torch_loop(config):
+    x, w_gate_up, w_down, weights, experts = moe_inputs(37, 8, 48, 40, 2)
+    expected = run_experts(x, w_gate_up, w_down, weights, experts, SiluAndMul())
+    got = fused_experts(x, w_gate_up, w_down, weights, experts, "silu", config)
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 4])
+def test_a_few_tokens_run_unsorted_a_tile_per_slot(num_tokens):
+    # 4 tokens x top 8 of 8 experts: every expert is read once per token, from its own tile
+    assert num_tokens * 8 <= UNSORTED_SLOTS
+    x, w_gate_up, w_down, weights, experts = moe_inputs(num_tokens, 8, 48, 40, 8)
+    expected = run_experts(x, w_gate_up, w_down, weights, experts, SiluAndMul())
+    got = fused_experts(x, w_gate_up, w_down, weights, experts, "silu")
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
 
 

@@ -1,0 +1,87 @@
+"""Tile sweep of the fused MoE kernel (kernels/fused_moe.py) on a GPU, at Qwen3-30B-A3B's expert shape (128 experts
+of 768 x 2048, top 8), for decode-sized and prefill-sized token counts: time of the two launches per config, the
+weight bytes they read over that time, and the layer's routing and sorting around them (fused_experts' time includes
+its sorting). Each is timed as CUDA-graph replays, as the engine's decode steps run.
+
+    python3 benchmarks/moe_kernel_gpu.py [--tokens 1 16 64 256 2048 8192]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+
+from fasterllm.bench.gpu_roofline import copy_bandwidth, time_cuda
+from fasterllm.kernels.fused_moe import TileConfig, align_by_expert, fused_experts, tile_config
+from fasterllm.layers.moe import route
+
+EXPERTS, HIDDEN, INTER, TOP_K = 128, 2048, 768, 8
+
+
+def candidates(num_tokens: int) -> list[TileConfig]:
+    if num_tokens * TOP_K // EXPERTS < 16:  # under a tile's worth of slots per expert: weight-read bound
+        grid = itertools.product([16], [32, 64, 128], [64, 128, 256], [4], [2, 3, 4])
+    else:
+        grid = itertools.product([16, 32, 64, 128], [64, 128], [64], [4, 8], [3, 4])
+    return [TileConfig(*c) for c in grid]
+
+
+def graph_time(fn) -> float:
+    """Median seconds of one replay of fn captured in a CUDA graph (as the engine runs a decode step: no launch
+    gaps from the host)."""
+    fn()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_cuda(graph.replay, 20)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 256, 2048, 8192])
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    bandwidth = copy_bandwidth(device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    router = torch.randn(EXPERTS, HIDDEN, device=device, generator=generator).to(torch.bfloat16)
+    w_gate_up = (torch.randn(EXPERTS, 2 * INTER, HIDDEN, device=device, generator=generator) / HIDDEN**0.5).bfloat16()
+    w_down = (torch.randn(EXPERTS, HIDDEN, INTER, device=device, generator=generator) / INTER**0.5).bfloat16()
+    print(f"{torch.cuda.get_device_name()}; copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    for num_tokens in args.tokens:
+        x = torch.randn(num_tokens, HIDDEN, device=device, generator=generator).bfloat16()
+        weights, experts = route(x, router, TOP_K, normalize=True)
+        used = experts.unique().numel()
+        weight_bytes = used * (w_gate_up[0].numel() + w_down[0].numel()) * 2
+        reference = fused_experts(x, w_gate_up, w_down, weights, experts, "silu", TileConfig(16, 64, 32, 4, 2))
+        routing = graph_time(lambda: route(x, router, TOP_K, normalize=True))
+        default = tile_config(num_tokens * TOP_K, EXPERTS)
+        sorting = graph_time(lambda: align_by_expert(experts, EXPERTS, default.block_m))
+        results = []
+        for config in candidates(num_tokens):
+            try:
+                out = fused_experts(x, w_gate_up, w_down, weights, experts, "silu", config)
+            except Exception as exc:  # a config the device cannot hold (shared memory)
+                print(f"  {config}: {type(exc).__name__}")
+                continue
+            error = (out.float() - reference.float()).abs().max().item()
+            seconds = graph_time(lambda: fused_experts(x, w_gate_up, w_down, weights, experts, "silu", config))
+            results.append((seconds, config, error))
+        results.sort(key=lambda r: r[0])
+        now = graph_time(lambda: fused_experts(x, w_gate_up, w_down, weights, experts, "silu"))
+        print(f"tokens {num_tokens}: {used} experts used, {weight_bytes / 1e6:.1f} MB of their weights; route "
+              f"{routing * 1e6:.1f} us, sort {sorting * 1e6:.1f} us; default {default}: {now * 1e6:.1f} us "
+              f"({weight_bytes / now / 1e12:.2f} TB/s)")
+        for seconds, config, error in results[:5]:
+            print(f"  {seconds * 1e6:8.1f} us  {weight_bytes / seconds / 1e12:5.2f} TB/s  "
+                  f"{2 * num_tokens * TOP_K * 3 * HIDDEN * INTER / seconds / 1e12:6.1f} TFLOP/s  "
+                  f"max diff {error:.3g}  {config}")
+
+
+if __name__ == "__main__":
+    main()
