@@ -3,7 +3,7 @@
 Decode at small batch is bound by memory: each step reads every weight once, so weight bytes / step
 time is the bandwidth achieved, next to a device-to-device copy's. Large batches are bound by
 matrix math: 2 x parameters x tokens / time against a large bf16 matmul's rate is the model FLOPs
-utilisation (MFU).
+utilisation (MFU). A mixture of experts counts, for both, the top_k experts a token is routed to.
 """
 from __future__ import annotations
 
@@ -66,23 +66,35 @@ def weight_bytes_per_step(model: torch.nn.Module) -> int:
     return sum(sizes.values())
 
 
-def rank_weights(runner) -> tuple[int, int]:
-    """(parameters, weight bytes a decode step reads) of one rank's model (run on each rank by the executor)."""
-    return sum(p.numel() for p in runner.model.parameters()), weight_bytes_per_step(runner.model)
+def active_parameters(model: torch.nn.Module) -> int:
+    """Parameters one token is multiplied by: all of them, but of a mixture of experts' stacked experts only the
+    top_k it is routed to (what MFU counts)."""
+    total = sum(p.numel() for p in model.parameters())
+    for moe in (m for m in model.modules() if isinstance(m, SparseMoE)):
+        experts = moe.w_gate_up.numel() + moe.w_down.numel()
+        total -= experts - experts * moe.top_k // moe.w_gate_up.shape[0]
+    return total
+
+
+def rank_weights(runner) -> tuple[int, int, int]:
+    """(parameters, active parameters, weight bytes a decode step reads) of one rank's model (run on each rank by the
+    executor)."""
+    model = runner.model
+    return sum(p.numel() for p in model.parameters()), active_parameters(model), weight_bytes_per_step(model)
 
 
 def print_roofline(engine: Engine, run: dict[str, float], tokens_processed: int) -> dict[str, float]:
     """With tensor parallelism: the weights and bandwidth of one GPU (the rank reading most), the MFU of all."""
     ranks = engine.executor.collective_rpc(rank_weights)
-    parameters = sum(count for count, _ in ranks)
-    weight_bytes = max(size for _, size in ranks)
+    parameters, active = (sum(rank[i] for rank in ranks) for i in (0, 1))
+    weight_bytes = max(size for *_, size in ranks)
     bandwidth = copy_bandwidth(engine.device)
     peak = matmul_peak(engine.device, engine.dtype)
     achieved = weight_bytes / (run["tpot_median_ms"] / 1e3)
-    mfu = 2 * parameters * tokens_processed / run["seconds"] / (peak * len(ranks))
+    mfu = 2 * active * tokens_processed / run["seconds"] / (peak * len(ranks))
     per_gpu = f" on each of {len(ranks)} GPUs" if len(ranks) > 1 else ""
     print(f"device        : {torch.cuda.get_device_name(engine.device)}; weights {weight_bytes / 1e9:.2f} GB{per_gpu} "
-          f"({parameters / 1e9:.2f} B parameters); copy bandwidth {bandwidth / 1e12:.2f} TB/s; "
+          f"({parameters / 1e9:.2f} B parameters{f', {active / 1e9:.2f} B active' if active < parameters else ''}); copy bandwidth {bandwidth / 1e12:.2f} TB/s; "
           f"{str(engine.dtype).removeprefix('torch.')} matmul {peak / 1e12:.0f} TFLOP/s")
     print(f"roofline      : decode step reads weights at {achieved / 1e12:.2f} TB/s{per_gpu} = {achieved / bandwidth:.0%} "
           f"of copy bandwidth; MFU {mfu:.1%} ({tokens_processed} tokens in {run['seconds']:.2f} s)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from fasterllm.bench.gpu_roofline import weight_bytes_per_step
+from fasterllm.bench.gpu_roofline import active_parameters, weight_bytes_per_step
 from fasterllm.layers.moe import SparseMoE
 
 TABLE, PROJ = 1000 * 64 * 4, 64 * 64 * 4  # fp32 bytes
@@ -29,8 +29,10 @@ def test_a_separate_head_replaces_the_table():
     assert weight_bytes_per_step(model(tied=False)) == PROJ + HALF_HEAD  # the head's own [1000, 64], not the table
 
 
-def test_a_token_reads_only_its_top_k_experts():
+def test_a_token_reads_and_multiplies_only_its_top_k_experts():
     m = model(tied=True)
     m.moe = SparseMoE(64, num_experts=8, top_k=2, intermediate_size=32, normalize=True, act=nn.SiLU())
     router, experts = 8 * 64 * 4, 8 * (2 * 32 * 64 + 64 * 32) * 4
     assert weight_bytes_per_step(m) == TABLE + PROJ + router + experts * 2 // 8
+    # parameters, not bytes (fp32: 4 bytes each); the tied head's table counts once
+    assert active_parameters(m) == (TABLE + PROJ + router + experts * 2 // 8) // 4
