@@ -17,6 +17,7 @@ import functools
 import logging
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -29,6 +30,7 @@ ISA_FLAGS = {"avx512": {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_v
              "avx2": {"avx2", "fma", "f16c"}}
 DECODE_ROWS = 8  # inputs of at most this many rows take these kernels; more rows keep torch's (GEMM-shaped) ones
 BLOCK = 32  # weights per int4 group, activations per int8 block
+TILE_ROWS = 16  # output rows per int4 tile
 SOURCES = ("ops.cpp", "quantize_rows.cpp", "gemv_avx2.cpp", "gemv_avx512.cpp")
 
 
@@ -36,6 +38,14 @@ def supported_isas() -> list[str]:
     """The ISAs of these kernels that this CPU runs, widest first."""
     flags = cpu_flags()
     return [isa for isa, needs in ISA_FLAGS.items() if needs <= flags]
+
+
+class Int4Weights(NamedTuple):
+    """pack_int4's result: codes [N/16, K/32, 256] uint8, scales and minimums [N/16, K/32, 16] fp32, rows N."""
+    codes: torch.Tensor
+    scales: torch.Tensor
+    minimums: torch.Tensor
+    rows: int
 
 
 @functools.cache
@@ -79,20 +89,32 @@ def available() -> bool:
     return kernel_isa() is not None and load()
 
 
-def pack_int4(codes: torch.Tensor) -> torch.Tensor:
-    """Codes uint8 [N, K] in 0..15 -> [N, K/2]: per block of 32, byte j holds code j (low nibble) and j+16 (high)."""
+def pack_int4(codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor) -> Int4Weights:
+    """Codes uint8 [N, K] in 0..15 with fp32 scales and minimums [N, K/32] -> the kernels' tiles of 16 rows
+    (cpu/gemv.h): rows padded with zeros to a multiple of 16; per tile and block of 32, chunk c's byte 4r + j holds
+    row r's codes at k = 8c + j (low nibble) and 8c + 4 + j (high)."""
     rows, cols = codes.shape
     if cols % BLOCK:
         raise ValueError(f"int4 codes need a width divisible by {BLOCK}, got {cols}")
-    blocks = codes.to(torch.uint8).reshape(rows, cols // BLOCK, 2, BLOCK // 2)
-    return (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(rows, cols // 2).contiguous()
+    tiles, blocks = -(-rows // TILE_ROWS), cols // BLOCK
+    padded = torch.zeros(tiles * TILE_ROWS, cols, dtype=torch.uint8)
+    padded[:rows] = codes
+    # [tile, row, block, chunk, nibble, j] -> [tile, block, chunk, row, j, nibble]
+    split = padded.reshape(tiles, TILE_ROWS, blocks, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    packed = (split[..., 0] | (split[..., 1] << 4)).reshape(tiles, blocks, TILE_ROWS * BLOCK // 2).contiguous()
+
+    def by_tile(values: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(tiles * TILE_ROWS, blocks)
+        out[:rows] = values.float()
+        return out.reshape(tiles, TILE_ROWS, blocks).transpose(1, 2).contiguous()
+
+    return Int4Weights(packed, by_tile(scales), by_tile(minimums), rows)
 
 
-def int4_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor,
-              isa: str | None = None) -> torch.Tensor:
-    """x [M, K] (fp32/bf16) @ w.T -> [M, N] fp32, w = code * scale + minimum per group of 32: codes from pack_int4,
-    fp32 scales and minimums [N, K/32]."""
-    return torch.ops.fasterllm_cpu.int4_gemv(x, codes, scales, minimums, isa or kernel_isa())
+def int4_gemv(x: torch.Tensor, weights: Int4Weights, isa: str | None = None) -> torch.Tensor:
+    """x [M, K] (fp32/bf16) @ w.T -> [M, N] fp32, w = code * scale + minimum per group of 32 (pack_int4's weights)."""
+    return torch.ops.fasterllm_cpu.int4_gemv(x, weights.codes, weights.scales, weights.minimums, weights.rows,
+                                             isa or kernel_isa())
 
 
 def int8_gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, isa: str | None = None) -> torch.Tensor:

@@ -6,8 +6,10 @@
 
 namespace fasterllm_cpu {
 
-constexpr int64_t kBlock = 32;  // weights per int4 group, activations per int8 block
-constexpr int64_t kLanes = 8;   // int32 lanes of one block's partial sums (a 256-bit register)
+constexpr int64_t kBlock = 32;      // weights per int4 group, activations per int8 block
+constexpr int64_t kLanes = 8;       // int32 lanes of one block's partial sums in the int8 kernels (256 bits)
+constexpr int64_t kTileRows = 16;   // output rows of one int4 tile
+constexpr int64_t kTileBytes = kTileRows * kBlock / 2;  // one tile's codes of one block
 
 // M input rows of width K quantized per block of 32 (codes = round(x / scale), |codes| <= 127):
 //   codes  [M, K] int8
@@ -24,17 +26,22 @@ struct QuantizedRows {
   int64_t width;
 };
 
+// x [rows, width] fp32, or bf16 as its uint16 bits; width a multiple of 32; rows' storage as QuantizedRows says
 void quantize_rows(const float* x, int64_t rows, int64_t width, int8_t* codes, float* scales, float* sums,
                    float* errors);
+void quantize_rows(const uint16_t* x, int64_t rows, int64_t width, int8_t* codes, float* scales, float* sums,
+                   float* errors);
 
-// out[m, n] for n in [n0, n1) (out is [M, N] fp32), weights of output row n:
-// int4: codes [N, K/2] (block b of row n: 16 bytes, code j in the low nibble of byte j and code j+16 in the high
-//       one), scales and minimums [N, K/32] fp32, w = code * scale + minimum
-// int8: weight [N, K] int8 in -127..127, scales [N] fp32, w = weight * scale
-void int4_rows_avx2(const uint8_t* codes, const float* scales, const float* mins, const QuantizedRows& x,
-                    int64_t n0, int64_t n1, int64_t N, float* out);
-void int4_rows_avx512(const uint8_t* codes, const float* scales, const float* mins, const QuantizedRows& x,
-                      int64_t n0, int64_t n1, int64_t N, float* out);
+// out[m, n] (out is [M, N] fp32) for the output rows of tiles [t0, t1) (int4) or rows [n0, n1) (int8).
+// int4, in tiles of 16 output rows (N padded to a multiple of 16 with zero rows; w = code * scale + minimum):
+//   codes [N/16, K/32, 256] bytes: tile t, block b holds 4 chunks of 64 bytes, chunk c's byte 4r + j the codes of
+//         row 16t + r at k = 32b + 8c + j (low nibble) and k + 4 (high nibble), j = 0..3
+//   scales, minimums [N/16, K/32, 16] fp32: those of rows 16t..16t+15 for block b, in row order
+// int8, row-major: weight [N, K] int8 in -127..127, scales [N] fp32, w = weight * scale
+void int4_tiles_avx2(const uint8_t* codes, const float* scales, const float* mins, const QuantizedRows& x,
+                     int64_t t0, int64_t t1, int64_t N, float* out);
+void int4_tiles_avx512(const uint8_t* codes, const float* scales, const float* mins, const QuantizedRows& x,
+                       int64_t t0, int64_t t1, int64_t N, float* out);
 void int8_rows_avx2(const int8_t* weight, const float* scales, const QuantizedRows& x, int64_t n0, int64_t n1,
                     int64_t N, float* out);
 void int8_rows_avx512(const int8_t* weight, const float* scales, const QuantizedRows& x, int64_t n0, int64_t n1,

@@ -1,7 +1,8 @@
-// The AVX-512 products of gemv.h: one 512-bit register per two blocks of 32 (int32 lanes 0-7 the first block's,
-// 8-15 the second's), integer dot products through VNNI's dpbusd (u8 x s8 quads to int32), each block's sums scaled
-// in fp32; an odd last block through masked loads. Output rows go in groups of 4 that share each input load and one
-// horizontal reduction. Needs avx512f/bw/dq/vl and avx512_vnni.
+// The AVX-512 products of gemv.h, integer dot products through VNNI's dpbusd (u8 x s8 quads to int32), each block's
+// sums scaled in fp32. int4: one int32 lane per output row of a tile, 4 inputs broadcast to all lanes, so a block's
+// scales apply to 16 rows at once and no horizontal sum is needed. int8 (row-major): one 512-bit register per two
+// blocks of a row (int32 lanes 0-7 the first block's, 8-15 the second's), an odd last block through masked loads,
+// rows in groups of 4 sharing each input load and one horizontal reduction. Needs avx512f/bw/dq/vl and avx512_vnni.
 // Helpers live in an anonymous namespace so no inline function built for this ISA is shared with another unit.
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")
 #include <immintrin.h>
@@ -30,51 +31,29 @@ inline void store_sums(const __m512* acc, float* out) {
   }
 }
 
-// two blocks' 64 codes in order from their 32 bytes (code j: low nibble of byte j; code j + 16: its high nibble);
-// `bytes` masks the load (an odd last block: its 16 bytes, the rest zero)
-inline __m512i unpack_int4_pair(const uint8_t* p, __mmask32 bytes) {
-  const __m256i packed = _mm256_maskz_loadu_epi8(bytes, p);
-  const __m256i nibble = _mm256_set1_epi8(0x0F);
-  const __m256i low = _mm256_and_si256(packed, nibble), high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
-  const __m512i halves = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);  // low0 low1 high0 high1
-  return _mm512_shuffle_i64x2(halves, halves, _MM_SHUFFLE(3, 1, 2, 0));             // low0 high0 low1 high1
-}
-
-template <int R>
-void int4_group(const uint8_t* codes, const float* scales, const float* mins, const QuantizedRows& x, int64_t n,
-                int64_t N, float* out) {
-  const int64_t K = x.width, blocks = K / kBlock;
-  for (int64_t m = 0; m < x.rows; ++m) {
-    const int8_t* q = x.codes + m * K;
-    const float* lane_scales = x.scales + m * blocks * kLanes;
-    __m512 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < blocks; b += 2) {
-      const bool pair = b + 1 < blocks;
-      const __m512i qv = _mm512_maskz_loadu_epi8(pair ? ~__mmask64(0) : __mmask64(0xFFFFFFFF), q + kBlock * b);
-      const __m512 lanes = _mm512_maskz_loadu_ps(pair ? __mmask16(0xFFFF) : __mmask16(0xFF), lane_scales + kLanes * b);
-      for (int r = 0; r < R; ++r) {
-        const int64_t row = n + r;
-        const __m512i w = unpack_int4_pair(codes + row * (K / 2) + 16 * b, pair ? ~__mmask32(0) : __mmask32(0xFFFF));
-        const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, qv);
-        const float* s = scales + row * blocks + b;
-        const __m512 s2 = _mm512_insertf32x8(_mm512_set1_ps(s[0]), _mm256_set1_ps(pair ? s[1] : 0.f), 1);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(lanes, s2), acc[r]);
+// the int32 sums of one tile's 16 rows over block b: 8 dpbusd of 4 codes x 4 inputs each (gemv.h's tile order),
+// in 4 chains to hide their latency
+inline __m512i int4_tile_block(const uint8_t* tile, const int8_t* q) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  __m512i sums[4];
+  for (int c = 0; c < 4; c += 2) {
+    for (int h = 0; h < 2; ++h) {
+      const __m512i packed = _mm512_loadu_si512(tile + 64 * (c + h));
+      const __m512i low = _mm512_and_si512(packed, nibble);
+      const __m512i high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
+      const int8_t* k = q + 8 * (c + h);
+      const __m512i first = _mm512_broadcastd_epi32(_mm_loadu_si32(k));
+      const __m512i second = _mm512_broadcastd_epi32(_mm_loadu_si32(k + 4));
+      if (c == 0) {
+        sums[2 * h] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), low, first);
+        sums[2 * h + 1] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), high, second);
+      } else {
+        sums[2 * h] = _mm512_dpbusd_epi32(sums[2 * h], low, first);
+        sums[2 * h + 1] = _mm512_dpbusd_epi32(sums[2 * h + 1], high, second);
       }
     }
-    // + minimum x the block's input sum + scale x its rounding error (gemv.h), 16 blocks at a time
-    for (int64_t b = 0; b < blocks; b += 16) {
-      const __mmask16 valid = first16(blocks - b);
-      const __m512 sums = _mm512_maskz_loadu_ps(valid, x.sums + m * blocks + b);
-      const __m512 errors = _mm512_maskz_loadu_ps(valid, x.errors + m * blocks + b);
-      for (int r = 0; r < R; ++r) {
-        const int64_t at = (n + r) * blocks + b;
-        acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(valid, mins + at), sums, acc[r]);
-        acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(valid, scales + at), errors, acc[r]);
-      }
-    }
-    store_sums<R>(acc, out + m * N + n);
   }
+  return _mm512_add_epi32(_mm512_add_epi32(sums[0], sums[1]), _mm512_add_epi32(sums[2], sums[3]));
 }
 
 template <int R>
@@ -106,11 +85,32 @@ void int8_group(const int8_t* weight, const float* scales, const QuantizedRows& 
 
 }  // namespace
 
-void int4_rows_avx512(const uint8_t* codes, const float* scales, const float* mins, const QuantizedRows& x,
-                      int64_t n0, int64_t n1, int64_t N, float* out) {
-  int64_t n = n0;
-  for (; n + kGroup <= n1; n += kGroup) int4_group<kGroup>(codes, scales, mins, x, n, N, out);
-  for (; n < n1; ++n) int4_group<1>(codes, scales, mins, x, n, N, out);
+void int4_tiles_avx512(const uint8_t* codes, const float* scales, const float* mins, const QuantizedRows& x,
+                       int64_t t0, int64_t t1, int64_t N, float* out) {
+  const int64_t K = x.width, blocks = K / kBlock;
+  for (int64_t t = t0; t < t1; ++t) {
+    const uint8_t* tile = codes + t * blocks * kTileBytes;
+    const float* tile_scales = scales + t * blocks * kTileRows;
+    const float* tile_mins = mins + t * blocks * kTileRows;
+    const int64_t n = t * kTileRows;
+    for (int64_t m = 0; m < x.rows; ++m) {
+      const int8_t* q = x.codes + m * K;
+      const float* block_scales = x.scales + m * blocks * kLanes;
+      const float* sums = x.sums + m * blocks;
+      const float* errors = x.errors + m * blocks;
+      __m512 products = _mm512_setzero_ps(), offsets = _mm512_setzero_ps();
+      for (int64_t b = 0; b < blocks; ++b) {
+        const __m512i dots = int4_tile_block(tile + b * kTileBytes, q + b * kBlock);
+        const __m512 s = _mm512_loadu_ps(tile_scales + b * kTileRows);
+        products = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(s, _mm512_set1_ps(block_scales[b * kLanes])),
+                                   products);
+        // + minimum x the block's input sum + scale x its rounding error (gemv.h)
+        offsets = _mm512_fmadd_ps(_mm512_loadu_ps(tile_mins + b * kTileRows), _mm512_set1_ps(sums[b]), offsets);
+        offsets = _mm512_fmadd_ps(s, _mm512_set1_ps(errors[b]), offsets);
+      }
+      _mm512_mask_storeu_ps(out + m * N + n, first16(N - n), _mm512_add_ps(products, offsets));
+    }
+  }
 }
 
 void int8_rows_avx512(const int8_t* weight, const float* scales, const QuantizedRows& x, int64_t n0, int64_t n1,

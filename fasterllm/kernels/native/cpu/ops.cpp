@@ -33,8 +33,9 @@ bool use_avx512(const std::string& isa) {
   return isa == "avx512";
 }
 
+// the input rows quantized (gemv.h's QuantizedRows) in one scratch tensor
 struct Quantized {
-  at::Tensor codes, scales, sums, errors;
+  at::Tensor storage;
   QuantizedRows rows;
 };
 
@@ -42,17 +43,22 @@ Quantized quantize(const at::Tensor& x, int64_t K) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "input must be [rows, ", K, "], got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "input must be float32 or bfloat16, got ", x.scalar_type());
-  const at::Tensor values = x.to(at::kFloat).contiguous();
+  TORCH_CHECK(x.device().is_cpu(), "input must be on the CPU, got ", x.device());
+  const at::Tensor values = x.contiguous();
   const int64_t M = x.size(0), blocks = K / kBlock;
+  const int64_t floats = M * blocks * (kLanes + 2);  // scales (per lane), sums, errors; then the codes
   Quantized q;
-  q.codes = at::empty({M, K}, values.options().dtype(at::kChar));
-  q.scales = at::empty({M, blocks * kLanes}, values.options());
-  q.sums = at::empty({M, blocks}, values.options());
-  q.errors = at::empty({M, blocks}, values.options());
-  quantize_rows(values.data_ptr<float>(), M, K, q.codes.data_ptr<int8_t>(), q.scales.data_ptr<float>(),
-                q.sums.data_ptr<float>(), q.errors.data_ptr<float>());
-  q.rows = QuantizedRows{q.codes.data_ptr<int8_t>(), q.scales.data_ptr<float>(), q.sums.data_ptr<float>(),
-                         q.errors.data_ptr<float>(), M, K};
+  q.storage = at::empty({floats + M * K / 4}, values.options().dtype(at::kFloat));
+  float* scales = q.storage.data_ptr<float>();
+  float* sums = scales + M * blocks * kLanes;
+  float* errors = sums + M * blocks;
+  int8_t* codes = reinterpret_cast<int8_t*>(scales + floats);
+  if (values.scalar_type() == at::kFloat)
+    quantize_rows(values.data_ptr<float>(), M, K, codes, scales, sums, errors);
+  else
+    quantize_rows(reinterpret_cast<const uint16_t*>(values.data_ptr<at::BFloat16>()), M, K, codes, scales, sums,
+                  errors);
+  q.rows = QuantizedRows{codes, scales, sums, errors, M, K};
   return q;
 }
 
@@ -63,22 +69,24 @@ void check_weight(const at::Tensor& t, at::ScalarType dtype, at::IntArrayRef sha
 }
 
 at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
-                     const std::string& isa) {
+                     int64_t N, const std::string& isa) {
   const bool wide = use_avx512(isa);
-  TORCH_CHECK(codes.dim() == 2, "codes must be [N, K/2] uint8, got ", codes.sizes());
-  const int64_t N = codes.size(0), K = codes.size(1) * 2;
-  TORCH_CHECK(K % kBlock == 0, "the input width must be a multiple of ", kBlock, ", got ", K);
-  check_weight(codes, at::kByte, {N, K / 2}, "codes");
-  check_weight(scales, at::kFloat, {N, K / kBlock}, "scales");
-  check_weight(mins, at::kFloat, {N, K / kBlock}, "mins");
+  TORCH_CHECK(codes.dim() == 3 && codes.size(2) == kTileBytes, "codes must be [N/16, K/32, ", kTileBytes,
+              "] uint8 (cpu_gemv.pack_int4), got ", codes.sizes());
+  const int64_t tiles = codes.size(0), blocks = codes.size(1), K = blocks * kBlock;
+  TORCH_CHECK(N > (tiles - 1) * kTileRows && N <= tiles * kTileRows, "N = ", N, " does not fit ", tiles,
+              " tiles of ", kTileRows, " rows");
+  check_weight(codes, at::kByte, {tiles, blocks, kTileBytes}, "codes");
+  check_weight(scales, at::kFloat, {tiles, blocks, kTileRows}, "scales");
+  check_weight(mins, at::kFloat, {tiles, blocks, kTileRows}, "mins");
   const Quantized q = quantize(x, K);
   at::Tensor out = at::empty({x.size(0), N}, x.options().dtype(at::kFloat));
   const uint8_t* c = codes.data_ptr<uint8_t>();
   const float *s = scales.data_ptr<float>(), *m = mins.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  at::parallel_for(0, N, kGrainRows, [&](int64_t n0, int64_t n1) {
-    if (wide) int4_rows_avx512(c, s, m, q.rows, n0, n1, N, o);
-    else int4_rows_avx2(c, s, m, q.rows, n0, n1, N, o);
+  at::parallel_for(0, tiles, kGrainRows / kTileRows, [&](int64_t t0, int64_t t1) {
+    if (wide) int4_tiles_avx512(c, s, m, q.rows, t0, t1, N, o);
+    else int4_tiles_avx2(c, s, m, q.rows, t0, t1, N, o);
   });
   return out;
 }
@@ -106,7 +114,7 @@ at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Te
 }  // namespace fasterllm_cpu
 
 TORCH_LIBRARY(fasterllm_cpu, m) {
-  m.def("int4_gemv(Tensor x, Tensor codes, Tensor scales, Tensor mins, str isa) -> Tensor",
+  m.def("int4_gemv(Tensor x, Tensor codes, Tensor scales, Tensor mins, int N, str isa) -> Tensor",
         &fasterllm_cpu::int4_gemv);
   m.def("int8_gemv(Tensor x, Tensor weight, Tensor scales, str isa) -> Tensor", &fasterllm_cpu::int8_gemv);
 }
