@@ -59,7 +59,9 @@ def main() -> None:
     torch_int8 = [(w, s.bfloat16()) for w, s in int8_layers]
     torch_int4 = [(torch.ops.aten._convert_weight_to_int4pack_for_cpu(c.to(torch.int32), 1),
                    scales_and_zeros(s, m, torch.bfloat16)) for c, s, m in int4_layers]
-    ours_int4 = [(cpu_gemv.pack_int4(c), s, m) for c, s, m in int4_layers]
+    ours_int4 = [cpu_gemv.pack_int4(c, s, m) for c, s, m in int4_layers]
+    ours_int8 = [cpu_gemv.pack_int8(w, s) for w, s in int8_layers]
+    ours_head = cpu_gemv.pack_int8(*head)
 
     def int8_bytes(layers):
         return sum(w.numel() + s.numel() * s.element_size() for w, s in layers)
@@ -70,16 +72,16 @@ def main() -> None:
             lambda: [torch._weight_int8pack_mm(rows[w.shape[1]], w, s) for w, s in torch_int8 + [torch_head]],
             int8_bytes(torch_int8) + head_bytes),
         "int8: ours int8_gemv": (
-            lambda: [cpu_gemv.int8_gemv(rows[w.shape[1]], w, s, isa) for w, s in int8_layers + [head]],
+            lambda: [cpu_gemv.int8_gemv(rows[w.codes.shape[1] * 32], w, isa) for w in ours_int8 + [ours_head]],
             int8_bytes(int8_layers) + head_bytes),
         "int4: torch _weight_int4pack_mm_for_cpu (+ int8 head)": (
             lambda: [torch._weight_int4pack_mm_for_cpu(rows[p.shape[1] * 2], p, GROUP_SIZE, sz)
                      for p, sz in torch_int4] + [torch._weight_int8pack_mm(rows[576], *torch_head)],
             sum(p.numel() + sz.numel() * 2 for p, sz in torch_int4) + head_bytes),
         "int4: ours int4_gemv (+ our int8 head)": (
-            lambda: [cpu_gemv.int4_gemv(rows[c.shape[1] * 2], c, s, m, isa) for c, s, m in ours_int4]
-            + [cpu_gemv.int8_gemv(rows[576], *head, isa=isa)],
-            sum(c.numel() + 8 * s.numel() for c, s, _ in ours_int4) + head_bytes),
+            lambda: [cpu_gemv.int4_gemv(rows[w.codes.shape[1] * 32], w, isa) for w in ours_int4]
+            + [cpu_gemv.int8_gemv(rows[576], ours_head, isa)],
+            sum(w.codes.numel() + 8 * w.scales.numel() for w in ours_int4) + head_bytes),
     }
     dram = torch.randn(64 << 20, dtype=torch.bfloat16)
     print(f"our ISA: {isa}; {args.rows} input row(s) per product")

@@ -69,10 +69,11 @@ def test_int4_within_input_rounding_of_the_exact_product(isa, dtype, n, k):
 def test_int8_within_input_rounding_of_the_exact_product(isa, dtype, n, k):
     torch.manual_seed(n * k)
     qweight, scales = quantize_int8_per_channel(torch.randn(n, k))
+    packed = cpu_gemv.pack_int8(qweight, scales)
     weight = qweight.double() * scales.double()[:, None]
     for rows in ROWS:
         x = activations(rows, k, dtype)
-        got = cpu_gemv.int8_gemv(x, qweight, scales, isa)
+        got = cpu_gemv.int8_gemv(x, packed, isa)
         assert_within(got, x.double() @ weight.t(), input_rounding(x).double() @ weight.abs().t())
 
 
@@ -97,7 +98,7 @@ def test_layers_agree_with_their_torch_path(isa, dtype, monkeypatch):
                              (Int8WeightOnlyLinear(*int8, bias.to(dtype), native=True),
                               Int8WeightOnlyLinear(*int8, bias.to(dtype), native=False))):
             got, want = ours(x), theirs(x)
-            assert ours.native is not None and got.dtype == dtype
+            assert ours.native is not None and theirs.native is None and got.dtype == dtype
             assert relative_error(got, want) < 0.02
 
 
@@ -105,7 +106,7 @@ def test_int8_layer_keeps_torch_for_widths_the_kernel_cannot_take():
     # 48: not a multiple of 32 (torch 2.13's _weight_int8pack_mm crashes at K=40 on AVX-512, so not 40)
     qweight, scales = quantize_int8_per_channel(torch.randn(8, 48))
     layer = Int8WeightOnlyLinear(qweight, scales, None, native=True)
-    assert not layer.native
+    assert layer.native is None
     assert layer(torch.randn(2, 48)).shape == (2, 8)
 
 
@@ -116,10 +117,13 @@ def test_bad_inputs_are_refused_with_what_was_given():
         cpu_gemv.int4_gemv(torch.randn(1, 32), packed, "avx2")
     with pytest.raises(RuntimeError, match="input must be float32 or bfloat16, got Half"):
         cpu_gemv.int4_gemv(torch.randn(1, 64).half(), packed, "avx2")
+    int8 = cpu_gemv.pack_int8(torch.zeros(20, 64, dtype=torch.int8), torch.ones(20))
     with pytest.raises(RuntimeError, match="isa must be 'avx2' or 'avx512', got 'sse2'"):
-        cpu_gemv.int8_gemv(torch.randn(1, 64), torch.zeros(4, 64, dtype=torch.int8), torch.ones(4), "sse2")
-    with pytest.raises(RuntimeError, match="scales must be a contiguous CPU Float tensor of shape \\[4\\]"):
-        cpu_gemv.int8_gemv(torch.randn(1, 64), torch.zeros(4, 64, dtype=torch.int8), torch.ones(5), "avx2")
+        cpu_gemv.int8_gemv(torch.randn(1, 64), int8, "sse2")
+    with pytest.raises(RuntimeError, match=r"scales must be a contiguous CPU Float tensor of shape \[2, 16\]"):
+        cpu_gemv.int8_gemv(torch.randn(1, 64), int8._replace(scales=torch.ones(2, 8)), "avx2")
+    with pytest.raises(RuntimeError, match="N = 40 does not fit 2 tiles of 16 rows"):
+        cpu_gemv.int8_gemv(torch.randn(1, 64), int8._replace(rows=40), "avx2")
     with pytest.raises(ValueError, match="divisible by 32, got 40"):
         cpu_gemv.pack_int4(torch.zeros(4, 40, dtype=torch.uint8), torch.ones(4, 1), torch.zeros(4, 1))
 

@@ -30,7 +30,7 @@ ISA_FLAGS = {"avx512": {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_v
              "avx2": {"avx2", "fma", "f16c"}}
 DECODE_ROWS = 8  # inputs of at most this many rows take these kernels; more rows keep torch's (GEMM-shaped) ones
 BLOCK = 32  # weights per int4 group, activations per int8 block
-TILE_ROWS = 16  # output rows per int4 tile
+TILE_ROWS = 16  # output rows per tile
 SOURCES = ("ops.cpp", "quantize_rows.cpp", "gemv_avx2.cpp", "gemv_avx512.cpp")
 
 
@@ -45,6 +45,13 @@ class Int4Weights(NamedTuple):
     codes: torch.Tensor
     scales: torch.Tensor
     minimums: torch.Tensor
+    rows: int
+
+
+class Int8Weights(NamedTuple):
+    """pack_int8's result: codes [N/16, K/32, 512] int8, scales [N/16, 16] fp32, rows N."""
+    codes: torch.Tensor
+    scales: torch.Tensor
     rows: int
 
 
@@ -74,8 +81,11 @@ def load() -> bool:
 
     source_dir = Path(__file__).parent / "cpu"
     try:
+        # -fopenmp: at::parallel_for is OpenMP inside ATen's headers (torch's own libgomp at run time); without it
+        # the output rows would run on one thread
         cpp_extension.load("fasterllm_cpu_kernels", [str(source_dir / name) for name in SOURCES],
-                           extra_cflags=["-O3"], is_python_module=False, verbose=False)
+                           extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], is_python_module=False,
+                           verbose=False)
     except Exception as error:  # no compiler, no ninja, a failed build: torch's kernels still run
         reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
         logger.warning("fasterllm's C++ CPU kernels could not be built (%s); the int4/int8 layers use torch's "
@@ -89,26 +99,44 @@ def available() -> bool:
     return kernel_isa() is not None and load()
 
 
-def pack_int4(codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor) -> Int4Weights:
-    """Codes uint8 [N, K] in 0..15 with fp32 scales and minimums [N, K/32] -> the kernels' tiles of 16 rows
-    (cpu/gemv.h): rows padded with zeros to a multiple of 16; per tile and block of 32, chunk c's byte 4r + j holds
-    row r's codes at k = 8c + j (low nibble) and 8c + 4 + j (high)."""
-    rows, cols = codes.shape
+def _tiles(values: torch.Tensor) -> torch.Tensor:
+    """values [N, ...] -> [N/16 rounded up, 16, ...], padded with zero rows."""
+    rows = values.shape[0]
+    padded = values.new_zeros((-(-rows // TILE_ROWS) * TILE_ROWS, *values.shape[1:]))
+    padded[:rows] = values
+    return padded.reshape(-1, TILE_ROWS, *values.shape[1:])
+
+
+def _check_width(cols: int) -> None:
     if cols % BLOCK:
-        raise ValueError(f"int4 codes need a width divisible by {BLOCK}, got {cols}")
-    tiles, blocks = -(-rows // TILE_ROWS), cols // BLOCK
-    padded = torch.zeros(tiles * TILE_ROWS, cols, dtype=torch.uint8)
-    padded[:rows] = codes
+        raise ValueError(f"the C++ CPU kernels need an input width divisible by {BLOCK}, got {cols}")
+
+
+def pack_int4(codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor) -> Int4Weights:
+    """Codes uint8 [N, K] in 0..15 with fp32 scales and minimums [N, K/32] -> the kernels' tiles (cpu/gemv.h): per
+    tile of 16 rows and block of 32, chunk c's byte 4r + j holds row r's codes at k = 8c + j (low nibble) and
+    8c + 4 + j (high)."""
+    rows, cols = codes.shape
+    _check_width(cols)
     # [tile, row, block, chunk, nibble, j] -> [tile, block, chunk, row, j, nibble]
-    split = padded.reshape(tiles, TILE_ROWS, blocks, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
-    packed = (split[..., 0] | (split[..., 1] << 4)).reshape(tiles, blocks, TILE_ROWS * BLOCK // 2).contiguous()
+    split = _tiles(codes.to(torch.uint8)).reshape(-1, TILE_ROWS, cols // BLOCK, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    packed = (split[..., 0] | (split[..., 1] << 4)).reshape(-1, cols // BLOCK, TILE_ROWS * BLOCK // 2)
 
-    def by_tile(values: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros(tiles * TILE_ROWS, blocks)
-        out[:rows] = values.float()
-        return out.reshape(tiles, TILE_ROWS, blocks).transpose(1, 2).contiguous()
+    def by_tile(values: torch.Tensor) -> torch.Tensor:  # [N, K/32] -> [N/16, K/32, 16]
+        return _tiles(values.float()).transpose(1, 2).contiguous()
 
-    return Int4Weights(packed, by_tile(scales), by_tile(minimums), rows)
+    return Int4Weights(packed.contiguous(), by_tile(scales), by_tile(minimums), rows)
+
+
+def pack_int8(weight: torch.Tensor, scales: torch.Tensor) -> Int8Weights:
+    """int8 weight [N, K] in -127..127 with fp32 scales [N] -> the kernels' tiles (cpu/gemv.h): per tile of 16 rows
+    and block of 32, chunk c's byte 4r + j holds row r's weight at k = 4c + j."""
+    rows, cols = weight.shape
+    _check_width(cols)
+    # [tile, row, block, chunk, j] -> [tile, block, chunk, row, j]
+    split = _tiles(weight.to(torch.int8)).reshape(-1, TILE_ROWS, cols // BLOCK, 8, 4).permute(0, 2, 3, 1, 4)
+    return Int8Weights(split.reshape(-1, cols // BLOCK, TILE_ROWS * BLOCK).contiguous(),
+                       _tiles(scales.float()).contiguous(), rows)
 
 
 def int4_gemv(x: torch.Tensor, weights: Int4Weights, isa: str | None = None) -> torch.Tensor:
@@ -117,6 +145,6 @@ def int4_gemv(x: torch.Tensor, weights: Int4Weights, isa: str | None = None) -> 
                                              isa or kernel_isa())
 
 
-def int8_gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, isa: str | None = None) -> torch.Tensor:
-    """x [M, K] (fp32/bf16) @ (weight * scales[:, None]).T -> [M, N] fp32: int8 weight [N, K], fp32 scales [N]."""
-    return torch.ops.fasterllm_cpu.int8_gemv(x, weight, scales, isa or kernel_isa())
+def int8_gemv(x: torch.Tensor, weights: Int8Weights, isa: str | None = None) -> torch.Tensor:
+    """x [M, K] (fp32/bf16) @ w.T -> [M, N] fp32, w = weight * scale per output row (pack_int8's weights)."""
+    return torch.ops.fasterllm_cpu.int8_gemv(x, weights.codes, weights.scales, weights.rows, isa or kernel_isa())

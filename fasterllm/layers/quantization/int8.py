@@ -1,9 +1,9 @@
 """Weight-only INT8 linear layers (per output channel), quantized at load time.
 
 Decode on the CPU streams every weight once per step, so weights of one byte instead of two are
-read about twice as fast. Scales are symmetric per output row: absmax / 127. Two kernels over the same [N, K]
-codes, one chosen per layer at load: our C++ one (kernels/native/cpu_gemv.py: the input rows quantized to int8 per
-block of 32, integer dot products) where it is built for this CPU and K is a multiple of 32, else torch's packed
+read about twice as fast. Scales are symmetric per output row: absmax / 127. Two kernels, one chosen per layer at
+load: our C++ one (kernels/native/cpu_gemv.py: the codes repacked into its tiles, the input rows quantized to int8
+per block of 32, integer dot products) where it is built for this CPU and K is a multiple of 32, else torch's packed
 CPU kernel (`_weight_int8pack_mm`), which dequantizes inside the matrix product. torch's takes bf16 activations
 whatever the model's dtype: with fp32 ones it ran 8-15x slower, on AVX-512 and on AVX2 alike (benchmarks/RESULTS.md,
 "CPUs without AVX-512").
@@ -36,9 +36,11 @@ class Int8WeightOnlyLinear(FlatLinear):
         super().__init__()
         self.out_features = qweight.shape[0]
         fits = qweight.shape[1] % cpu_gemv.BLOCK == 0
-        self.native = fits and (cpu_gemv.available() if native is None else native)
-        self.qweight = qweight.contiguous()
-        self.scales = scales.float().contiguous() if self.native else scales.to(PACKED_KERNEL_DTYPE)
+        self.native = cpu_gemv.pack_int8(qweight, scales) if fits and (
+            cpu_gemv.available() if native is None else native) else None
+        if self.native is None:
+            self.qweight = qweight.contiguous()
+            self.scales = scales.to(PACKED_KERNEL_DTYPE)
         self.bias = bias
 
     @classmethod
@@ -46,8 +48,8 @@ class Int8WeightOnlyLinear(FlatLinear):
         return cls(*quantize_int8_per_channel(weight), bias)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.native:
-            out = cpu_gemv.int8_gemv(x, self.qweight, self.scales).to(x.dtype)
+        if self.native is not None:
+            out = cpu_gemv.int8_gemv(x, self.native).to(x.dtype)
         else:
             out = torch._weight_int8pack_mm(x.to(PACKED_KERNEL_DTYPE), self.qweight, self.scales).to(x.dtype)
         return out if self.bias is None else out + self.bias

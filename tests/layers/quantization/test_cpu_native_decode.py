@@ -26,7 +26,7 @@ def greedy(gguf, method: str, kernels: str, monkeypatch):
     try:
         llm = LLM(str(gguf), quantization=method, dtype="float32", max_model_len=256, num_kv_blocks=64)
         layer = llm.engine.executor.runner.model.layers[0].qkv_proj  # Int4WeightOnlyLinear, Int8WeightOnlyLinear
-        assert (layer.native is not None if method == "gguf" else layer.native) == (kernels != "off")
+        assert (layer.native is not None) == (kernels != "off")
         outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24, logprobs=0), use_tqdm=False)
     finally:
         monkeypatch.delenv(cpu_gemv.ISA_ENV)

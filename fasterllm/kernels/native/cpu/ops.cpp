@@ -1,5 +1,5 @@
 // torch operators over gemv.h's kernels: torch.ops.fasterllm_cpu.int4_gemv / int8_gemv. They check their tensors,
-// quantize the input rows once and split the output rows over torch's intra-op threads (at::parallel_for).
+// quantize the input rows once and split the output tiles over torch's intra-op threads (at::parallel_for).
 // The ISA ("avx2" or "avx512") is the caller's choice (kernels/native/cpu_gemv.py picks it at start-up); a choice
 // this CPU cannot run is refused here rather than left to crash on an illegal instruction.
 #include <ATen/ATen.h>
@@ -13,7 +13,7 @@
 namespace fasterllm_cpu {
 namespace {
 
-constexpr int64_t kGrainRows = 64;  // output rows per thread at least: fewer are not worth a thread's start
+constexpr int64_t kGrainTiles = 4;  // tiles (of 16 output rows) per thread at least: fewer are not worth a thread
 
 bool runs_avx512() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -46,11 +46,11 @@ Quantized quantize(const at::Tensor& x, int64_t K) {
   TORCH_CHECK(x.device().is_cpu(), "input must be on the CPU, got ", x.device());
   const at::Tensor values = x.contiguous();
   const int64_t M = x.size(0), blocks = K / kBlock;
-  const int64_t floats = M * blocks * (kLanes + 2);  // scales (per lane), sums, errors; then the codes
+  const int64_t floats = M * blocks * 3;  // scales, sums, errors; then the codes
   Quantized q;
   q.storage = at::empty({floats + M * K / 4}, values.options().dtype(at::kFloat));
   float* scales = q.storage.data_ptr<float>();
-  float* sums = scales + M * blocks * kLanes;
+  float* sums = scales + M * blocks;
   float* errors = sums + M * blocks;
   int8_t* codes = reinterpret_cast<int8_t*>(scales + floats);
   if (values.scalar_type() == at::kFloat)
@@ -68,44 +68,49 @@ void check_weight(const at::Tensor& t, at::ScalarType dtype, at::IntArrayRef sha
               t.sizes());
 }
 
+// the tiles' dimensions (gemv.h) checked against N: [N/16 rounded up, K/32, tile_bytes]
+int64_t tiles_of(const at::Tensor& codes, int64_t N, int64_t tile_bytes, const char* packer) {
+  TORCH_CHECK(codes.dim() == 3 && codes.size(2) == tile_bytes, "codes must be [N/16, K/32, ", tile_bytes, "] (",
+              packer, "), got ", codes.sizes());
+  const int64_t tiles = codes.size(0);
+  TORCH_CHECK(N > (tiles - 1) * kTileRows && N <= tiles * kTileRows, "N = ", N, " does not fit ", tiles,
+              " tiles of ", kTileRows, " rows");
+  return tiles;
+}
+
 at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
                      int64_t N, const std::string& isa) {
   const bool wide = use_avx512(isa);
-  TORCH_CHECK(codes.dim() == 3 && codes.size(2) == kTileBytes, "codes must be [N/16, K/32, ", kTileBytes,
-              "] uint8 (cpu_gemv.pack_int4), got ", codes.sizes());
-  const int64_t tiles = codes.size(0), blocks = codes.size(1), K = blocks * kBlock;
-  TORCH_CHECK(N > (tiles - 1) * kTileRows && N <= tiles * kTileRows, "N = ", N, " does not fit ", tiles,
-              " tiles of ", kTileRows, " rows");
-  check_weight(codes, at::kByte, {tiles, blocks, kTileBytes}, "codes");
+  const int64_t tiles = tiles_of(codes, N, kInt4TileBytes, "cpu_gemv.pack_int4"), blocks = codes.size(1);
+  check_weight(codes, at::kByte, {tiles, blocks, kInt4TileBytes}, "codes");
   check_weight(scales, at::kFloat, {tiles, blocks, kTileRows}, "scales");
   check_weight(mins, at::kFloat, {tiles, blocks, kTileRows}, "mins");
-  const Quantized q = quantize(x, K);
+  const Quantized q = quantize(x, blocks * kBlock);
   at::Tensor out = at::empty({x.size(0), N}, x.options().dtype(at::kFloat));
   const uint8_t* c = codes.data_ptr<uint8_t>();
   const float *s = scales.data_ptr<float>(), *m = mins.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  at::parallel_for(0, tiles, kGrainRows / kTileRows, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, tiles, kGrainTiles, [&](int64_t t0, int64_t t1) {
     if (wide) int4_tiles_avx512(c, s, m, q.rows, t0, t1, N, o);
     else int4_tiles_avx2(c, s, m, q.rows, t0, t1, N, o);
   });
   return out;
 }
 
-at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales, const std::string& isa) {
+at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t N,
+                     const std::string& isa) {
   const bool wide = use_avx512(isa);
-  TORCH_CHECK(weight.dim() == 2, "weight must be [N, K] int8, got ", weight.sizes());
-  const int64_t N = weight.size(0), K = weight.size(1);
-  TORCH_CHECK(K % kBlock == 0, "the input width must be a multiple of ", kBlock, ", got ", K);
-  check_weight(weight, at::kChar, {N, K}, "weight");
-  check_weight(scales, at::kFloat, {N}, "scales");
-  const Quantized q = quantize(x, K);
+  const int64_t tiles = tiles_of(codes, N, kInt8TileBytes, "cpu_gemv.pack_int8"), blocks = codes.size(1);
+  check_weight(codes, at::kChar, {tiles, blocks, kInt8TileBytes}, "codes");
+  check_weight(scales, at::kFloat, {tiles, kTileRows}, "scales");
+  const Quantized q = quantize(x, blocks * kBlock);
   at::Tensor out = at::empty({x.size(0), N}, x.options().dtype(at::kFloat));
-  const int8_t* w = weight.data_ptr<int8_t>();
+  const int8_t* w = codes.data_ptr<int8_t>();
   const float* s = scales.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  at::parallel_for(0, N, kGrainRows, [&](int64_t n0, int64_t n1) {
-    if (wide) int8_rows_avx512(w, s, q.rows, n0, n1, N, o);
-    else int8_rows_avx2(w, s, q.rows, n0, n1, N, o);
+  at::parallel_for(0, tiles, kGrainTiles, [&](int64_t t0, int64_t t1) {
+    if (wide) int8_tiles_avx512(w, s, q.rows, t0, t1, N, o);
+    else int8_tiles_avx2(w, s, q.rows, t0, t1, N, o);
   });
   return out;
 }
@@ -116,5 +121,5 @@ at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Te
 TORCH_LIBRARY(fasterllm_cpu, m) {
   m.def("int4_gemv(Tensor x, Tensor codes, Tensor scales, Tensor mins, int N, str isa) -> Tensor",
         &fasterllm_cpu::int4_gemv);
-  m.def("int8_gemv(Tensor x, Tensor weight, Tensor scales, str isa) -> Tensor", &fasterllm_cpu::int8_gemv);
+  m.def("int8_gemv(Tensor x, Tensor codes, Tensor scales, int N, str isa) -> Tensor", &fasterllm_cpu::int8_gemv);
 }

@@ -38,8 +38,7 @@ void quantize(const T* x, int64_t rows, int64_t width, int8_t* codes, float* sca
         q[j] = static_cast<int8_t>(__builtin_nearbyintf(v[j] * inverse));
         code_sum += q[j];
       }
-      float* lanes = scales + (r * blocks + b) * kLanes;
-      for (int64_t l = 0; l < kLanes; ++l) lanes[l] = scale;
+      scales[r * blocks + b] = scale;
       sums[r * blocks + b] = sum;
       errors[r * blocks + b] = 8.f * (sum - scale * static_cast<float>(code_sum));
     }
