@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from fasterllm.kernels.native import cpu_gemv
+from fasterllm.kernels.native import cpu_extension, cpu_gemv
 from fasterllm.layers.quantization.int4 import GROUP_SIZE, scales_and_zeros
 
 LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # SmolLM2: qkv, o, gate_up, down
@@ -44,11 +44,11 @@ def int4_weights(shape):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=1, help="input rows per product (decode batch)")
-    parser.add_argument("--isa", choices=sorted(cpu_gemv.ISA_FLAGS), default=None, help="default: the CPU's")
+    parser.add_argument("--isa", choices=sorted(cpu_extension.ISA_FLAGS), default=None, help="default: the CPU's")
     args = parser.parse_args()
-    if not cpu_gemv.available():
+    if not cpu_extension.available():
         raise SystemExit("the C++ kernels are not available here (see the warning above)")
-    isa = args.isa or cpu_gemv.kernel_isa()
+    isa = args.isa or cpu_extension.kernel_isa()
     torch.manual_seed(0)
     head = int8_weights(HEAD_SHAPE)
     int8_layers = [int8_weights(shape) for shape in LAYER_SHAPES * 30]

@@ -8,16 +8,16 @@ import shutil
 import pytest
 import torch
 
-from fasterllm.kernels.native import cpu_gemv
+from fasterllm.kernels.native import cpu_extension, cpu_gemv
 from fasterllm.layers.quantization.int4 import GROUP_SIZE, Int4WeightOnlyLinear, quantize_int4_grouped
 from fasterllm.layers.quantization.int8 import Int8WeightOnlyLinear, quantize_int8_per_channel
 
 if shutil.which(os.environ.get("CXX", "c++")) is None:
     pytest.skip("no C++ compiler: the C++ CPU kernels cannot be built here", allow_module_level=True)
 
-ISAS = [pytest.param(isa, marks=pytest.mark.skipif(isa not in cpu_gemv.supported_isas(),
+ISAS = [pytest.param(isa, marks=pytest.mark.skipif(isa not in cpu_extension.supported_isas(),
                                                    reason=f"this CPU cannot run the {isa} kernels"))
-        for isa in cpu_gemv.ISA_FLAGS]
+        for isa in cpu_extension.ISA_FLAGS]
 # N not a multiple of 8 or 16, K a multiple of 32 but not of 64 (an odd number of blocks), and SmolLM2's shapes
 SHAPES = [(1, 32), (17, 96), (77, 160), (40, 1536), (960, 576)]
 ROWS = [1, 3, 8, 33]
@@ -25,7 +25,7 @@ ROWS = [1, 3, 8, 33]
 
 @pytest.fixture(scope="module", autouse=True)
 def built():
-    assert cpu_gemv.load(), "a compiler is present, yet the extension did not build (see the warning logged)"
+    assert cpu_extension.load(), "a compiler is present, yet the extension did not build (see the warning logged)"
 
 
 def activations(rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
@@ -40,9 +40,12 @@ def input_rounding(x: torch.Tensor) -> torch.Tensor:
     return (blocks.abs().amax(dim=2, keepdim=True) / 127 / 2).expand_as(blocks).reshape(x.shape)
 
 
-def assert_within(got, exact, bound):
-    assert got.dtype == torch.float32 and got.shape == exact.shape
+def assert_within(got, x, exact, bound):
+    """got (in x's dtype, rounded once there) within bound of the exact product."""
+    assert got.dtype == x.dtype and got.shape == exact.shape
     slack = 1e-5 * exact.abs().max() + 1e-6  # fp32 sums
+    if x.dtype == torch.bfloat16:
+        slack = slack + exact.abs() * 2 ** -8  # the output rounded to bf16
     assert ((got.double() - exact).abs() <= bound + slack).all(), (got.double() - exact).abs().max().item()
 
 
@@ -60,7 +63,7 @@ def test_int4_within_input_rounding_of_the_exact_product(isa, dtype, n, k):
     for rows in ROWS:
         x = activations(rows, k, dtype)
         got = cpu_gemv.int4_gemv(x, packed, isa)
-        assert_within(got, x.double() @ weight.t(), input_rounding(x).double() @ centred.t())
+        assert_within(got, x, x.double() @ weight.t(), input_rounding(x).double() @ centred.t())
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -74,7 +77,7 @@ def test_int8_within_input_rounding_of_the_exact_product(isa, dtype, n, k):
     for rows in ROWS:
         x = activations(rows, k, dtype)
         got = cpu_gemv.int8_gemv(x, packed, isa)
-        assert_within(got, x.double() @ weight.t(), input_rounding(x).double() @ weight.abs().t())
+        assert_within(got, x, x.double() @ weight.t(), input_rounding(x).double() @ weight.abs().t())
 
 
 def relative_error(got, want):
@@ -130,21 +133,21 @@ def test_bad_inputs_are_refused_with_what_was_given():
 
 @pytest.mark.parametrize("value, answer", [("avx2", "avx2"), ("off", None), ("", "widest")])
 def test_the_isa_follows_the_cpu_and_the_override(value, answer, monkeypatch):
-    monkeypatch.setenv(cpu_gemv.ISA_ENV, value)
-    cpu_gemv.kernel_isa.cache_clear()
+    monkeypatch.setenv(cpu_extension.ISA_ENV, value)
+    cpu_extension.kernel_isa.cache_clear()
     try:
-        assert cpu_gemv.kernel_isa() == (cpu_gemv.supported_isas()[0] if answer == "widest" else answer)
+        assert cpu_extension.kernel_isa() == (cpu_extension.supported_isas()[0] if answer == "widest" else answer)
     finally:
         monkeypatch.undo()
-        cpu_gemv.kernel_isa.cache_clear()
+        cpu_extension.kernel_isa.cache_clear()
 
 
 def test_a_bad_override_names_the_value_and_the_choices(monkeypatch):
-    monkeypatch.setenv(cpu_gemv.ISA_ENV, "avx1024")
-    cpu_gemv.kernel_isa.cache_clear()
+    monkeypatch.setenv(cpu_extension.ISA_ENV, "avx1024")
+    cpu_extension.kernel_isa.cache_clear()
     try:
         with pytest.raises(ValueError, match=r"FASTERLLM_CPU_KERNELS='avx1024' is not one of 'avx512', 'avx2', 'off'"):
-            cpu_gemv.kernel_isa()
+            cpu_extension.kernel_isa()
     finally:
         monkeypatch.undo()
-        cpu_gemv.kernel_isa.cache_clear()
+        cpu_extension.kernel_isa.cache_clear()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from fasterllm.kernels.native import cpu_gemv
+from fasterllm.kernels.native import cpu_extension, cpu_gemv
 from fasterllm.layers.linear import FlatLinear
 from fasterllm.layers.quantization.int8 import PACKED_KERNEL_DTYPE
 
@@ -44,14 +44,14 @@ def scales_and_zeros(scales: torch.Tensor, minimums: torch.Tensor, dtype: torch.
 class Int4WeightOnlyLinear(FlatLinear):
     """Built from codes, per-group scales and minimums (codes * scale + minimum): quantized from a
     float weight by from_float, or repacked from GGUF blocks. native: run our C++ kernel (None: where it is
-    available, cpu_gemv.available()); False keeps torch's, the reference the tests compare it with."""
+    available, cpu_extension.available()); False keeps torch's, the reference the tests compare it with."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor,
                  bias: torch.Tensor | None, native: bool | None = None):
         super().__init__()
         self.out_features = codes.shape[0]
         self.native = cpu_gemv.pack_int4(codes, scales, minimums) if (
-            cpu_gemv.available() if native is None else native) else None
+            cpu_extension.available() if native is None else native) else None
         if self.native is None:
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
             self.scales_and_zeros = scales_and_zeros(scales, minimums, PACKED_KERNEL_DTYPE)
@@ -63,7 +63,7 @@ class Int4WeightOnlyLinear(FlatLinear):
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.native is not None:
-            out = cpu_gemv.int4_gemv(x, self.native).to(x.dtype)
+            out = cpu_gemv.int4_gemv(x, self.native)  # in x's dtype
         else:
             out = torch._weight_int4pack_mm_for_cpu(x.to(PACKED_KERNEL_DTYPE), self.packed, GROUP_SIZE,
                                                     self.scales_and_zeros).to(x.dtype)

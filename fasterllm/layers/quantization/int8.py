@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from fasterllm.kernels.native import cpu_gemv
+from fasterllm.kernels.native import cpu_extension, cpu_gemv
 from fasterllm.layers.linear import FlatLinear
 
 # the activation dtype of torch's packed int8 / int4 CPU kernels (their fast path on every CPU measured)
@@ -37,7 +37,7 @@ class Int8WeightOnlyLinear(FlatLinear):
         self.out_features = qweight.shape[0]
         fits = qweight.shape[1] % cpu_gemv.BLOCK == 0
         self.native = cpu_gemv.pack_int8(qweight, scales) if fits and (
-            cpu_gemv.available() if native is None else native) else None
+            cpu_extension.available() if native is None else native) else None
         if self.native is None:
             self.qweight = qweight.contiguous()
             self.scales = scales.to(PACKED_KERNEL_DTYPE)
@@ -49,7 +49,7 @@ class Int8WeightOnlyLinear(FlatLinear):
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.native is not None:
-            out = cpu_gemv.int8_gemv(x, self.native).to(x.dtype)
+            out = cpu_gemv.int8_gemv(x, self.native)  # in x's dtype
         else:
             out = torch._weight_int8pack_mm(x.to(PACKED_KERNEL_DTYPE), self.qweight, self.scales).to(x.dtype)
         return out if self.bias is None else out + self.bias

@@ -1,5 +1,6 @@
-// torch operators over gemv.h's kernels: torch.ops.fasterllm_cpu.int4_gemv / int8_gemv. They check their tensors,
-// quantize the input rows once and split the output tiles over torch's intra-op threads (at::parallel_for).
+// torch operators over gemv.h's and rms_norm.h's kernels: torch.ops.fasterllm_cpu.int4_gemv / int8_gemv /
+// add_rms_norm. They check their tensors and split the work over torch's intra-op threads (at::parallel_for): the
+// products quantize the input rows once and split the output tiles, and return the input's dtype.
 // The ISA ("avx2" or "avx512") is the caller's choice (kernels/native/cpu_gemv.py picks it at start-up); a choice
 // this CPU cannot run is refused here rather than left to crash on an illegal instruction.
 #include <ATen/ATen.h>
@@ -9,11 +10,13 @@
 #include <string>
 
 #include "gemv.h"
+#include "rms_norm.h"
 
 namespace fasterllm_cpu {
 namespace {
 
 constexpr int64_t kGrainTiles = 4;  // tiles (of 16 output rows) per thread at least: fewer are not worth a thread
+constexpr int64_t kGrainNormRows = 64;  // rows per thread of the RMSNorm
 
 bool runs_avx512() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -94,7 +97,7 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Ten
     if (wide) int4_tiles_avx512(c, s, m, q.rows, t0, t1, N, o);
     else int4_tiles_avx2(c, s, m, q.rows, t0, t1, N, o);
   });
-  return out;
+  return out.to(x.scalar_type());
 }
 
 at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t N,
@@ -112,7 +115,33 @@ at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Ten
     if (wide) int8_tiles_avx512(w, s, q.rows, t0, t1, N, o);
     else int8_tiles_avx2(w, s, q.rows, t0, t1, N, o);
   });
-  return out;
+  return out.to(x.scalar_type());
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm_op(const at::Tensor& x, const std::optional<at::Tensor>& residual,
+                                                    const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "x must be a contiguous [rows, width] CPU float32 or bfloat16 tensor, got ", x.scalar_type(), " ",
+              x.sizes());
+  const int64_t rows = x.size(0), width = x.size(1);
+  check_weight(weight, x.scalar_type(), {width}, "weight");
+  if (residual.has_value()) check_weight(*residual, x.scalar_type(), x.sizes(), "residual");
+  at::Tensor out = at::empty_like(x), sum = residual.has_value() ? at::empty_like(x) : x;
+  const float epsilon = static_cast<float>(eps);
+  at::parallel_for(0, rows, kGrainNormRows, [&](int64_t r0, int64_t r1) {
+    const int64_t at = r0 * width, count = r1 - r0;
+    if (x.scalar_type() == at::kFloat) {
+      add_rms_norm(x.data_ptr<float>() + at, residual.has_value() ? residual->data_ptr<float>() + at : nullptr,
+                   weight.data_ptr<float>(), epsilon, count, width, out.data_ptr<float>() + at,
+                   sum.data_ptr<float>() + at);
+    } else {
+      auto bits = [](const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); };
+      add_rms_norm(bits(x) + at, residual.has_value() ? bits(*residual) + at : nullptr, bits(weight), epsilon, count,
+                   width, bits(out) + at, bits(sum) + at);
+    }
+  });
+  return {out, sum};
 }
 
 }  // namespace
@@ -122,4 +151,6 @@ TORCH_LIBRARY(fasterllm_cpu, m) {
   m.def("int4_gemv(Tensor x, Tensor codes, Tensor scales, Tensor mins, int N, str isa) -> Tensor",
         &fasterllm_cpu::int4_gemv);
   m.def("int8_gemv(Tensor x, Tensor codes, Tensor scales, int N, str isa) -> Tensor", &fasterllm_cpu::int8_gemv);
+  m.def("add_rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)",
+        &fasterllm_cpu::add_rms_norm_op);
 }
