@@ -3,18 +3,10 @@
 // built-ins only, so no inline library function built for this ISA is shared with another unit.
 #pragma GCC target("avx2,fma,f16c")
 #include "gemv.h"
+#include "widen.h"
 
 namespace fasterllm_cpu {
 namespace {
-
-inline float to_float(float v) { return v; }
-
-inline float to_float(uint16_t bf16) {
-  const uint32_t bits = static_cast<uint32_t>(bf16) << 16;
-  float v;
-  __builtin_memcpy(&v, &bits, sizeof v);
-  return v;
-}
 
 template <typename T>
 void quantize(const T* x, int64_t rows, int64_t width, int8_t* codes, float* scales, float* sums, float* errors) {
@@ -25,7 +17,7 @@ void quantize(const T* x, int64_t rows, int64_t width, int8_t* codes, float* sca
       const T* in = x + r * width + b * kBlock;
       float amax = 0.f, sum = 0.f;
       for (int64_t j = 0; j < kBlock; ++j) {
-        v[j] = to_float(in[j]);
+        v[j] = widen(in[j]);
         const float magnitude = __builtin_fabsf(v[j]);
         amax = magnitude > amax ? magnitude : amax;
         sum += v[j];

@@ -2,18 +2,10 @@
 // with compiler built-ins only, so no inline library function built for this ISA is shared with another unit.
 #pragma GCC target("avx2,fma,f16c")
 #include "rms_norm.h"
+#include "widen.h"
 
 namespace fasterllm_cpu {
 namespace {
-
-inline float widen(float v) { return v; }
-
-inline float widen(uint16_t bf16) {
-  const uint32_t bits = static_cast<uint32_t>(bf16) << 16;
-  float v;
-  __builtin_memcpy(&v, &bits, sizeof v);
-  return v;
-}
 
 inline float round_to(float v, float) { return v; }
 
