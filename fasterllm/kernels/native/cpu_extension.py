@@ -66,7 +66,7 @@ def load() -> bool:
                            verbose=False)
     except Exception as error:  # no compiler, no ninja, a failed build: torch's kernels still run
         lines = str(error).strip().splitlines() or [type(error).__name__]
-        reason = next((line for line in lines if "error" in line.lower()), lines[-1])
+        reason = next((line for line in lines if "error" in line.lower()), lines[-1])[:200]
         logger.warning("fasterllm's C++ CPU kernels could not be built (%s); the int4/int8 layers and RMSNorm use "
                        "torch's slower kernels: install a C++ compiler (g++) and ninja for them", reason)
         return False
