@@ -5,16 +5,18 @@ which honours ATEN_CPU_CAPABILITY) and whether oneDNN has bf16 kernels (`torch.o
 which honours ONEDNN_MAX_CPU_ISA: oneDNN needs avx512bw/vl/dq or avx_ne_convert). /proc/cpuinfo's flags answer
 what torch does not: the bf16 dot-product instructions (avx512_bf16, amx_bf16) that make bf16 math pay.
 
-AVX2_ONLY_ENV makes an AVX-512 machine answer, and run torch's, oneDNN's and MKL's code, as an AVX2-only one:
+AVX2_ONLY_ENV makes an AVX-512 machine answer, and run torch's, oneDNN's, MKL's and our C++ kernels' code, as an AVX2-only one:
 the tests and benchmarks/RESULTS.md use it.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
-AVX2_ONLY_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+AVX2_ONLY_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                 "FASTERLLM_CPU_KERNELS": "avx2"}  # our own C++ kernels: kernels/native/cpu_gemv.py
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,9 @@ class CPUFeatures:
                 f"{yes[self.bf16_dot_product]}, exact int8 matmul {yes[self.exact_int8_matmul]}")
 
 
-def _cpu_flags() -> set[str]:
+@functools.cache
+def cpu_flags() -> set[str]:
+    """The flags of /proc/cpuinfo's first processor (empty where it cannot be read)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -63,7 +67,7 @@ def detect_cpu_features() -> CPUFeatures:
     onednn = torch.backends.mkldnn.is_available()
     return CPUFeatures(kernel_isa=torch.backends.cpu.get_cpu_capability(),
                        onednn_bf16=onednn and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
-                       bf16_dot_product=bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"}),
+                       bf16_dot_product=bool(cpu_flags() & {"avx512_bf16", "amx_bf16"}),
                        exact_int8_matmul=_int8_matmul_is_exact())
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fasterllm.kernels.native import cpu_rms_norm
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float):
@@ -20,6 +22,8 @@ class RMSNorm(nn.Module):
             if residual is None:
                 return rms_norm(x, self.weight, self.eps), x
             return fused_add_rms_norm(x, residual, self.weight, self.eps)
+        if cpu_rms_norm.runs(x, self.weight):  # one C++ call, the arithmetic below (kernels/native/cpu_rms_norm.py)
+            return cpu_rms_norm.add_rms_norm(x, residual, self.weight, self.eps)
         if residual is not None:
             x = x + residual
         # normalise in fp32 and round once before the weight, as the reference models do: a norm computed in bf16

@@ -1,16 +1,19 @@
 """The CPU RMSNorm (residual add, then the fp32 norm, rounded once before the weight) against transformers'
-LlamaRMSNorm on the same weight: bit-equal, as greedy parity needs; through torch's fused op where this torch
-has it and through the written-out form."""
+LlamaRMSNorm on the same weight: bit-equal, as greedy parity needs, through torch's fused op where this torch
+has it and through the written-out form; our C++ op (bf16 only, kernels/native/cpu_rms_norm.py) within one bf16
+step of it."""
 import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from fasterllm.kernels.native import cpu_extension, cpu_rms_norm
 from fasterllm.layers import norm
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused-op", "written-out"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_rms_norm_equals_transformers(monkeypatch, fused, dtype):
+    monkeypatch.setattr(cpu_rms_norm, "runs", lambda x, weight: False)  # the torch path
     if fused and norm._fused_fp32_rms_norm is None:
         pytest.skip("this torch has no torch._fused_rms_norm")
     if not fused:
@@ -23,3 +26,22 @@ def test_rms_norm_equals_transformers(monkeypatch, fused, dtype):
         normed, new_residual = ours(hidden, residual)
         assert torch.equal(new_residual, hidden + residual)
         assert torch.equal(normed, reference(hidden + residual))
+
+
+@pytest.mark.skipif(not cpu_extension.available(), reason="no C++ CPU extension here (no compiler, or no AVX2)")
+def test_the_cpu_extension_runs_bf16_within_a_bf16_step_of_transformers():
+    torch.manual_seed(0)
+    ours, reference = norm.RMSNorm(576, 1e-5).bfloat16(), LlamaRMSNorm(576, eps=1e-5).bfloat16()
+    ours.weight.data = reference.weight.data = torch.randn(576).bfloat16()
+    assert cpu_rms_norm.runs(torch.ones(1, 576, dtype=torch.bfloat16), ours.weight)
+    assert not cpu_rms_norm.runs(torch.ones(1, 576), ours.weight.float())  # fp32 stays on torch's bit-equal path
+    for scale in (0.01, 1.0, 100.0):
+        hidden, residual = (torch.randn(37, 576) * scale).bfloat16(), torch.randn(37, 576).bfloat16()
+        normed, new_residual = ours(hidden, residual)
+        assert torch.equal(new_residual, hidden + residual)
+        want = reference(hidden + residual).float()
+        assert ((normed.float() - want).abs() <= want.abs() * 2 ** -7).all()
+        assert (normed.float() == want).float().mean() > 0.99
+        alone, same = ours(hidden)  # no residual: the input is the residual stream
+        assert same is hidden
+        assert ((alone.float() - reference(hidden).float()).abs() <= reference(hidden).float().abs() * 2 ** -7).all()

@@ -1,15 +1,19 @@
 """Weight-only INT4 linear layers: asymmetric 4-bit codes in groups of 32 along the input dimension.
 
-Each group of 32 weights of a row keeps a scale and an offset (w ~= (code - 8) * scale + zero, codes
-0..15), the layout of torch's packed CPU kernel `_weight_int4pack_mm_for_cpu`, which dequantizes
-inside the matrix product, with bf16 activations whatever the model's dtype (as int8.py's kernel). Groups of 32 match GGUF's Q4_0/Q4_1 blocks,
-so those repack into this layer without rounding the codes (layers/quantization/gguf.py), and 32
-divides every SmolLM2 width (576 is not a multiple of 128).
+Each group of 32 weights of a row keeps a scale and a minimum (w ~= code * scale + minimum, codes 0..15). Groups
+of 32 match GGUF's Q4_0/Q4_1 blocks, so those repack into this layer without rounding the codes
+(layers/quantization/gguf.py), and 32 divides every SmolLM2 width (576 is not a multiple of 128).
+
+Two kernels, one chosen per layer at load: our C++ one (kernels/native/cpu_gemv.py: the input rows quantized to
+int8 per block of 32, integer dot products, 2-5x faster than torch's at 1-128 rows, benchmarks/RESULTS.md) where it
+is built for this CPU, else torch's packed `_weight_int4pack_mm_for_cpu` (its layout: (code - 8) * scale + zero),
+which takes bf16 activations whatever the model's dtype (as int8.py's kernel).
 """
 from __future__ import annotations
 
 import torch
 
+from fasterllm.kernels.native import cpu_extension, cpu_gemv
 from fasterllm.layers.linear import FlatLinear
 from fasterllm.layers.quantization.int8 import PACKED_KERNEL_DTYPE
 
@@ -39,14 +43,18 @@ def scales_and_zeros(scales: torch.Tensor, minimums: torch.Tensor, dtype: torch.
 
 class Int4WeightOnlyLinear(FlatLinear):
     """Built from codes, per-group scales and minimums (codes * scale + minimum): quantized from a
-    float weight by from_float, or repacked from GGUF blocks."""
+    float weight by from_float, or repacked from GGUF blocks. native: run our C++ kernel (None: where it is
+    available, cpu_extension.available()); False keeps torch's, the reference the tests compare it with."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor,
-                 bias: torch.Tensor | None):
+                 bias: torch.Tensor | None, native: bool | None = None):
         super().__init__()
         self.out_features = codes.shape[0]
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
-        self.scales_and_zeros = scales_and_zeros(scales, minimums, PACKED_KERNEL_DTYPE)
+        self.native = cpu_gemv.pack_int4(codes, scales, minimums) if (
+            cpu_extension.available() if native is None else native) else None
+        if self.native is None:
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
+            self.scales_and_zeros = scales_and_zeros(scales, minimums, PACKED_KERNEL_DTYPE)
         self.bias = bias
 
     @classmethod
@@ -54,6 +62,9 @@ class Int4WeightOnlyLinear(FlatLinear):
         return cls(*quantize_int4_grouped(weight), bias)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch._weight_int4pack_mm_for_cpu(x.to(PACKED_KERNEL_DTYPE), self.packed, GROUP_SIZE,
-                                                self.scales_and_zeros).to(x.dtype)
+        if self.native is not None:
+            out = cpu_gemv.int4_gemv(x, self.native)  # in x's dtype
+        else:
+            out = torch._weight_int4pack_mm_for_cpu(x.to(PACKED_KERNEL_DTYPE), self.packed, GROUP_SIZE,
+                                                    self.scales_and_zeros).to(x.dtype)
         return out if self.bias is None else out + self.bias

@@ -1,15 +1,18 @@
 """Weight-only INT8 linear layers (per output channel), quantized at load time.
 
 Decode on the CPU streams every weight once per step, so weights of one byte instead of two are
-read about twice as fast: torch's packed CPU kernel (`_weight_int8pack_mm`) dequantizes inside the matrix
-product. It takes bf16 activations whatever the model's dtype: with fp32 ones it ran 8-15x slower, on AVX-512
-and on AVX2 alike (benchmarks/RESULTS.md, "CPUs without AVX-512"). Scales are symmetric per output row:
-absmax / 127.
+read about twice as fast. Scales are symmetric per output row: absmax / 127. Two kernels, one chosen per layer at
+load: our C++ one (kernels/native/cpu_gemv.py: the codes repacked into its tiles, the input rows quantized to int8
+per block of 32, integer dot products) where it is built for this CPU and K is a multiple of 32, else torch's packed
+CPU kernel (`_weight_int8pack_mm`), which dequantizes inside the matrix product. torch's takes bf16 activations
+whatever the model's dtype: with fp32 ones it ran 8-15x slower, on AVX-512 and on AVX2 alike (benchmarks/RESULTS.md,
+"CPUs without AVX-512").
 """
 from __future__ import annotations
 
 import torch
 
+from fasterllm.kernels.native import cpu_extension, cpu_gemv
 from fasterllm.layers.linear import FlatLinear
 
 # the activation dtype of torch's packed int8 / int4 CPU kernels (their fast path on every CPU measured)
@@ -24,13 +27,20 @@ def quantize_int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch
 
 
 class Int8WeightOnlyLinear(FlatLinear):
-    """Built from int8 codes [N, K] and fp32 scales [N] (a checkpoint's, as stored); from_float quantizes."""
+    """Built from int8 codes [N, K] and fp32 scales [N] (a checkpoint's, as stored); from_float quantizes.
+    native: run our C++ kernel (None: where it is available and K fits it); False keeps torch's, the reference the
+    tests compare it with."""
 
-    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+                 native: bool | None = None):
         super().__init__()
         self.out_features = qweight.shape[0]
-        self.qweight = qweight
-        self.scales = scales.to(PACKED_KERNEL_DTYPE)
+        fits = qweight.shape[1] % cpu_gemv.BLOCK == 0
+        self.native = cpu_gemv.pack_int8(qweight, scales) if fits and (
+            cpu_extension.available() if native is None else native) else None
+        if self.native is None:
+            self.qweight = qweight.contiguous()
+            self.scales = scales.to(PACKED_KERNEL_DTYPE)
         self.bias = bias
 
     @classmethod
@@ -38,5 +48,8 @@ class Int8WeightOnlyLinear(FlatLinear):
         return cls(*quantize_int8_per_channel(weight), bias)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch._weight_int8pack_mm(x.to(PACKED_KERNEL_DTYPE), self.qweight, self.scales).to(x.dtype)
+        if self.native is not None:
+            out = cpu_gemv.int8_gemv(x, self.native)  # in x's dtype
+        else:
+            out = torch._weight_int8pack_mm(x.to(PACKED_KERNEL_DTYPE), self.qweight, self.scales).to(x.dtype)
         return out if self.bias is None else out + self.bias

@@ -1,0 +1,84 @@
+"""The int4 and int8 CPU layers' matrix products, in C++ (cpu/gemv*.cpp, built by cpu_extension.py): torch's own
+kernels read the weights at a fraction of the memory bandwidth (benchmarks/RESULTS.md, issue 27), and decode on a
+CPU is a read of every weight per step.
+
+The weights are repacked once into tiles of 16 output rows (cpu/gemv.h says the byte order). The input rows are
+quantized to int8 per block of 32 (one fp32 scale each) and multiplied by the weight codes with integer dot products
+(AVX2 maddubs, AVX-512 VNNI), each block's sum scaled in fp32; the output comes back in the input's dtype.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from fasterllm.kernels.native.cpu_extension import kernel_isa
+
+BLOCK = 32  # weights per int4 group, inputs per int8 block
+TILE_ROWS = 16  # output rows per tile
+
+
+class Int4Weights(NamedTuple):
+    """pack_int4's result: codes [N/16, K/32, 256] uint8, scales and minimums [N/16, K/32, 16] fp32, rows N."""
+    codes: torch.Tensor
+    scales: torch.Tensor
+    minimums: torch.Tensor
+    rows: int
+
+
+class Int8Weights(NamedTuple):
+    """pack_int8's result: codes [N/16, K/32, 512] int8, scales [N/16, 16] fp32, rows N."""
+    codes: torch.Tensor
+    scales: torch.Tensor
+    rows: int
+
+
+def _tiles(values: torch.Tensor) -> torch.Tensor:
+    """values [N, ...] -> [N/16 rounded up, 16, ...], padded with zero rows."""
+    rows = values.shape[0]
+    padded = values.new_zeros((-(-rows // TILE_ROWS) * TILE_ROWS, *values.shape[1:]))
+    padded[:rows] = values
+    return padded.reshape(-1, TILE_ROWS, *values.shape[1:])
+
+
+def _check_width(cols: int) -> None:
+    if cols % BLOCK:
+        raise ValueError(f"the C++ CPU kernels need an input width divisible by {BLOCK}, got {cols}")
+
+
+def pack_int4(codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor) -> Int4Weights:
+    """Codes uint8 [N, K] in 0..15 with fp32 scales and minimums [N, K/32] -> the kernels' tiles (cpu/gemv.h): per
+    tile of 16 rows and block of 32, chunk c's byte 4r + j holds row r's codes at k = 8c + j (low nibble) and
+    8c + 4 + j (high)."""
+    rows, cols = codes.shape
+    _check_width(cols)
+    # [tile, row, block, chunk, nibble, j] -> [tile, block, chunk, row, j, nibble]
+    split = _tiles(codes.to(torch.uint8)).reshape(-1, TILE_ROWS, cols // BLOCK, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    packed = (split[..., 0] | (split[..., 1] << 4)).reshape(-1, cols // BLOCK, TILE_ROWS * BLOCK // 2)
+
+    def by_tile(values: torch.Tensor) -> torch.Tensor:  # [N, K/32] -> [N/16, K/32, 16]
+        return _tiles(values.float()).transpose(1, 2).contiguous()
+
+    return Int4Weights(packed.contiguous(), by_tile(scales), by_tile(minimums), rows)
+
+
+def pack_int8(weight: torch.Tensor, scales: torch.Tensor) -> Int8Weights:
+    """int8 weight [N, K] in -127..127 with fp32 scales [N] -> the kernels' tiles (cpu/gemv.h): per tile of 16 rows
+    and block of 32, chunk c's byte 4r + j holds row r's weight at k = 4c + j."""
+    rows, cols = weight.shape
+    _check_width(cols)
+    # [tile, row, block, chunk, j] -> [tile, block, chunk, row, j]
+    split = _tiles(weight.to(torch.int8)).reshape(-1, TILE_ROWS, cols // BLOCK, 8, 4).permute(0, 2, 3, 1, 4)
+    return Int8Weights(split.reshape(-1, cols // BLOCK, TILE_ROWS * BLOCK).contiguous(),
+                       _tiles(scales.float()).contiguous(), rows)
+
+
+def int4_gemv(x: torch.Tensor, weights: Int4Weights, isa: str | None = None) -> torch.Tensor:
+    """x [M, K] (fp32/bf16) @ w.T -> [M, N] fp32, w = code * scale + minimum per group of 32 (pack_int4's weights)."""
+    return torch.ops.fasterllm_cpu.int4_gemv(x, weights.codes, weights.scales, weights.minimums, weights.rows,
+                                             isa or kernel_isa())
+
+
+def int8_gemv(x: torch.Tensor, weights: Int8Weights, isa: str | None = None) -> torch.Tensor:
+    """x [M, K] (fp32/bf16) @ w.T -> [M, N] fp32, w = weight * scale per output row (pack_int8's weights)."""
+    return torch.ops.fasterllm_cpu.int8_gemv(x, weights.codes, weights.scales, weights.rows, isa or kernel_isa())

@@ -1,0 +1,153 @@
+"""Our C++ CPU matrix-vector kernels (kernels/native/cpu_gemv.py) against exact products of the same quantized
+weights and against the torch path of the int4 / int8 layers, for each ISA this CPU runs (so an AVX-512 machine
+tests the AVX2 code too): odd shapes, 1 to 33 input rows, fp32 and bf16 inputs. Skipped only where no C++ compiler
+exists (then the layers run torch's kernels, which their own tests cover)."""
+import os
+import shutil
+
+import pytest
+import torch
+
+from fasterllm.kernels.native import cpu_extension, cpu_gemv
+from fasterllm.layers.quantization.int4 import GROUP_SIZE, Int4WeightOnlyLinear, quantize_int4_grouped
+from fasterllm.layers.quantization.int8 import Int8WeightOnlyLinear, quantize_int8_per_channel
+
+if shutil.which(os.environ.get("CXX", "c++")) is None:
+    pytest.skip("no C++ compiler: the C++ CPU kernels cannot be built here", allow_module_level=True)
+
+ISAS = [pytest.param(isa, marks=pytest.mark.skipif(isa not in cpu_extension.supported_isas(),
+                                                   reason=f"this CPU cannot run the {isa} kernels"))
+        for isa in cpu_extension.ISA_FLAGS]
+# N not a multiple of 8 or 16, K a multiple of 32 but not of 64 (an odd number of blocks), and SmolLM2's shapes
+SHAPES = [(1, 32), (17, 96), (77, 160), (40, 1536), (960, 576)]
+ROWS = [1, 3, 8, 33]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    assert cpu_extension.load(), "a compiler is present, yet the extension did not build (see the warning logged)"
+
+
+def activations(rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+    x = torch.randn(rows, width)
+    x[:, 5] *= 30  # an outlier channel, as real activations have
+    return x.to(dtype)
+
+
+def input_rounding(x: torch.Tensor) -> torch.Tensor:
+    """Half the int8 step of each input's block of 32: the most the kernels round an input by."""
+    blocks = x.float().reshape(x.shape[0], -1, 32)
+    return (blocks.abs().amax(dim=2, keepdim=True) / 127 / 2).expand_as(blocks).reshape(x.shape)
+
+
+def assert_within(got, x, exact, bound):
+    """got (in x's dtype, rounded once there) within bound of the exact product."""
+    assert got.dtype == x.dtype and got.shape == exact.shape
+    slack = 1e-5 * exact.abs().max() + 1e-6  # fp32 sums
+    if x.dtype == torch.bfloat16:
+        slack = slack + exact.abs() * 2 ** -8  # the output rounded to bf16
+    assert ((got.double() - exact).abs() <= bound + slack).all(), (got.double() - exact).abs().max().item()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, k", SHAPES)
+def test_int4_within_input_rounding_of_the_exact_product(isa, dtype, n, k):
+    torch.manual_seed(n * k)
+    codes, scales, minimums = quantize_int4_grouped(torch.randn(n, k))
+    packed = cpu_gemv.pack_int4(codes, scales, minimums)
+    groups = codes.double().reshape(n, k // GROUP_SIZE, GROUP_SIZE)
+    weight = (groups * scales.double()[..., None] + minimums.double()[..., None]).reshape(n, k)
+    # the kernels count codes from 8: each input's rounding moves the sum by at most |code - 8| x scale of it
+    centred = ((groups - 8).abs() * scales.double()[..., None]).reshape(n, k)
+    for rows in ROWS:
+        x = activations(rows, k, dtype)
+        got = cpu_gemv.int4_gemv(x, packed, isa)
+        assert_within(got, x, x.double() @ weight.t(), input_rounding(x).double() @ centred.t())
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, k", SHAPES)
+def test_int8_within_input_rounding_of_the_exact_product(isa, dtype, n, k):
+    torch.manual_seed(n * k)
+    qweight, scales = quantize_int8_per_channel(torch.randn(n, k))
+    packed = cpu_gemv.pack_int8(qweight, scales)
+    weight = qweight.double() * scales.double()[:, None]
+    for rows in ROWS:
+        x = activations(rows, k, dtype)
+        got = cpu_gemv.int8_gemv(x, packed, isa)
+        assert_within(got, x, x.double() @ weight.t(), input_rounding(x).double() @ weight.abs().t())
+
+
+def relative_error(got, want):
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layers_agree_with_their_torch_path(isa, dtype, monkeypatch):
+    """The int4 and int8 layers on our kernel against the same layers on torch's (bf16 activations there; its int4
+    kernel needs N divisible by 16)."""
+    monkeypatch.setattr(cpu_gemv, "kernel_isa", lambda: isa)
+    torch.manual_seed(0)
+    weight, bias = torch.randn(80, 160), torch.randn(80)
+    int4 = quantize_int4_grouped(weight)
+    int8 = quantize_int8_per_channel(weight)
+    for rows in (1, 5, 40):
+        x = activations(rows, 160, dtype)
+        for ours, theirs in ((Int4WeightOnlyLinear(*int4, bias.to(dtype), native=True),
+                              Int4WeightOnlyLinear(*int4, bias.to(dtype), native=False)),
+                             (Int8WeightOnlyLinear(*int8, bias.to(dtype), native=True),
+                              Int8WeightOnlyLinear(*int8, bias.to(dtype), native=False))):
+            got, want = ours(x), theirs(x)
+            assert ours.native is not None and theirs.native is None and got.dtype == dtype
+            assert relative_error(got, want) < 0.02
+
+
+def test_int8_layer_keeps_torch_for_widths_the_kernel_cannot_take():
+    # 48: not a multiple of 32 (torch 2.13's _weight_int8pack_mm crashes at K=40 on AVX-512, so not 40)
+    qweight, scales = quantize_int8_per_channel(torch.randn(8, 48))
+    layer = Int8WeightOnlyLinear(qweight, scales, None, native=True)
+    assert layer.native is None
+    assert layer(torch.randn(2, 48)).shape == (2, 8)
+
+
+def test_bad_inputs_are_refused_with_what_was_given():
+    codes, scales, minimums = quantize_int4_grouped(torch.randn(16, 64))
+    packed = cpu_gemv.pack_int4(codes, scales, minimums)
+    with pytest.raises(RuntimeError, match=r"input must be \[rows, 64\], got \[1, 32\]"):
+        cpu_gemv.int4_gemv(torch.randn(1, 32), packed, "avx2")
+    with pytest.raises(RuntimeError, match="input must be float32 or bfloat16, got Half"):
+        cpu_gemv.int4_gemv(torch.randn(1, 64).half(), packed, "avx2")
+    int8 = cpu_gemv.pack_int8(torch.zeros(20, 64, dtype=torch.int8), torch.ones(20))
+    with pytest.raises(RuntimeError, match="isa must be 'avx2' or 'avx512', got 'sse2'"):
+        cpu_gemv.int8_gemv(torch.randn(1, 64), int8, "sse2")
+    with pytest.raises(RuntimeError, match=r"scales must be a contiguous CPU Float tensor of shape \[2, 16\]"):
+        cpu_gemv.int8_gemv(torch.randn(1, 64), int8._replace(scales=torch.ones(2, 8)), "avx2")
+    with pytest.raises(RuntimeError, match="N = 40 does not fit 2 tiles of 16 rows"):
+        cpu_gemv.int8_gemv(torch.randn(1, 64), int8._replace(rows=40), "avx2")
+    with pytest.raises(ValueError, match="divisible by 32, got 40"):
+        cpu_gemv.pack_int4(torch.zeros(4, 40, dtype=torch.uint8), torch.ones(4, 1), torch.zeros(4, 1))
+
+
+@pytest.mark.parametrize("value, answer", [("avx2", "avx2"), ("off", None), ("", "widest")])
+def test_the_isa_follows_the_cpu_and_the_override(value, answer, monkeypatch):
+    monkeypatch.setenv(cpu_extension.ISA_ENV, value)
+    cpu_extension.kernel_isa.cache_clear()
+    try:
+        assert cpu_extension.kernel_isa() == (cpu_extension.supported_isas()[0] if answer == "widest" else answer)
+    finally:
+        monkeypatch.undo()
+        cpu_extension.kernel_isa.cache_clear()
+
+
+def test_a_bad_override_names_the_value_and_the_choices(monkeypatch):
+    monkeypatch.setenv(cpu_extension.ISA_ENV, "avx1024")
+    cpu_extension.kernel_isa.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=r"FASTERLLM_CPU_KERNELS='avx1024' is not one of 'avx512', 'avx2', 'off'"):
+            cpu_extension.kernel_isa()
+    finally:
+        monkeypatch.undo()
+        cpu_extension.kernel_isa.cache_clear()
