@@ -77,7 +77,7 @@ class BeamSearch:
 
         A beam that reported waits (schedules nothing) until the rest of its search has."""
         self.reported[beam.request_id] = (token_ids[:self.num_candidates], logprobs[:self.num_candidates])
-        return all(b.request_id in self.reported for b in self.beams)
+        return len(self.reported) == len(self.beams)  # a live beam reports once a step
 
     def forget(self, beam: Request) -> None:
         """A preempted beam recomputes its KV and reports again."""

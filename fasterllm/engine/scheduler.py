@@ -285,17 +285,14 @@ class Scheduler:
         """End a request (a stop, an abort, an error): it leaves its queue and frees its blocks."""
         if request.finished:
             return
+        # only its own queue is searched (a beam search ends hundreds of beams a step out of the running list)
+        queue = {RequestStatus.WAITING: self.waiting, RequestStatus.SWAPPED: self.swapped,
+                 RequestStatus.RUNNING: self.running}[request.status]
         request.finish(reason, stop_reason)
-        for queue in (self.waiting, self.swapped):
-            if request in queue:
-                queue.remove(request)
+        if request in queue:
+            queue.remove(request)
         if self.swap_space is not None:
             self.swap_space.release(request.request_id)
-        self._release(request)
-
-    def _release(self, request: Request) -> None:
-        if request in self.running:
-            self.running.remove(request)
         self.kv_cache.free(request)
         self.finished_ids.extend(request.worker_ids)
 
