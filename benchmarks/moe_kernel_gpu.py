@@ -1,7 +1,7 @@
 """Tile sweep of the fused MoE kernel (kernels/fused_moe.py) on a GPU, at Qwen3-30B-A3B's expert shape (128 experts
 of 768 x 2048, top 8), for decode-sized and prefill-sized token counts: time of the two launches per config, the
-weight bytes they read over that time, and the layer's routing and sorting around them (fused_experts' time includes
-its sorting). Each is timed as CUDA-graph replays, as the engine's decode steps run.
+weight bytes they read over that time, and the layer's routing and grouping by expert around them (fused_experts'
+time includes its grouping). Each is timed as CUDA-graph replays, as the engine's decode steps run.
 
     python3 benchmarks/moe_kernel_gpu.py [--tokens 1 16 64 256 2048 8192]
 """
@@ -13,7 +13,8 @@ import itertools
 import torch
 
 from fasterllm.bench.gpu_roofline import copy_bandwidth, time_cuda
-from fasterllm.kernels.fused_moe import TileConfig, align_by_expert, fused_experts, tile_config
+from fasterllm.kernels.fused_moe import TileConfig, fused_experts, tile_config
+from fasterllm.kernels.moe_align import align_by_expert
 from fasterllm.layers.moe import route
 
 EXPERTS, HIDDEN, INTER, TOP_K = 128, 2048, 768, 8
@@ -61,7 +62,7 @@ def main() -> None:
         reference = fused_experts(x, w_gate_up, w_down, weights, experts, "silu", TileConfig(16, 64, 32, 4, 2))
         routing = graph_time(lambda: route(x, router, TOP_K, normalize=True))
         default = tile_config(num_tokens * TOP_K, EXPERTS)
-        sorting = graph_time(lambda: align_by_expert(experts, EXPERTS, default.block_m))
+        grouping = graph_time(lambda: align_by_expert(experts, EXPERTS, default.block_m))
         results = []
         for config in candidates(num_tokens):
             try:
@@ -75,7 +76,7 @@ def main() -> None:
         results.sort(key=lambda r: r[0])
         now = graph_time(lambda: fused_experts(x, w_gate_up, w_down, weights, experts, "silu"))
         print(f"tokens {num_tokens}: {used} experts used, {weight_bytes / 1e6:.1f} MB of their weights; route "
-              f"{routing * 1e6:.1f} us, sort {sorting * 1e6:.1f} us; default {default}: {now * 1e6:.1f} us "
+              f"{routing * 1e6:.1f} us, grouping by expert {grouping * 1e6:.1f} us; default {default}: {now * 1e6:.1f} us "
               f"({weight_bytes / now / 1e12:.2f} TB/s)")
         for seconds, config, error in results[:5]:
             print(f"  {seconds * 1e6:8.1f} us  {weight_bytes / seconds / 1e12:5.2f} TB/s  "

@@ -1,11 +1,12 @@
 """The experts of a mixture-of-experts FFN in two Triton launches (GPU), after routing.
 
-Every (token, choice) slot is sorted by its expert, each expert's run padded to whole row tiles (align_by_expert,
-torch ops with no host synchronisation), so one tile of rows belongs to one expert; a step of a few tokens skips the
-sort and gives each slot a tile of its own. Tile sizes follow the slots an expert gets (tile_config). Launch 1, a grouped GEMM over all
-experts: each tile's tokens times its expert's gate and up rows, act(gate) * up written per slot. Launch 2: those
-rows times the expert's down projection, scaled by the slot's routing weight and added into the token's output in
-the epilogue (fp32 atomics: a token's k slots meet there). The torch reference is layers/moe.py's expert loop.
+Every (token, choice) slot is grouped by its expert, each expert's run padded to whole row tiles
+(kernels/moe_align.py, no host synchronisation), so one tile of rows belongs to one expert; a step of a few tokens
+skips the grouping and gives each slot a tile of its own. Tile sizes follow the slots an expert gets (tile_config).
+Launch 1, a grouped GEMM over all experts: each tile's tokens times its expert's gate and up rows, act(gate) * up
+written per slot. Launch 2: those rows times the expert's down projection, scaled by the slot's routing weight and
+added into the token's output in the epilogue (fp32 atomics: a token's k slots meet there). The torch reference is
+layers/moe.py's expert loop.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fasterllm.kernels.moe_align import align_by_expert
 from fasterllm.kernels.online_softmax import dot
 
 # act(gate) of launch 1: the activations gated FFNs use
@@ -34,7 +36,7 @@ def _act(g, ACT: tl.constexpr):
 
 @triton.jit
 def _tile(slots_ptr, num_slots, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """This program's rows of sorted slots, their slot ids, which are real (not padding), and its output columns."""
+    """This program's rows of grouped slots, their slot ids, which are real (not padding), and its output columns."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     slots = tl.load(slots_ptr + rows)
     columns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -89,38 +91,18 @@ def _down_kernel(a_ptr, w_ptr, out_ptr, slots_ptr, tile_experts_ptr, routing_ptr
                       mask=valid[:, None] & (columns[None, :] < hidden))
 
 
-# this few (token, choice) slots (a decode step of a few tokens) are not sorted: a tile per slot reads its expert's
-# weights once per slot, and the sort's dozen small launches cost more than the few repeated reads save
-UNSORTED_SLOTS = 32
+# this few (token, choice) slots (a decode step of a few tokens) are not grouped: a tile per slot reads its expert's
+# weights once per slot, and the grouping's launches cost more than the few repeated reads save
+UNGROUPED_SLOTS = 32
 
 
 @functools.lru_cache(maxsize=256)
 def one_slot_per_tile(num_slots: int, block_m: int, device: torch.device) -> torch.Tensor:
-    """The sorted-slots layout of num_slots tiles of one slot each (slot i in row 0 of tile i, the rest padding); the
+    """The grouped-slots layout of num_slots tiles of one slot each (slot i in row 0 of tile i, the rest padding); the
     tiles' experts are the slots' own. Made once per size (outside CUDA-graph capture: its warm-up makes it)."""
     slots = torch.full((num_slots, block_m), num_slots, dtype=torch.int32, device=device)
     slots[:, 0] = torch.arange(num_slots, dtype=torch.int32, device=device)
     return slots.flatten()
-
-
-def align_by_expert(experts: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """experts [T, k] -> (slots [P] int32: the (token * k + choice) slots sorted by expert, each expert's run padded
-    with the sentinel T * k to a multiple of block_m; tile_experts [P / block_m] int32: each tile's expert, or
-    num_experts past the last run). P is the bound T * k + E * (block_m - 1), rounded up: no host synchronisation."""
-    flat = experts.flatten()
-    num_slots = flat.numel()
-    counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + block_m - 1) // block_m * block_m
-    padded_end = padded.cumsum(0)
-    order = flat.argsort(stable=True)
-    by_expert = flat[order]
-    rank = torch.arange(num_slots, device=flat.device) - (counts.cumsum(0) - counts)[by_expert]
-    size = -(-(num_slots + num_experts * (block_m - 1)) // block_m) * block_m
-    slots = torch.full((size,), num_slots, dtype=torch.int32, device=flat.device)
-    slots[(padded_end - padded)[by_expert] + rank] = order.to(torch.int32)
-    tile_starts = torch.arange(0, size, block_m, device=flat.device)
-    tile_experts = torch.searchsorted(padded_end, tile_starts, right=True).to(torch.int32)
-    return slots, tile_experts
 
 
 class TileConfig(NamedTuple):
@@ -172,7 +154,7 @@ def _launch(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     num_experts, double_inter, _ = w_gate_up.shape
     inter, top_k = double_inter // 2, experts.shape[1]
     m, n, k, warps, stages = config
-    if num_tokens * top_k <= UNSORTED_SLOTS:
+    if num_tokens * top_k <= UNGROUPED_SLOTS:
         slots, tile_experts = one_slot_per_tile(num_tokens * top_k, m, hidden.device), experts.flatten()
     else:
         slots, tile_experts = align_by_expert(experts, num_experts, m)

@@ -10,8 +10,8 @@ from fasterllm.layers.moe import route, run_experts
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytest.importorskip("triton")
-from fasterllm.kernels.fused_moe import (SMALL_TILES, TILE_CONFIGS, UNSORTED_SLOTS, align_by_expert,  # noqa: E402
-                                         fused_experts)
+from fasterllm.kernels.fused_moe import SMALL_TILES, TILE_CONFIGS, UNGROUPED_SLOTS, fused_experts  # noqa: E402
+from fasterllm.kernels.moe_align import align_by_expert  # noqa: E402
 
 
 def uneven_experts(num_tokens: int, num_experts: int, top_k: int) -> torch.Tensor:
@@ -58,21 +58,46 @@ def test_every_tile_shape_matches_the_torch_loop(config):
 
 
 @pytest.mark.parametrize("num_tokens", [1, 4])
-def test_a_few_tokens_run_unsorted_a_tile_per_slot(num_tokens):
+def test_a_few_tokens_run_ungrouped_a_tile_per_slot(num_tokens):
     # 4 tokens x top 8 of 8 experts: every expert is read once per token, from its own tile
-    assert num_tokens * 8 <= UNSORTED_SLOTS
+    assert num_tokens * 8 <= UNGROUPED_SLOTS
     x, w_gate_up, w_down, weights, experts = moe_inputs(num_tokens, 8, 48, 40, 8)
     expected = run_experts(x, w_gate_up, w_down, weights, experts, SiluAndMul())
     got = fused_experts(x, w_gate_up, w_down, weights, experts, "silu")
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
 
 
+def runs_of(slots: torch.Tensor, tile_experts: torch.Tensor, block_m: int, num_experts: int) -> dict[int, list]:
+    """Each expert's slots over its tiles (a run's order is not set: sorted), padding last."""
+    runs: dict[int, list] = {}
+    for tile, expert in enumerate(tile_experts.tolist()):
+        if expert < num_experts:
+            runs.setdefault(expert, []).extend(slots[tile * block_m:(tile + 1) * block_m].tolist())
+    return {expert: sorted(run) for expert, run in runs.items()}
+
+
 def test_an_expert_with_no_tokens_gets_no_tile():
     experts = torch.tensor([[0, 2], [2, 0], [0, 3]], device=DEVICE)  # expert 1: none
     slots, tile_experts = align_by_expert(experts, 4, block_m=4)
-    runs = {expert: slots[tile * 4:(tile + 1) * 4].tolist() for tile, expert in enumerate(tile_experts.tolist())
-            if expert < 4}
-    assert runs == {0: [0, 3, 4, 6], 2: [1, 2, 6, 6], 3: [5, 6, 6, 6]}  # slot = token * k + choice; 6: padding
+    assert tile_experts.tolist()[:3] == [0, 2, 3] and all(e == 4 for e in tile_experts.tolist()[3:])
+    # slot = token * k + choice; 6: padding
+    assert runs_of(slots, tile_experts, 4, 4) == {0: [0, 3, 4, 6], 2: [1, 2, 6, 6], 3: [5, 6, 6, 6]}
+
+
+def test_many_slots_are_each_placed_once_in_their_experts_run():
+    # 1,200 slots over two placing programs, 348 tiles over two passes of the tile loop, 64 experts of uneven loads
+    generator = torch.Generator().manual_seed(0)
+    experts = torch.multinomial(torch.linspace(0.1, 1.0, 64), 1200, replacement=True, generator=generator)
+    experts = experts.view(600, 2).to(DEVICE)
+    slots, tile_experts = align_by_expert(experts, 64, block_m=4)
+    flat = experts.flatten().tolist()
+    expected = {e: sorted(i for i, x in enumerate(flat) if x == e) for e in set(flat)}
+    for run in expected.values():
+        run.extend([1200] * (-len(run) % 4))
+    assert runs_of(slots, tile_experts, 4, 64) == expected
+    ends = torch.tensor([len(expected.get(e, [])) for e in range(64)]).cumsum(0)
+    tile_starts = torch.arange(0, slots.numel(), 4)
+    assert tile_experts.tolist() == torch.searchsorted(ends, tile_starts, right=True).tolist()
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="bf16 tl.dot is wrong in Triton's interpreter")
