@@ -16,7 +16,6 @@ import logging
 import os
 from pathlib import Path
 
-
 from fasterllm.cpu_features import cpu_flags
 
 logger = logging.getLogger("fasterllm")

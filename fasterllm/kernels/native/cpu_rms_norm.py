@@ -12,6 +12,7 @@ import torch
 
 from fasterllm.kernels.native import cpu_extension
 
+
 def runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether layers/norm.py hands these tensors to add_rms_norm (bf16, the extension built)."""
     return x.dtype == torch.bfloat16 and weight.dtype == x.dtype and cpu_extension.available()
