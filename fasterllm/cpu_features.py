@@ -5,8 +5,8 @@ which honours ATEN_CPU_CAPABILITY) and whether oneDNN has bf16 kernels (`torch.o
 which honours ONEDNN_MAX_CPU_ISA: oneDNN needs avx512bw/vl/dq or avx_ne_convert). /proc/cpuinfo's flags answer
 what torch does not: the bf16 dot-product instructions (avx512_bf16, amx_bf16) that make bf16 math pay.
 
-AVX2_ONLY_ENV makes an AVX-512 machine answer, and run torch's, oneDNN's, MKL's and our C++ kernels' code, as an AVX2-only one:
-the tests and benchmarks/RESULTS.md use it.
+AVX2_ONLY_ENV makes an AVX-512 machine answer, and run torch's, oneDNN's and MKL's code, as an AVX2-only one: the
+tests and benchmarks/RESULTS.md use it (our opt-in C++ kernels take FASTERLLM_CPU_KERNELS=avx2 for their AVX2 code).
 """
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-AVX2_ONLY_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-                 "FASTERLLM_CPU_KERNELS": "avx2"}  # our own C++ kernels: kernels/native/cpu_gemv.py
+AVX2_ONLY_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
 @dataclass(frozen=True)

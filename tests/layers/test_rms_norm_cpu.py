@@ -28,8 +28,19 @@ def test_rms_norm_equals_transformers(monkeypatch, fused, dtype):
         assert torch.equal(normed, reference(hidden + residual))
 
 
-@pytest.mark.skipif(not cpu_extension.available(), reason="no C++ CPU extension here (no compiler, or no AVX2)")
-def test_the_cpu_extension_runs_bf16_within_a_bf16_step_of_transformers():
+@pytest.fixture
+def cpu_kernels_on(monkeypatch):
+    """FASTERLLM_CPU_KERNELS=auto for this test (the kernels are opt-in); skipped where they cannot build or run."""
+    monkeypatch.setenv(cpu_extension.ISA_ENV, "auto")
+    cpu_extension.kernel_isa.cache_clear()
+    if not cpu_extension.available():
+        pytest.skip("no C++ CPU extension here (no compiler, or no AVX2)")
+    yield
+    monkeypatch.undo()
+    cpu_extension.kernel_isa.cache_clear()
+
+
+def test_the_cpu_extension_runs_bf16_within_a_bf16_step_of_transformers(cpu_kernels_on):
     torch.manual_seed(0)
     ours, reference = norm.RMSNorm(576, 1e-5).bfloat16(), LlamaRMSNorm(576, eps=1e-5).bfloat16()
     ours.weight.data = reference.weight.data = torch.randn(576).bfloat16()
