@@ -35,17 +35,3 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         _silu_and_mul_kernel[(num_tokens, triton.cdiv(width, _BLOCK))](
             x, y, x.stride(0), y.stride(0), WIDTH=width, BLOCK=_BLOCK)
     return y
-
-
-# act(gate) of a gated FFN inside another kernel (the fused MoE ones): its code by name
-GATE_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu": 2}
-
-
-@triton.jit
-def gate_activation(g, ACT: tl.constexpr):
-    if ACT == 0:
-        return g / (1.0 + tl.exp(-g))
-    if ACT == 1:  # 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), tanh written out
-        inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-        return 0.5 * g * (2.0 / (1.0 + tl.exp(-2.0 * inner)))
-    return 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))

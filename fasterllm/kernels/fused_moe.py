@@ -2,24 +2,36 @@
 
 Every (token, choice) slot is grouped by its expert, each expert's run padded to whole row tiles
 (kernels/moe_align.py, no host synchronisation), so one tile of rows belongs to one expert; a step of a few tokens
-takes matrix-vector products per slot instead (kernels/moe_gemv.py). Tile sizes follow the slots an expert gets
-(tile_config). Launch 1, a grouped GEMM over all experts: each tile's tokens times its expert's gate and up rows, act(gate) * up
+skips the grouping and gives each slot a tile of its own. Tile sizes follow the slots an expert gets (tile_config).
+Launch 1, a grouped GEMM over all experts: each tile's tokens times its expert's gate and up rows, act(gate) * up
 written per slot. Launch 2: those rows times the expert's down projection, scaled by the slot's routing weight and
 added into the token's output in the epilogue (fp32 atomics: a token's k slots meet there). The torch reference is
 layers/moe.py's expert loop.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.activation import GATE_ACTIVATIONS, gate_activation
 from fasterllm.kernels.moe_align import align_by_expert
-from fasterllm.kernels.moe_gemv import expert_gemv
 from fasterllm.kernels.online_softmax import dot
+
+# act(gate) of launch 1: the activations gated FFNs use
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu": 2}
+
+
+@triton.jit
+def _act(g, ACT: tl.constexpr):
+    if ACT == 0:
+        return g / (1.0 + tl.exp(-g))
+    if ACT == 1:  # 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), tanh written out
+        inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        return 0.5 * g * (2.0 / (1.0 + tl.exp(-2.0 * inner)))
+    return 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))
 
 
 @triton.jit
@@ -52,7 +64,7 @@ def _gate_up_kernel(x_ptr, w_ptr, out_ptr, slots_ptr, tile_experts_ptr, num_slot
             w_up = tl.load(weights + (columns[None, :] + inter) * stride_wn + ks[:, None], mask=w_mask, other=0.0)
             gate += dot(x, w_gate, IEEE)
             up += dot(x, w_up, IEEE)
-        gated = gate_activation(gate, ACT) * up
+        gated = _act(gate, ACT) * up
         tl.store(out_ptr + rows[:, None] * stride_os + columns[None, :], gated.to(out_ptr.dtype.element_ty),
                  mask=valid[:, None] & (columns[None, :] < inter))
 
@@ -79,9 +91,18 @@ def _down_kernel(a_ptr, w_ptr, out_ptr, slots_ptr, tile_experts_ptr, routing_ptr
                       mask=valid[:, None] & (columns[None, :] < hidden))
 
 
-# this few (token, choice) slots (a decode step of a few tokens) take kernels/moe_gemv.py's matrix-vector products,
-# not grouped: an expert chosen by two slots is read twice, where grouping and padding rows to 16 cost more
+# this few (token, choice) slots (a decode step of a few tokens) are not grouped: a tile per slot reads its expert's
+# weights once per slot, and the grouping's launches cost more than the few repeated reads save
 UNGROUPED_SLOTS = 32
+
+
+@functools.lru_cache(maxsize=256)
+def one_slot_per_tile(num_slots: int, block_m: int, device: torch.device) -> torch.Tensor:
+    """The grouped-slots layout of num_slots tiles of one slot each (slot i in row 0 of tile i, the rest padding); the
+    tiles' experts are the slots' own. Made once per size (outside CUDA-graph capture: its warm-up makes it)."""
+    slots = torch.full((num_slots, block_m), num_slots, dtype=torch.int32, device=device)
+    slots[:, 0] = torch.arange(num_slots, dtype=torch.int32, device=device)
+    return slots.flatten()
 
 
 class TileConfig(NamedTuple):
@@ -117,8 +138,8 @@ def fused_experts(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.T
     if w_down.shape != (num_experts, hidden_size, inter) or w_gate_up.shape[2] != hidden_size:
         raise ValueError(f"w_gate_up {tuple(w_gate_up.shape)} must be [E, 2I, H={hidden_size}] and w_down "
                          f"{tuple(w_down.shape)} [E, H, I]")
-    if activation not in GATE_ACTIVATIONS:
-        raise ValueError(f"activation {activation!r} is not one of {', '.join(GATE_ACTIVATIONS)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
     hidden, w_gate_up, w_down = hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous()
     config = config or tile_config(num_tokens * top_k, num_experts)
     try:
@@ -132,18 +153,18 @@ def _launch(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     num_tokens, hidden_size = hidden.shape
     num_experts, double_inter, _ = w_gate_up.shape
     inter, top_k = double_inter // 2, experts.shape[1]
-    if num_tokens * top_k <= UNGROUPED_SLOTS:
-        return expert_gemv(hidden, w_gate_up, w_down, routing_weights.contiguous(), experts.contiguous(),
-                           GATE_ACTIVATIONS[activation]).to(hidden.dtype)
     m, n, k, warps, stages = config
-    slots, tile_experts = align_by_expert(experts, num_experts, m)
+    if num_tokens * top_k <= UNGROUPED_SLOTS:
+        slots, tile_experts = one_slot_per_tile(num_tokens * top_k, m, hidden.device), experts.flatten()
+    else:
+        slots, tile_experts = align_by_expert(experts, num_experts, m)
     gated = torch.empty(slots.shape[0], inter, dtype=hidden.dtype, device=hidden.device)
     out = torch.zeros(num_tokens, hidden_size, dtype=torch.float32, device=hidden.device)
     ieee = hidden.dtype == torch.float32  # full fp32 products, not TF32, for fp32 models
     _gate_up_kernel[(tile_experts.shape[0], triton.cdiv(inter, n))](
         hidden, w_gate_up, gated, slots, tile_experts, num_tokens * top_k, hidden_size, inter,
         hidden.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), gated.stride(0), TOP_K=top_k,
-        NUM_EXPERTS=num_experts, ACT=GATE_ACTIVATIONS[activation], IEEE=ieee, BLOCK_M=m, BLOCK_N=n, BLOCK_K=k,
+        NUM_EXPERTS=num_experts, ACT=ACTIVATIONS[activation], IEEE=ieee, BLOCK_M=m, BLOCK_N=n, BLOCK_K=k,
         num_warps=warps, num_stages=stages)
     _down_kernel[(tile_experts.shape[0], triton.cdiv(hidden_size, n))](
         gated, w_down, out, slots, tile_experts, routing_weights.contiguous(), num_tokens * top_k, hidden_size,
