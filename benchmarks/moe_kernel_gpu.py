@@ -1,7 +1,9 @@
 """Tile sweep of the fused MoE kernel (kernels/fused_moe.py) on a GPU, at Qwen3-30B-A3B's expert shape (128 experts
 of 768 x 2048, top 8), for decode-sized and prefill-sized token counts: time of the two launches per config, the
 weight bytes they read over that time, and the layer's routing and grouping by expert around them (fused_experts'
-time includes its grouping). Each is timed as CUDA-graph replays, as the engine's decode steps run.
+time includes its grouping). Each is timed as CUDA-graph replays, as the engine's decode steps run, with L2
+flushed between calls (quant_kernels_gpu.time_it; the figures in RESULTS.md up to commit c53dd54 replayed without
+the flush).
 
     python3 benchmarks/moe_kernel_gpu.py [--tokens 1 16 64 256 2048 8192]
 """
@@ -12,10 +14,11 @@ import itertools
 
 import torch
 
-from fasterllm.bench.gpu_roofline import copy_bandwidth, time_cuda
+from fasterllm.bench.gpu_roofline import copy_bandwidth
 from fasterllm.kernels.fused_moe import TileConfig, fused_experts, tile_config
 from fasterllm.kernels.moe_align import align_by_expert
 from fasterllm.layers.moe import route
+from quant_kernels_gpu import time_it  # CUDA-graph replays, L2 flushed between calls
 
 EXPERTS, HIDDEN, INTER, TOP_K = 128, 2048, 768, 8
 
@@ -26,21 +29,6 @@ def candidates(num_tokens: int) -> list[TileConfig]:
     else:
         grid = itertools.product([16, 32, 64, 128], [64, 128], [64], [4, 8], [3, 4])
     return [TileConfig(*c) for c in grid]
-
-
-def graph_time(fn) -> float:
-    """Median seconds of one replay of fn captured in a CUDA graph (as the engine runs a decode step: no launch
-    gaps from the host)."""
-    fn()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return time_cuda(graph.replay, 20)
 
 
 def main() -> None:
@@ -60,9 +48,9 @@ def main() -> None:
         used = experts.unique().numel()
         weight_bytes = used * (w_gate_up[0].numel() + w_down[0].numel()) * 2
         reference = fused_experts(x, w_gate_up, w_down, weights, experts, "silu", TileConfig(16, 64, 32, 4, 2))
-        routing = graph_time(lambda: route(x, router, TOP_K, normalize=True))
+        routing = time_it(lambda: route(x, router, TOP_K, normalize=True))
         default = tile_config(num_tokens * TOP_K, EXPERTS)
-        grouping = graph_time(lambda: align_by_expert(experts, EXPERTS, default.block_m))
+        grouping = time_it(lambda: align_by_expert(experts, EXPERTS, default.block_m))
         results = []
         for config in candidates(num_tokens):
             try:
@@ -71,10 +59,10 @@ def main() -> None:
                 print(f"  {config}: {type(exc).__name__}")
                 continue
             error = (out.float() - reference.float()).abs().max().item()
-            seconds = graph_time(lambda: fused_experts(x, w_gate_up, w_down, weights, experts, "silu", config))
+            seconds = time_it(lambda: fused_experts(x, w_gate_up, w_down, weights, experts, "silu", config))
             results.append((seconds, config, error))
         results.sort(key=lambda r: r[0])
-        now = graph_time(lambda: fused_experts(x, w_gate_up, w_down, weights, experts, "silu"))
+        now = time_it(lambda: fused_experts(x, w_gate_up, w_down, weights, experts, "silu"))
         print(f"tokens {num_tokens}: {used} experts used, {weight_bytes / 1e6:.1f} MB of their weights; route "
               f"{routing * 1e6:.1f} us, grouping by expert {grouping * 1e6:.1f} us; default {default}: {now * 1e6:.1f} us "
               f"({weight_bytes / now / 1e12:.2f} TB/s)")

@@ -152,14 +152,15 @@ class Engine:
         out, result = launched
         if self.async_scheduling:
             self._in_flight = self._launch_lookahead(out, result)
-        if self._in_flight is None or not self._in_flight[0].message.masks_follow:
-            return self._finish_step(out, result)
+        masks_follow = self._in_flight is not None and self._in_flight[0].message.masks_follow
         try:
             outputs = self._finish_step(out, result)
         except BaseException:
-            self._in_flight = None  # its masks will not come: dropped (the worker drops it at the next step)
+            if masks_follow:  # its masks will not come: dropped (the worker drops it at the next step)
+                self._in_flight = None
             raise
-        self._sample_lookahead_with_masks()
+        if masks_follow:
+            self._sample_lookahead_with_masks()
         return outputs
 
     def _take_compiled_grammars(self) -> None:
