@@ -217,6 +217,9 @@ class EngineArgs:
     # where the ranks run: "uni" (in process, one rank), "mp" (a process per rank on this machine), "ray" (a Ray
     # actor per rank across the nodes of a Ray cluster); None: uni for one rank, mp for more
     distributed_executor_backend: str | None = None
+    # GPUs with symmetric memory: a decode step's all-reduces fused with the RMSNorm after them (one launch, no
+    # NCCL); True keeps NCCL for every all-reduce
+    disable_custom_all_reduce: bool = False
 
     def validate(self) -> None:
         check_method_name(self.quantization)

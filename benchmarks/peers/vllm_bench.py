@@ -49,6 +49,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--kv-cache-dtype", default="auto", help="vLLM's kv_cache_dtype (auto, fp8)")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     args = parser.parse_args()
 
     import vllm
@@ -64,7 +65,7 @@ def main() -> None:
     source = SimpleNamespace(tokenizer=load_hf_tokenizer(directory, config.eos_token_ids), model_config=config)
     settings = dict(model=str(directory), load_format="dummy", dtype="bfloat16", seed=args.seed,
                     max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
-                    kv_cache_dtype=args.kv_cache_dtype)
+                    kv_cache_dtype=args.kv_cache_dtype, tensor_parallel_size=args.tensor_parallel_size)
     if args.max_model_len:
         settings["max_model_len"] = args.max_model_len
     start = time.perf_counter()

@@ -9,13 +9,16 @@ skipped: one device runs exactly as without tensor parallelism.
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from fasterllm.config import STORED_METHODS
+from fasterllm.distributed.symmetric_all_reduce import SymmetricAllReduce
+from fasterllm.layers.norm import RMSNorm
 
 # how long a collective may wait for the other ranks before it fails instead of hanging (gloo raises; NCCL's
 # watchdog ends the process, which the executor sees)
@@ -26,6 +29,8 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 class TensorParallel:
     rank: int = 0
     size: int = 1
+    # on GPUs with symmetric memory: a decode step's all-reduces fused with the norm after them
+    symmetric: SymmetricAllReduce | None = field(default=None, compare=False, repr=False)
 
     def shard(self, total: int, what: str) -> int:
         """This rank's share of `total` (heads, rows): total / size, which must be whole."""
@@ -56,6 +61,17 @@ class TensorParallel:
         if self.size > 1:
             dist.all_reduce(x)
         return x
+
+    def all_reduce_add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """norm(sum over ranks of x, residual): a row-parallel layer's partial sums, summed, added to the residual
+        stream and normalised; one fused launch where the symmetric-memory path takes these rows, else the
+        all-reduce, then the norm."""
+        if self.size > 1:
+            if self.symmetric is not None and type(norm) is RMSNorm and self.symmetric.fits(x):
+                return self.symmetric.add_rms_norm(x, residual, norm.weight, norm.eps)
+            dist.all_reduce(x)
+        return norm(x, residual)
 
     def gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
         """[..., n] on every rank -> [..., size * n], rank order (the vocabulary shards of the logits), on every

@@ -71,24 +71,32 @@ class DecoderLayer(nn.Module):
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None,
                 rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor | None,
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden, residual = self.input_layernorm(hidden, residual)  # W8A8 / FP8: quantized rows, not a tensor
+        """hidden: the embedding's rows (residual None), or the previous layer's output: with sandwich norms its
+        normed FFN output, else its FFN's partial sums over the ranks, summed here with the residual add and norm
+        (one fused launch where the tensor-parallel group can). Returns the same for the next layer."""
+        if residual is None or self.pre_feedforward_layernorm is not None:
+            hidden, residual = self.input_layernorm(hidden, residual)  # W8A8 / FP8: quantized rows, not a tensor
+        else:
+            hidden, residual = self.tp.all_reduce_add_norm(hidden, residual, self.input_layernorm)
         qkv = self.qkv_proj(hidden).view(-1, *self.qkv_shape)
         if self.q_norm is not None:
             qkv = self._norm_heads(qkv)
         if self.clip_qkv is not None:
             qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
         # row-parallel o_proj and down_proj: each rank's partial sum, summed over ranks before the residual add
-        attention = self.tp.all_reduce(self.o_proj(self.attn(qkv, rope, kv_cache, meta)))
+        attention = self.o_proj(self.attn(qkv, rope, kv_cache, meta))
         if self.pre_feedforward_layernorm is None:
-            hidden, residual = self.post_attention_layernorm(attention, residual)
+            hidden, residual = self.tp.all_reduce_add_norm(attention, residual, self.post_attention_layernorm)
             return self._ffn(hidden), residual
-        hidden, residual = self.pre_feedforward_layernorm(self.post_attention_layernorm(attention)[0], residual)
-        return self.post_feedforward_layernorm(self._ffn(hidden))[0], residual
+        attention = self.post_attention_layernorm(self.tp.all_reduce(attention))[0]
+        hidden, residual = self.pre_feedforward_layernorm(attention, residual)
+        return self.post_feedforward_layernorm(self.tp.all_reduce(self._ffn(hidden)))[0], residual
 
     def _ffn(self, hidden: torch.Tensor) -> torch.Tensor:
+        """This rank's partial sums of the FFN's output."""
         if self.moe is not None:
             return self.moe(hidden)
-        return self.tp.all_reduce(self.down_proj(self.act(self.gate_up_proj(hidden))))
+        return self.down_proj(self.act(self.gate_up_proj(hidden)))
 
     def _norm_heads(self, qkv: torch.Tensor) -> torch.Tensor:
         """The query heads through q_norm and the key heads through k_norm, the value heads as they are."""
@@ -162,7 +170,9 @@ class LlamaForCausalLM(nn.Module):
             hidden, residual = layer(hidden, residual, ropes[rope], kv_cache, meta)
         if rows is not None:
             hidden, residual = hidden[rows], residual[rows]
-        return self.norm(hidden, residual)[0]
+        if self.config.sandwich_norms:  # the last layer's output is normed already, not partial sums
+            return self.norm(hidden, residual)[0]
+        return self.tp.all_reduce_add_norm(hidden, residual, self.norm)[0]
 
     def load_weights(self, weights: Iterable[tuple[str, WeightSource]]) -> None:
         """Copy checkpoint tensors (Hugging Face names) in: models/llama_checkpoint.py."""

@@ -6,12 +6,13 @@ ModelRunner this returns only through the executor.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from collections.abc import Callable
 
 import torch
 
 from fasterllm.config import EngineArgs, SchedulerConfig
+from fasterllm.distributed.symmetric_all_reduce import try_symmetric_all_reduce
 from fasterllm.distributed.tensor_parallel import init_tensor_parallel
 from fasterllm.loader.checkpoint import Checkpoint, open_checkpoint
 from fasterllm.worker.model_runner import ModelRunner
@@ -43,6 +44,9 @@ def init_worker(config: WorkerConfig, rank: int = 0, init_method: str | None = N
     torch.manual_seed(args.seed)  # every rank alike: they sample the same tokens from the same logits
     tp = init_tensor_parallel(rank, size, init_method, device)
     checkpoint = checkpoint or open_checkpoint(args.model, args.tokenizer)
+    if device.type == "cuda" and size > 1 and not args.disable_custom_all_reduce:
+        tp = replace(tp, symmetric=try_symmetric_all_reduce(checkpoint.config.hidden_size, config.dtype,
+                                                                        device))
     runner = ModelRunner(checkpoint, config.max_model_len, device, config.dtype, args.load_format, args.quantization,
                          tp, args.resolve_cache_dtype(config.dtype))
     runner.prepare_inputs(args.block_size, config.sched)

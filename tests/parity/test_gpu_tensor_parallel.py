@@ -68,3 +68,75 @@ def test_cuda_graphs_with_the_all_reduce_inside_equal_eager(checkpoint):
     graphed = _generate(checkpoint, PROMPTS[1:2], tensor_parallel_size=2)
     eager = _generate(checkpoint, PROMPTS[1:2], tensor_parallel_size=2, enforce_eager=True)
     assert graphed[0][0] == eager[0][0]
+
+
+def test_custom_all_reduce_answers_as_nccl(checkpoint):
+    """The decode steps' fused symmetric-memory all-reduce + norm sums two ranks as NCCL does (one rounding), so
+    tp = 2 gives the same tokens and logprobs with it as with NCCL alone."""
+    fused = _generate(checkpoint, tensor_parallel_size=2)
+    nccl = _generate(checkpoint, tensor_parallel_size=2, disable_custom_all_reduce=True)
+    assert fused == nccl
+
+
+def _fused_rank(rank: int, world: int, port: int, results) -> None:
+    """One rank of test_fused_all_reduce_kernel: the kernel's rows against NCCL + the fused norm, eager and replayed
+    from a CUDA graph."""
+    import torch.distributed as dist
+
+    from fasterllm.distributed.symmetric_all_reduce import MAX_ROWS, SymmetricAllReduce
+    from fasterllm.kernels.rms_norm import fused_add_rms_norm
+
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            device_id=device)
+    hidden = 4096
+    fused = SymmetricAllReduce(hidden, torch.bfloat16, device)
+    weight = torch.randn(hidden, generator=torch.Generator().manual_seed(0)).to(device, torch.bfloat16)
+    failures = []
+    for rows in (1, 3, 17, MAX_ROWS):
+        x = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(rank * 100 + rows)).to(device,
+                                                                                                    torch.bfloat16)
+        residual = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(7)).to(device, torch.bfloat16)
+        summed = x.clone()
+        dist.all_reduce(summed)
+        expected = fused_add_rms_norm(summed, residual, weight, 1e-6)
+        eager = fused.add_rms_norm(x, residual, weight, 1e-6)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = fused.add_rms_norm(x, residual, weight, 1e-6)
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        for how, ours in (("eager", eager), ("graph", captured)):
+            for name, got, want in zip(("normed", "residual"), ours, expected):
+                same = torch.equal(got, want) if world == 2 else torch.allclose(got.float(), want.float(),
+                                                                                  rtol=2**-6, atol=2**-6)
+                if not same:
+                    failures.append(f"{rows} rows, {how}, {name}: max diff "
+                                    f"{(got.float() - want.float()).abs().max().item()}")
+    results.put((rank, failures))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fused_all_reduce_kernel_matches_nccl_and_the_norm(world):
+    """Two ranks: bit-identical to NCCL's sum and the fused norm; four: within bf16 rounding of it (NCCL rounds
+    after each partial sum)."""
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs")
+    import torch.multiprocessing as mp
+
+    from fasterllm.distributed.tensor_parallel import free_port
+
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    processes = [context.Process(target=_fused_rank, args=(rank, world, port, results)) for rank in range(world)]
+    for process in processes:
+        process.start()
+    answers = dict(results.get(timeout=300) for _ in processes)
+    for process in processes:
+        process.join(timeout=60)
+    assert all(process.exitcode == 0 for process in processes)
+    assert answers == {rank: [] for rank in range(world)}

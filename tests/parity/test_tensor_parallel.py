@@ -14,6 +14,7 @@ import pytest
 from fasterllm import LLM, SamplingParams
 from fasterllm.errors import WorkerFailedError
 from fasterllm.sampling_params import BeamSearchParams, StructuredOutputsParams
+from fasterllm.worker import profiler
 from fasterllm.worker.step_messages import SchedulerOutput
 from parity_utils import (NEW_TOKENS, TINY_SPECS, build_tiny_model, first_divergence, hf_greedy, random_prompt,
                           run_staggered)
@@ -55,6 +56,17 @@ def test_smollm2_beam_search_over_3_ranks_matches_one_device(smollm2_tp3, smollm
     single = smollm2_llm.beam_search(prompts, params, use_tqdm=False)
     for ours, reference in zip(sharded, single):
         assert [list(s.token_ids) for s in ours.sequences] == [list(s.token_ids) for s in reference.sequences]
+
+
+def test_each_rank_profiles_its_own_steps(smollm2_tp3, tmp_path):
+    executor = smollm2_tp3.engine.executor
+    executor.collective_rpc(profiler.start)
+    smollm2_tp3.generate("The capital of France is", SamplingParams(max_tokens=4), use_tqdm=False)
+    ranks = executor.collective_rpc(profiler.stop, str(tmp_path))
+    assert [rank["rank"] for rank in ranks] == [0, 1, 2]
+    for rank in ranks:  # each worker process saw its own steps, which sum their shards' products over the group
+        assert rank["seconds"] > 0 and "allreduce" in rank["table"]
+        assert (tmp_path / f"rank{rank['rank']}.json").stat().st_size > 0
 
 
 def test_constrained_steps_launched_ahead_over_3_ranks_match_one_device(gguf, smollm2_llm):

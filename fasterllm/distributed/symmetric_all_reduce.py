@@ -1,0 +1,59 @@
+"""The all-reduce that ends a row-parallel layer, fused with the residual add and RMSNorm after it, for a few token
+rows on GPUs that reach each other's memory (NVLink): kernels/one_shot_all_reduce.py over buffers in torch's
+symmetric memory. Larger batches (prefill chunks), and setups without symmetric memory, keep NCCL and the separate
+norm: TensorParallel.all_reduce_add_norm chooses, the same way on every rank."""
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger("fasterllm")
+
+MAX_ROWS = 64  # decode batches up to this many rows; above, NCCL's bandwidth-bound ring is as fast
+
+
+class SymmetricAllReduce:
+    def __init__(self, hidden_size: int, dtype: torch.dtype, device: torch.device):
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self.hidden_size, self.dtype = hidden_size, dtype
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        pad_bytes = MAX_ROWS * self.world * 4
+        if symm_mem.get_signal_pad_size() < pad_bytes:
+            raise RuntimeError(f"symmetric memory signal pads of {symm_mem.get_signal_pad_size()} bytes are smaller "
+                               f"than the {pad_bytes} bytes {MAX_ROWS} rows x {self.world} ranks need")
+        self._buffer = symm_mem.empty(2 * MAX_ROWS * hidden_size, dtype=dtype, device=device)  # two halves
+        handle = symm_mem.rendezvous(self._buffer, dist.group.WORLD)
+        handle.get_signal_pad(self.rank, [MAX_ROWS * self.world], dtype=torch.uint32).zero_()
+        self.buffers = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
+        self.pads = torch.tensor(handle.signal_pad_ptrs, dtype=torch.int64, device=device)
+        self.epochs = torch.zeros(MAX_ROWS, dtype=torch.int32, device=device)  # each row slot's calls so far
+        self._handle = handle
+        torch.cuda.synchronize(device)
+        dist.barrier()  # every rank's flags are zero before any rank raises one
+
+    def fits(self, x: torch.Tensor) -> bool:
+        return (x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.shape[1] == self.hidden_size and x.dtype == self.dtype
+                and x.is_contiguous())
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        from fasterllm.kernels.one_shot_all_reduce import all_reduce_add_rms_norm
+
+        return all_reduce_add_rms_norm(x, residual.contiguous(), weight, eps, self.buffers, self.pads, self.epochs,
+                                       self.rank, self.world)
+
+
+def try_symmetric_all_reduce(hidden_size: int, dtype: torch.dtype, device: torch.device
+                             ) -> SymmetricAllReduce | None:
+    """The fused path where this machine's GPUs and torch allow it, else None (NCCL then), said once in the log."""
+    try:
+        fused = SymmetricAllReduce(hidden_size, dtype, device)
+    except Exception as exc:  # no peer access, no symmetric memory in this torch build: NCCL does it all
+        logger.warning("symmetric-memory all-reduce unavailable (%s); the all-reduces go through NCCL", exc)
+        fused = None
+    everywhere = torch.tensor([fused is not None], dtype=torch.int32, device=device)
+    dist.all_reduce(everywhere, op=dist.ReduceOp.MIN)  # every rank takes the same path, or the kernels wait forever
+    return fused if everywhere.item() else None
