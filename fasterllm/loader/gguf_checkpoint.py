@@ -36,6 +36,8 @@ _LAYER_TENSOR_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# llama.cpp's list of end-of-turn texts, less those that are also a plain end of text (<|endoftext|>)
+_END_OF_TURN_TEXTS = ("<end_of_turn>", "<|end|>", "<|eot_id|>", "<|im_end|>")
 
 
 @functools.lru_cache(maxsize=4)
@@ -105,7 +107,7 @@ class GGUFFile:
                              "partial rotary embeddings are not supported (every supported family rotates all)")
         vocab = meta.get(f"{arch}.vocab_size", len(meta.get("tokenizer.ggml.tokens", [])))
         # a chat model's end of turn (Gemma's <end_of_turn>, Phi-3's <|end|>) stops generation too, as in llama.cpp
-        stops = [meta.get(f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot")]
+        stops = [meta.get("tokenizer.ggml.eos_token_id"), self._end_of_turn_id()]
         kv_heads = meta.get(f"{arch}.attention.head_count_kv", num_heads)
         rope_freqs = self.float_tensor("rope_freqs.weight") if self.has_tensor("rope_freqs.weight") else None
         q_norm = self._tensors.get("blk.0.attn_q_norm.weight")
@@ -138,6 +140,13 @@ class GGUFFile:
         if any(name.endswith(".ffn_gate_exps.weight") for name in self._tensors):
             fields.update(self._expert_fields(fields["num_hidden_layers"]))
         return ModelConfig(**fields)
+
+    def _end_of_turn_id(self) -> int | None:
+        """The file's end-of-turn token or, where it names none, the one llama.cpp takes for it by its text: the
+        converter leaves it out for some chat models (Gemma's <end_of_turn>, Phi-3's <|end|>)."""
+        eot = self.metadata.get("tokenizer.ggml.eot_token_id")
+        tokens = self.metadata.get("tokenizer.ggml.tokens", [])
+        return eot if eot is not None else next((tokens.index(t) for t in _END_OF_TURN_TEXTS if t in tokens), None)
 
     def _expert_fields(self, layers: int) -> dict[str, Any]:
         """A mixture of experts: its sizes read off the merged expert tensors, which layers have them (the others a

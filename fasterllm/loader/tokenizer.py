@@ -15,6 +15,7 @@ from tokenizers import (
 )
 from tokenizers.models import BPE
 
+from fasterllm.loader.gguf_tokenizer_spm import sentencepiece_tokenizer
 from fasterllm.loader.hf_checkpoint import read_json
 from fasterllm.loader.marian_tokenizer import is_marian_directory, marian_tokenizer
 
@@ -148,10 +149,41 @@ def load_hf_tokenizer(model_dir: Path, extra_eos_ids: list[int]) -> TokenizerWra
 
 
 def load_gguf_tokenizer(metadata: dict[str, Any], extra_eos_ids: list[int]) -> TokenizerWrapper:
+    """The tokenizer a GGUF's metadata describes: byte-level BPE ('gpt2': SmolLM2, Llama 3, Qwen) or SentencePiece
+    ('llama': Llama 2, Mistral, Gemma, Phi-3; loader/gguf_tokenizer_spm.py)."""
     kind = metadata.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ValueError(f"GGUF tokenizer type {kind!r} is not supported yet (only byte-level BPE, 'gpt2'); "
-                         "use the model's Hugging Face directory with tokenizer.json instead")
+    if kind == "gpt2":
+        tokenizer = _byte_level_bpe(metadata)
+    elif kind == "llama":
+        tokenizer = sentencepiece_tokenizer(metadata)
+    else:
+        raise ValueError(f"GGUF tokenizer type {kind!r} (tokenizer.ggml.model) is not supported; supported: 'gpt2' "
+                         "(byte-level BPE) and 'llama' (SentencePiece). Pass tokenizer= the model's Hugging Face "
+                         "directory (with tokenizer.json) instead")
+    tokens: list[str] = metadata["tokenizer.ggml.tokens"]
+
+    def token(key: str) -> str | None:
+        index = metadata.get(f"tokenizer.ggml.{key}")
+        return tokens[index] if index is not None else None
+
+    # llama.cpp's defaults where the file has no flag: a SentencePiece vocabulary gets a BOS, a byte-level one not
+    bos, eos = token("bos_token_id"), token("eos_token_id")
+    add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", kind == "llama")) and bos is not None
+    add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
+    before, after = [bos] * add_bos, [eos] * add_eos
+    if before or after:
+        def template(sequence: str, type_id: int) -> str:
+            return " ".join(f"{piece}:{type_id}" for piece in before + [sequence] + after)
+
+        ids = [(bos, metadata["tokenizer.ggml.bos_token_id"])] * add_bos + \
+            [(eos, metadata["tokenizer.ggml.eos_token_id"])] * add_eos
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=template("$A", 0), pair=f"{template('$A', 0)} {template('$B', 1)}", special_tokens=ids)
+    return TokenizerWrapper(tokenizer, bos_token=bos, eos_token=eos,
+                            chat_template=metadata.get("tokenizer.chat_template"), extra_eos_ids=extra_eos_ids)
+
+
+def _byte_level_bpe(metadata: dict[str, Any]) -> Tokenizer:
     tokens: list[str] = metadata["tokenizer.ggml.tokens"]
     merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges", [])]
     tokenizer = Tokenizer(BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
@@ -167,14 +199,4 @@ def load_gguf_tokenizer(metadata: dict[str, Any], extra_eos_ids: list[int]) -> T
     types = metadata.get("tokenizer.ggml.token_type") or []
     tokenizer.add_special_tokens([AddedToken(t, normalized=False, special=True)
                                   for t, kind in zip(tokens, types) if kind == _GGUF_CONTROL_TOKEN])
-
-    def token(key: str) -> str | None:
-        index = metadata.get(f"tokenizer.ggml.{key}")
-        return tokens[index] if index is not None else None
-
-    bos = token("bos_token_id")
-    if metadata.get("tokenizer.ggml.add_bos_token") and bos is not None:
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 $B:1", special_tokens=[(bos, metadata["tokenizer.ggml.bos_token_id"])])
-    return TokenizerWrapper(tokenizer, bos_token=bos, eos_token=token("eos_token_id"),
-                            chat_template=metadata.get("tokenizer.chat_template"), extra_eos_ids=extra_eos_ids)
+    return tokenizer

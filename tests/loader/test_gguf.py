@@ -41,7 +41,19 @@ def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def write_gguf(path, model, qtype, arch="llama"):
+def gpt2_vocabulary(writer: GGUFWriter) -> None:
+    """A byte-level BPE vocabulary of VOCAB tokens, the last one the eos."""
+    writer.add_tokenizer_model("gpt2")
+    byte_chars = list(bytes_to_unicode().values())
+    writer.add_token_list(byte_chars[:VOCAB - 1] + ["<|endoftext|>"])
+    writer.add_token_types([1] * (VOCAB - 1) + [3])
+    writer.add_token_merges([])
+    writer.add_eos_token_id(EOS)
+
+
+def write_gguf(path, model, qtype, arch="llama", vocabulary=gpt2_vocabulary):
+    """The model's tensors as llama.cpp's converter writes them, and the tokenizer metadata vocabulary(writer)
+    writes; returns what the tensors dequantize to, in Hugging Face names and row order."""
     writer = GGUFWriter(str(path), arch)
     writer.add_block_count(LAYERS)
     writer.add_context_length(256)
@@ -51,12 +63,7 @@ def write_gguf(path, model, qtype, arch="llama"):
     writer.add_head_count_kv(KV_HEADS)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_tokenizer_model("gpt2")
-    byte_chars = list(bytes_to_unicode().values())
-    writer.add_token_list(byte_chars[:VOCAB - 1] + ["<|endoftext|>"])
-    writer.add_token_types([1] * (VOCAB - 1) + [3])
-    writer.add_token_merges([])
-    writer.add_eos_token_id(EOS)
+    vocabulary(writer)
     reference = {}  # what the file's weights dequantize to, in Hugging Face names and row order
     for name, tensor in model.state_dict().items():
         data = tensor.numpy().astype(np.float32)
