@@ -220,6 +220,9 @@ class EngineArgs:
     # GPUs with symmetric memory: a decode step's all-reduces fused with the RMSNorm after them (one launch, no
     # NCCL); True keeps NCCL for every all-reduce
     disable_custom_all_reduce: bool = False
+    # serving: this many engine processes (replicas), each with its own copy of the model on tensor_parallel_size
+    # GPUs of its own, behind one server that balances requests by load
+    data_parallel_size: int = 1
 
     def validate(self) -> None:
         check_method_name(self.quantization)
@@ -236,6 +239,8 @@ class EngineArgs:
             raise ValueError(f"task={self.task!r} is not supported; use 'generate' or 'embed'")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} must be >= 1")
+        if self.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size={self.data_parallel_size} must be >= 1")
         if self.task == "embed" and self.tensor_parallel_size > 1:
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size}: task='embed' runs its encoder on one "
                              "device; use tensor_parallel_size=1")

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from fasterllm.config import EngineArgs
+from fasterllm.engine.core_data_parallel import DataParallelCore
 from fasterllm.engine.core_process import ProcessCore
 from fasterllm.engine.core_thread import ThreadCore
 from fasterllm.engine.engine_loop import AbortRequest, AddRequest, EngineDeadError, RequestFailedError, Turn
@@ -25,7 +26,7 @@ __all__ = ["AsyncLLM", "EngineDeadError", "RequestFailedError"]
 class AsyncLLM:
     """Use from one asyncio event loop."""
 
-    def __init__(self, core: ProcessCore | ThreadCore):
+    def __init__(self, core: ProcessCore | ThreadCore | DataParallelCore):
         self.core = core
         self.stats: EngineStats = core.stats  # as of the engine's last turn
         self.dead_reason: str | None = None
@@ -35,7 +36,13 @@ class AsyncLLM:
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, engine_process: bool = True) -> AsyncLLM:
-        """engine_process: run the Engine in a process of its own (else on a thread of this one)."""
+        """engine_process: run the Engine in a process of its own (else on a thread of this one);
+        args.data_parallel_size > 1: that many engine processes, each with its own copy of the model."""
+        if args.data_parallel_size > 1:
+            if not engine_process:
+                raise ValueError(f"data_parallel_size={args.data_parallel_size} runs each replica in a process of its "
+                                 "own; use engine_process=True or data_parallel_size=1")
+            return cls(DataParallelCore(args))
         if engine_process:
             return cls(ProcessCore(args))
         from fasterllm.engine.engine import Engine

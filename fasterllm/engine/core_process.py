@@ -36,7 +36,8 @@ _PARENT_CHECK_S = 1.0  # how often a busy engine process checks that the server 
 
 
 class ProcessCore:
-    def __init__(self, args: EngineArgs, idle_wait_s: float = 0.05):
+    def __init__(self, args: EngineArgs, idle_wait_s: float = 0.05, visible_devices: str | None = None):
+        """visible_devices: the GPUs the engine process may see (CUDA_VISIBLE_DEVICES there), None: as this one."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_turn: Callable[[Turn], None] | None = None
         self._reader: asyncio.Task | None = None
@@ -48,7 +49,7 @@ class ProcessCore:
         self._turns.bind(f"ipc://{self._socket_dir}/turns")
         self.process = multiprocessing.get_context("spawn").Process(
             target=run_engine_process, name="fasterllm-engine",
-            args=(args, self._socket_dir, idle_wait_s, logging.getLogger("fasterllm").level))
+            args=(args, self._socket_dir, idle_wait_s, logging.getLogger("fasterllm").level, visible_devices))
         self.process.start()
         try:
             checkpoint = open_checkpoint(args.model, args.tokenizer)  # while the engine process loads the weights
@@ -129,8 +130,11 @@ class ProcessCore:
         shutil.rmtree(self._socket_dir, ignore_errors=True)
 
 
-def run_engine_process(args: EngineArgs, socket_dir: str, idle_wait_s: float, log_level: int) -> None:
+def run_engine_process(args: EngineArgs, socket_dir: str, idle_wait_s: float, log_level: int,
+                       visible_devices: str | None = None) -> None:
     """The engine process: build the Engine, report ready (or the error that stopped it), then run the loop."""
+    if visible_devices is not None:  # before anything here starts CUDA; its worker processes inherit it
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
     from fasterllm.engine.engine import Engine
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server shuts this down

@@ -37,6 +37,10 @@ logger = logging.getLogger("fasterllm")
 class Engine:
     def __init__(self, args: EngineArgs):
         args.validate()
+        if args.data_parallel_size > 1:
+            raise ValueError(f"data_parallel_size={args.data_parallel_size}: an Engine is one replica; data "
+                             "parallelism runs replicas behind the server (fasterllm serve, AsyncLLM); use "
+                             "data_parallel_size=1 here")
         start = time.perf_counter()
         self.args = args
         self.device = args.resolve_device()

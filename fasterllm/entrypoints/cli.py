@@ -48,6 +48,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--distributed-executor-backend", choices=["uni", "mp", "ray"], default=None,
                    help="uni: one rank in this process; mp: one process per rank on this machine; ray: a Ray actor "
                         "per rank across the nodes of a Ray cluster (default: uni for one rank, mp for more)")
+    g.add_argument("--data-parallel-size", "-dp", type=int, default=defaults.data_parallel_size,
+                   help="serve: this many engine processes, each a copy of the model on its own "
+                        "tensor-parallel-size GPUs, requests balanced by load")
     g.add_argument("--disable-custom-all-reduce", action="store_true",
                    help="tensor parallelism on GPUs: NCCL for every all-reduce (default: decode steps sum over "
                         "symmetric memory, fused with the norm after, where the GPUs allow it)")
