@@ -159,6 +159,8 @@ def test_a_rank_that_dies_mid_run_fails_the_engine_naming_it(tiny_tp2):
     ({"tensor_parallel_size": 3, "quantization": "gguf"}, "quantization='gguf' keeps the checkpoint's codes whole"),
     ({"tensor_parallel_size": 3, "distributed_executor_backend": "uni"}, "distributed_executor_backend='uni'"),
     ({"tensor_parallel_size": 3, "task": "embed"}, "task='embed' runs its encoder on one device"),
+    ({"data_parallel_size": 2}, "data_parallel_size=2: an Engine is one replica.*fasterllm serve"),
+    ({"data_parallel_size": 0}, "data_parallel_size=0 must be >= 1"),
 ])
 def test_sizes_that_cannot_split_are_refused_by_name(gguf, kwargs, message):
     with pytest.raises(ValueError, match=message):
