@@ -30,7 +30,7 @@ class SymmetricAllReduce:
         self.buffers = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
         self.pads = torch.tensor(handle.signal_pad_ptrs, dtype=torch.int64, device=device)
         self.epochs = torch.zeros(MAX_ROWS, dtype=torch.int32, device=device)  # each row slot's calls so far
-        self._handle = handle
+        self._handle = handle  # keeps the peers' mappings alive as long as this object
         torch.cuda.synchronize(device)
         dist.barrier()  # every rank's flags are zero before any rank raises one
 
