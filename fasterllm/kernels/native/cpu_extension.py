@@ -25,9 +25,9 @@ from fasterllm.cpu_features import cpu_flags
 logger = logging.getLogger("fasterllm")
 
 ISA_ENV = "FASTERLLM_CPU_KERNELS"
-ISA_FLAGS = {"avx512": {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"},
+ISA_FLAGS = {"avx512": {"avx512f", "avx2", "fma", "f16c"},
              "avx2": {"avx2", "fma", "f16c"}}
-SOURCES = ("ops.cpp", "quantize_rows.cpp", "gemv_avx2.cpp", "gemv_avx512.cpp", "rms_norm.cpp")
+SOURCES = ("ops.cpp", "widen_rows.cpp", "gemv_avx2.cpp", "gemv_avx512.cpp", "rms_norm.cpp")
 
 
 def supported_isas() -> list[str]:
