@@ -1,13 +1,11 @@
 """Our C++ CPU extension (cpu/*.cpp: the int4 / int8 matrix products of cpu_gemv.py, the fused add + RMSNorm of
 cpu_rms_norm.py): which ISA it runs, and building and loading it.
 
-They are opt-in: FASTERLLM_CPU_KERNELS=auto runs them, the ISA chosen from the CPU's flags ("avx512": avx512f/bw/
-dq/vl + avx512_vnni, else "avx2": avx2/fma/f16c); "avx512" or "avx2" forces one (tests and benchmarks run the AVX2
-code on an AVX-512 machine so); unset or "off", the layers keep torch's kernels. Not the default because they
-quantize each input row to int8 per block of 32, as llama.cpp does: on SmolLM2 a prompt's next-token logprobs move
-by up to ~0.4 nats (torch's kernels, with bf16 inputs: ~0.2), enough to flip its answer to "What is the capital of
-France?" from "The capital of France is Paris." where the float model's top two are 0.08 nats apart, though
-perplexity stays within 0.5% (benchmarks/RESULTS.md).
+They run by default: unset or FASTERLLM_CPU_KERNELS=auto, the ISA is chosen from the CPU's flags ("avx512":
+avx512f, else "avx2": avx2/fma/f16c); "avx512" or "avx2" forces one (tests and benchmarks run the AVX2 code on an
+AVX-512 machine so); "off" keeps torch's kernels. They multiply the inputs as they come, in fp32, so a layer's output
+is the exact product of its quantized weights up to fp32 summation: on SmolLM2 closer to the float model than
+torch's kernels, which round inputs and outputs to bf16 (benchmarks/RESULTS.md, "The C++ CPU kernels in fp32").
 
 The extension builds with torch.utils.cpp_extension on first use (scripts/setup.sh builds it when a compiler is
 present, ~20 s on 2 cores) into torch's extension cache, which rebuilds when a source changes. Without a compiler,
@@ -38,17 +36,16 @@ def supported_isas() -> list[str]:
 
 @functools.cache
 def kernel_isa() -> str | None:
-    """The ISA the layers run ("avx512" or "avx2"), or None: FASTERLLM_CPU_KERNELS unset or "off", or "auto" on a CPU
-    with neither."""
+    """The ISA the layers run ("avx512" or "avx2"), or None: FASTERLLM_CPU_KERNELS="off", or a CPU with neither."""
     supported = supported_isas()
     asked = os.environ.get(ISA_ENV, "").strip().lower()
-    if asked in ("", "off"):
+    if asked == "off":
         return None
-    if asked == "auto":
+    if asked in ("", "auto"):
         return supported[0] if supported else None
     if asked not in ISA_FLAGS:
         raise ValueError(f"{ISA_ENV}={asked!r} is not one of 'auto', 'avx512', 'avx2', 'off'; 'auto' chooses by the "
-                         "CPU's flags, unset runs torch's kernels")
+                         "CPU's flags (as unset does), 'off' runs torch's kernels")
     if asked not in supported:
         missing = sorted(ISA_FLAGS[asked] - cpu_flags())
         raise ValueError(f"{ISA_ENV}={asked!r}, but this CPU lacks {', '.join(missing)}; use one of "
