@@ -6,7 +6,7 @@ which honours ONEDNN_MAX_CPU_ISA: oneDNN needs avx512bw/vl/dq or avx_ne_convert)
 what torch does not: the bf16 dot-product instructions (avx512_bf16, amx_bf16) that make bf16 math pay.
 
 AVX2_ONLY_ENV makes an AVX-512 machine answer, and run torch's, oneDNN's and MKL's code, as an AVX2-only one: the
-tests and benchmarks/RESULTS.md use it (our opt-in C++ kernels take FASTERLLM_CPU_KERNELS=avx2 for their AVX2 code).
+tests and benchmarks/RESULTS.md use it (our C++ kernels take FASTERLLM_CPU_KERNELS=avx2 for their AVX2 code).
 """
 from __future__ import annotations
 

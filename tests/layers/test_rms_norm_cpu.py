@@ -30,7 +30,7 @@ def test_rms_norm_equals_transformers(monkeypatch, fused, dtype):
 
 @pytest.fixture
 def cpu_kernels_on(monkeypatch):
-    """FASTERLLM_CPU_KERNELS=auto for this test (the kernels are opt-in); skipped where they cannot build or run."""
+    """FASTERLLM_CPU_KERNELS=auto for this test (whatever the run sets); skipped where they cannot build or run."""
     monkeypatch.setenv(cpu_extension.ISA_ENV, "auto")
     cpu_extension.kernel_isa.cache_clear()
     if not cpu_extension.available():

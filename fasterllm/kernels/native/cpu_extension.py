@@ -1,13 +1,13 @@
 """Our C++ CPU extension (cpu/*.cpp: the int4 / int8 matrix products of cpu_gemv.py, the fused add + RMSNorm of
 cpu_rms_norm.py): which ISA it runs, and building and loading it.
 
-They are opt-in: FASTERLLM_CPU_KERNELS=auto runs them, the ISA chosen from the CPU's flags ("avx512": avx512f/bw/
-dq/vl + avx512_vnni, else "avx2": avx2/fma/f16c); "avx512" or "avx2" forces one (tests and benchmarks run the AVX2
-code on an AVX-512 machine so); unset or "off", the layers keep torch's kernels. Not the default because they
-quantize each input row to int8 per block of 32, as llama.cpp does: on SmolLM2 a prompt's next-token logprobs move
-by up to ~0.4 nats (torch's kernels, with bf16 inputs: ~0.2), enough to flip its answer to "What is the capital of
-France?" from "The capital of France is Paris." where the float model's top two are 0.08 nats apart, though
-perplexity stays within 0.5% (benchmarks/RESULTS.md).
+They are opt-in: FASTERLLM_CPU_KERNELS=auto runs them, the ISA chosen from the CPU's flags ("avx512": avx512f, else
+"avx2": avx2/fma/f16c); "avx512" or "avx2" forces one (tests and benchmarks run the AVX2 code on an AVX-512 machine
+so); unset or "off", the layers keep torch's kernels. They multiply the inputs as they come, in fp32, so a layer's
+output is the exact product of its quantized weights up to fp32 summation: on SmolLM2 closer to the float model than
+torch's kernels, which round inputs and outputs to bf16 (benchmarks/RESULTS.md, "The C++ CPU kernels in fp32"). Not
+yet the default: the test suite has not yet run whole with them on, nor SmolLM2's decode been timed on a quiet
+machine (same section).
 
 The extension builds with torch.utils.cpp_extension on first use (scripts/setup.sh builds it when a compiler is
 present, ~20 s on 2 cores) into torch's extension cache, which rebuilds when a source changes. Without a compiler,
@@ -25,9 +25,9 @@ from fasterllm.cpu_features import cpu_flags
 logger = logging.getLogger("fasterllm")
 
 ISA_ENV = "FASTERLLM_CPU_KERNELS"
-ISA_FLAGS = {"avx512": {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"},
+ISA_FLAGS = {"avx512": {"avx512f", "avx2", "fma", "f16c"},
              "avx2": {"avx2", "fma", "f16c"}}
-SOURCES = ("ops.cpp", "quantize_rows.cpp", "gemv_avx2.cpp", "gemv_avx512.cpp", "rms_norm.cpp")
+SOURCES = ("ops.cpp", "widen_rows.cpp", "gemv_avx2.cpp", "gemv_avx512.cpp", "rms_norm.cpp")
 
 
 def supported_isas() -> list[str]:

@@ -3,8 +3,9 @@ kernels read the weights at a fraction of the memory bandwidth (benchmarks/RESUL
 CPU is a read of every weight per step.
 
 The weights are repacked once into tiles of 16 output rows (cpu/gemv.h says the byte order). The input rows are
-quantized to int8 per block of 32 (one fp32 scale each) and multiplied by the weight codes with integer dot products
-(AVX2 maddubs, AVX-512 VNNI), each block's sum scaled in fp32; the output comes back in the input's dtype.
+multiplied as they come (fp32, or bf16 widened to fp32, never rounded): the codes are turned into fp32 in registers
+and multiplied by the inputs with fp32 FMAs (8 lanes on AVX2, 16 on AVX-512), each group's (int4) or row's (int8)
+scale applied once to the sum; the output comes back in the input's dtype.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from fasterllm.kernels.native.cpu_extension import kernel_isa
 
-BLOCK = 32  # weights per int4 group, inputs per int8 block
+BLOCK = 32  # weights per int4 group, and the kernels' step along K
 TILE_ROWS = 16  # output rows per tile
 
 
@@ -48,12 +49,12 @@ def _check_width(cols: int) -> None:
 
 def pack_int4(codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor) -> Int4Weights:
     """Codes uint8 [N, K] in 0..15 with fp32 scales and minimums [N, K/32] -> the kernels' tiles (cpu/gemv.h): per
-    tile of 16 rows and block of 32, chunk c's byte 4r + j holds row r's codes at k = 8c + j (low nibble) and
-    8c + 4 + j (high)."""
+    tile of 16 rows and block of 32, chunk c's byte 4r + j holds row r's codes at k = 8c + 2j (low nibble) and
+    8c + 2j + 1 (high)."""
     rows, cols = codes.shape
     _check_width(cols)
-    # [tile, row, block, chunk, nibble, j] -> [tile, block, chunk, row, j, nibble]
-    split = _tiles(codes.to(torch.uint8)).reshape(-1, TILE_ROWS, cols // BLOCK, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    # [tile, row, block, chunk, j, nibble] -> [tile, block, chunk, row, j, nibble]
+    split = _tiles(codes.to(torch.uint8)).reshape(-1, TILE_ROWS, cols // BLOCK, 4, 4, 2).permute(0, 2, 3, 1, 4, 5)
     packed = (split[..., 0] | (split[..., 1] << 4)).reshape(-1, cols // BLOCK, TILE_ROWS * BLOCK // 2)
 
     def by_tile(values: torch.Tensor) -> torch.Tensor:  # [N, K/32] -> [N/16, K/32, 16]
@@ -64,11 +65,11 @@ def pack_int4(codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor)
 
 def pack_int8(weight: torch.Tensor, scales: torch.Tensor) -> Int8Weights:
     """int8 weight [N, K] in -127..127 with fp32 scales [N] -> the kernels' tiles (cpu/gemv.h): per tile of 16 rows
-    and block of 32, chunk c's byte 4r + j holds row r's weight at k = 4c + j."""
+    and block of 32, byte 16j + r holds row r's weight at k = j."""
     rows, cols = weight.shape
     _check_width(cols)
-    # [tile, row, block, chunk, j] -> [tile, block, chunk, row, j]
-    split = _tiles(weight.to(torch.int8)).reshape(-1, TILE_ROWS, cols // BLOCK, 8, 4).permute(0, 2, 3, 1, 4)
+    # [tile, row, block, j] -> [tile, block, j, row]
+    split = _tiles(weight.to(torch.int8)).reshape(-1, TILE_ROWS, cols // BLOCK, BLOCK).permute(0, 2, 3, 1)
     return Int8Weights(split.reshape(-1, cols // BLOCK, TILE_ROWS * BLOCK).contiguous(),
                        _tiles(scales.float()).contiguous(), rows)
 

@@ -32,7 +32,7 @@ def test_blocks_unpack_to_exactly_what_gguf_dequantizes_and_the_kernel_multiplie
     x = torch.randn(3, 128)
     got = Int4WeightOnlyLinear(codes, scales, minimums, None, native=False)(x)
     # torch's CPU kernel multiplies in bf16: bf16 inputs, scales and zeros (centred at code 8), one bf16 rounding out
-    # (our C++ kernel, with int8 inputs, is checked against exact products in tests/kernels/test_cpu_gemv.py)
+    # (our C++ kernel is checked against exact products in tests/kernels/test_cpu_gemv.py)
     bf16 = lambda t: t.bfloat16().float()  # noqa: E731
     zeros = bf16(minimums + 8 * scales).repeat_interleave(32, dim=1)
     kernel_weight = (codes.float() - 8) * bf16(scales).repeat_interleave(32, dim=1) + zeros

@@ -1,22 +1,28 @@
 // fasterllm's CPU matrix-vector products for decode rows: plain C++ over raw pointers, one translation unit per ISA
 // (gemv_avx2.cpp, gemv_avx512.cpp), chosen at start-up by the Python side; ops.cpp checks tensors and splits the
-// output tiles over torch's threads. The torch paths of layers/quantization/int4.py and int8.py are the reference.
+// output tiles over torch's threads. Exact products of the quantized weights (tests/kernels/test_cpu_gemv.py) are the
+// reference.
+//
+// The inputs are multiplied as they come: widened to fp32 (widen_rows.cpp), never rounded, and every product is an
+// fp32 FMA of a weight code (exact in fp32) and an input; each group's (int4) or row's (int8) scale applies once to
+// the sum. A decode product is bound by the weight bytes it reads, so the codes are turned into fp32 in registers.
 //
 // Weights are stored in tiles of 16 output rows (N padded with zero rows to a multiple of 16), each tile's bytes in
-// the order the kernels read them, so a product streams its weights front to back: one int32 lane per output row,
-// 4 inputs broadcast to all lanes, so each block's scales apply to a whole tile at once and no horizontal sum is
+// the order the kernels read them, so a product streams its weights front to back: one fp32 lane per output row and
+// one input broadcast to all lanes, so each group's scales apply to a whole tile at once and no horizontal sum is
 // needed. Per tile t and block b of 32 inputs:
-//   int4: 4 chunks of 64 bytes; chunk c's byte 4r + j holds the codes (0..15) of row 16t + r at k = 32b + 8c + j
-//         (low nibble) and k + 4 (high nibble), j = 0..3; fp32 scales and minimums [N/16, K/32, 16]
-//         (w = code * scale + minimum)
-//   int8: 8 chunks of 64 bytes; chunk c's byte 4r + j holds the weight (-127..127) of row 16t + r at
-//         k = 32b + 4c + j; fp32 scales [N/16, 16] per output row (w = weight * scale)
+//   int4: 4 chunks of 64 bytes; chunk c's 32-bit word r holds 8 codes (0..15) of row 16t + r, nibble p (bits
+//         4p..4p+3) the one at k = 32b + 8c + p; fp32 scales and minimums [N/16, K/32, 16] (w = code * scale +
+//         minimum)
+//   int8: 32 groups of 16 bytes; group j's byte r holds the weight (-127..127) of row 16t + r at k = 32b + j; fp32
+//         scales [N/16, 16] per output row (w = weight * scale)
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 namespace fasterllm_cpu {
 
-constexpr int64_t kBlock = 32;      // weights per int4 group, inputs per int8 block
+constexpr int64_t kBlock = 32;      // weights per int4 group
 constexpr int64_t kTileRows = 16;   // output rows of a tile
 constexpr int64_t kInt4TileBytes = kTileRows * kBlock / 2;  // one tile's codes of one block
 constexpr int64_t kInt8TileBytes = kTileRows * kBlock;
@@ -24,35 +30,49 @@ constexpr int64_t kInt8TileBytes = kTileRows * kBlock;
 // core's hardware prefetcher alone kept too few lines in flight
 constexpr int64_t kPrefetchBytes = 4096;
 
-// M input rows of width K quantized per block of 32 (codes = round(x / scale), |codes| <= 127):
-//   codes  [M, K] int8
-//   scales [M, K/32] each block's scale
-//   sums   [M, K/32] each block's sum of the unquantized inputs (for the int4 minimums)
-//   errors [M, K/32] 8 x (sum - scale x sum of codes) per block: the int4 kernels multiply codes 0..15, which count
-//          a block's rounding error 8 times more than codes centred at 8 would; scale x errors takes it back out
-struct QuantizedRows {
-  const int8_t* codes;
-  const float* scales;
-  const float* sums;
-  const float* errors;
+// M input rows of width K in fp32, with each block of 32's sum (for the int4 minimums: sum_k (code * scale + minimum)
+// x_k = scale * sum_k code x_k + minimum * sum_k x_k)
+struct FloatRows {
+  const float* values;  // [M, K]
+  const float* sums;    // [M, K/32]
   int64_t rows;
   int64_t width;
 };
 
-// x [rows, width] fp32, or bf16 as its uint16 bits; width a multiple of 32; rows' storage as QuantizedRows says
-void quantize_rows(const float* x, int64_t rows, int64_t width, int8_t* codes, float* scales, float* sums,
-                   float* errors);
-void quantize_rows(const uint16_t* x, int64_t rows, int64_t width, int8_t* codes, float* scales, float* sums,
-                   float* errors);
+// x [rows, width] fp32, or bf16 as its uint16 bits, width a multiple of 32 -> values [rows, width] fp32 and, where
+// sums is not null, sums [rows, width / 32]
+void widen_rows(const float* x, int64_t rows, int64_t width, float* values, float* sums);
+void widen_rows(const uint16_t* x, int64_t rows, int64_t width, float* values, float* sums);
 
 // out[m, n] (out is [M, N] fp32) for the output rows of tiles [t0, t1)
-void int4_tiles_avx2(const uint8_t* codes, const float* scales, const float* mins, const QuantizedRows& x,
-                     int64_t t0, int64_t t1, int64_t N, float* out);
-void int4_tiles_avx512(const uint8_t* codes, const float* scales, const float* mins, const QuantizedRows& x,
-                       int64_t t0, int64_t t1, int64_t N, float* out);
-void int8_tiles_avx2(const int8_t* weight, const float* scales, const QuantizedRows& x, int64_t t0, int64_t t1,
-                     int64_t N, float* out);
-void int8_tiles_avx512(const int8_t* weight, const float* scales, const QuantizedRows& x, int64_t t0, int64_t t1,
+void int4_tiles_avx2(const uint8_t* codes, const float* scales, const float* mins, const FloatRows& x, int64_t t0,
+                     int64_t t1, int64_t N, float* out);
+void int4_tiles_avx512(const uint8_t* codes, const float* scales, const float* mins, const FloatRows& x, int64_t t0,
+                       int64_t t1, int64_t N, float* out);
+void int8_tiles_avx2(const int8_t* weight, const float* scales, const FloatRows& x, int64_t t0, int64_t t1, int64_t N,
+                     float* out);
+void int8_tiles_avx512(const int8_t* weight, const float* scales, const FloatRows& x, int64_t t0, int64_t t1,
                        int64_t N, float* out);
+
+// rows(std::integral_constant<int, R>(), m) for input rows m..m+R-1, over all M rows in groups of at most kMaxRows
+// (a group's weights are turned into floats once; its FMAs run in R independent chains). In an anonymous namespace:
+// each kernel unit instantiates its own, built for its own ISA.
+namespace {
+template <int kMaxRows, typename Rows>
+inline void in_row_groups(int64_t M, Rows&& rows) {
+  int64_t m = 0;
+  for (; m + kMaxRows <= M; m += kMaxRows) rows(std::integral_constant<int, kMaxRows>(), m);
+  if constexpr (kMaxRows > 4) {
+    if (m + 4 <= M) rows(std::integral_constant<int, 4>(), m), m += 4;
+  }
+  if (m + 2 <= M) rows(std::integral_constant<int, 2>(), m), m += 2;
+  if (m < M) rows(std::integral_constant<int, 1>(), m);
+}
+
+// independent sums per input row: an FMA's result is ready 4 cycles later and two start per cycle, so one row needs
+// several chains to keep them busy, four rows one each
+template <int R>
+constexpr int kChains = R >= 4 ? 1 : 4 / R;
+}  // namespace
 
 }  // namespace fasterllm_cpu

@@ -1,5 +1,6 @@
-// The AVX2 (+FMA) products of gemv.h: 8 output rows (half a tile) per 256-bit register, integer dot products through
-// maddubs (u8 x s8 pairs to int16) and madd (pairs to int32), each block's sums scaled in fp32.
+// The AVX2 (+FMA) products of gemv.h: 8 output rows (half a tile) per 256-bit register, a tile's two halves side by
+// side, the codes turned into fp32 in registers (int4: a shift, a mask and a conversion; int8: a sign extension and a
+// conversion) and multiplied with fp32 FMAs by the inputs as they come.
 // Helpers live in an anonymous namespace so no inline function built for this ISA is shared with another unit.
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
@@ -9,105 +10,142 @@
 namespace fasterllm_cpu {
 namespace {
 
-inline __m256i broadcast4(const int8_t* k) { return _mm256_broadcastd_epi32(_mm_loadu_si32(k)); }
+// input rows per pass over a tile (its two halves of 8 rows side by side): 2 x 2 int4 and 4 x 2 int8 accumulators,
+// with the rest of a pass's registers, fit AVX2's 16
+constexpr int kMaxInt4Rows = 2;
+constexpr int kMaxInt8Rows = 4;
 
 inline void prefetch(const void* from, int64_t bytes) {
   for (int64_t line = 0; line < bytes; line += 64)
     _mm_prefetch(static_cast<const char*>(from) + kPrefetchBytes + line, _MM_HINT_T0);
 }
 
-// rows n.. of out's row m from 8 lanes, the last half tile cut at N
-inline void store_rows(float* out, __m256 result, int64_t count) {
-  if (count >= 8) {
-    _mm256_storeu_ps(out, result);
+// a tile's 16 lanes (two halves of 8) to out's row, cut at count
+inline void store_rows(float* out, const __m256 (&halves)[2], int64_t count) {
+  if (count >= 16) {
+    _mm256_storeu_ps(out, halves[0]);
+    _mm256_storeu_ps(out + 8, halves[1]);
     return;
   }
-  float lanes[8];
-  _mm256_storeu_ps(lanes, result);
+  float lanes[16];
+  _mm256_storeu_ps(lanes, halves[0]);
+  _mm256_storeu_ps(lanes + 8, halves[1]);
   for (int64_t r = 0; r < count; ++r) out[r] = lanes[r];
 }
 
-// the int32 sums of half a tile (half 0: rows 0-7, half 1: rows 8-15) over one block (4 chunks): maddubs of 4
-// codes x 4 inputs, added in int16 (8 of them stay below 8 x 2 x 15 x 127 = 30480 < 32768) in two chains, then to
-// int32 once
-inline __m256i int4_tile_block(const uint8_t* tile, int half, const int8_t* q) {
-  const __m256i nibble = _mm256_set1_epi8(0x0F);
-  __m256i sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-  for (int c = 0; c < 4; ++c) {
-    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 64 * c + 32 * half));
-    const __m256i low = _mm256_and_si256(packed, nibble);
-    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
-    sums[0] = _mm256_add_epi16(sums[0], _mm256_maddubs_epi16(low, broadcast4(q + 8 * c)));
-    sums[1] = _mm256_add_epi16(sums[1], _mm256_maddubs_epi16(high, broadcast4(q + 8 * c + 4)));
+// chains per half: the two halves are already two
+template <int R>
+constexpr int kHalfChains = kChains<R> > 1 ? kChains<R> / 2 : 1;
+
+// out rows m..m+R-1 of one tile: per block, sum_k code x_k in fp32, then x scale, + minimum x the block's input sum
+template <int R>
+void int4_tile(const uint8_t* tile, const float* scales, const float* mins, const FloatRows& x, int64_t m, bool fetch,
+               float* out, int64_t N, int64_t count) {
+  constexpr int C = kHalfChains<R>;
+  const int64_t K = x.width, blocks = K / kBlock;
+  const __m256i nibble = _mm256_set1_epi32(0x0F);
+  const float* in = x.values + m * K;
+  __m256 products[R][2];
+  for (int r = 0; r < R; ++r) products[r][0] = products[r][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = tile + b * kInt4TileBytes;
+    if (fetch) prefetch(block, kInt4TileBytes);
+    __m256 sums[R][2][C];
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < C; ++i) sums[r][0][i] = sums[r][1][i] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m256i packed[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * c)),
+                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * c + 32))};
+#pragma GCC unroll 8
+      for (int p = 0; p < 8; ++p) {
+        __m256 w[2];
+        for (int h = 0; h < 2; ++h) {
+          const __m256i shifted = _mm256_srli_epi32(packed[h], 4 * p);
+          w[h] = _mm256_cvtepi32_ps(p == 7 ? shifted : _mm256_and_si256(shifted, nibble));
+        }
+        const int64_t k = b * kBlock + 8 * c + p;
+        for (int r = 0; r < R; ++r) {
+          const __m256 input = _mm256_set1_ps(in[r * K + k]);
+          for (int h = 0; h < 2; ++h) sums[r][h][p % C] = _mm256_fmadd_ps(w[h], input, sums[r][h][p % C]);
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 s = _mm256_loadu_ps(scales + b * kTileRows + 8 * h);
+      const __m256 minimum = _mm256_loadu_ps(mins + b * kTileRows + 8 * h);
+      for (int r = 0; r < R; ++r) {
+        __m256 sum = sums[r][h][0];
+        for (int i = 1; i < C; ++i) sum = _mm256_add_ps(sum, sums[r][h][i]);
+        products[r][h] = _mm256_fmadd_ps(sum, s, products[r][h]);
+        products[r][h] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(x.sums[(m + r) * blocks + b]), products[r][h]);
+      }
+    }
   }
-  return _mm256_madd_epi16(_mm256_add_epi16(sums[0], sums[1]), _mm256_set1_epi16(1));
+  for (int r = 0; r < R; ++r) store_rows(out + (m + r) * N, products[r], count);
 }
 
-// the int32 sums of half a tile over one block (8 chunks): |w| x (inputs with w's sign), u8 x s8 products equal to
-// w x input (a pair of them reaches 2 x 127 x 127, so each goes to int32 at once)
-inline __m256i int8_tile_block(const int8_t* tile, int half, const int8_t* q) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256i sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-  for (int c = 0; c < 8; ++c) {
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 64 * c + 32 * half));
-    const __m256i products = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(broadcast4(q + 4 * c), w));
-    sums[c % 2] = _mm256_add_epi32(sums[c % 2], _mm256_madd_epi16(products, ones));
+// out rows m..m+R-1 of one tile: sum_k weight x_k in fp32, then x the rows' scales
+template <int R>
+void int8_tile(const int8_t* tile, const float* scales, const FloatRows& x, int64_t m, bool fetch, float* out,
+               int64_t N, int64_t count) {
+  constexpr int C = kHalfChains<R>;
+  const int64_t K = x.width, blocks = K / kBlock;
+  const float* in = x.values + m * K;
+  __m256 sums[R][2][C];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < C; ++i) sums[r][0][i] = sums[r][1][i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int8_t* block = tile + b * kInt8TileBytes;
+    if (fetch) prefetch(block, kInt8TileBytes);
+#pragma GCC unroll 32
+    for (int j = 0; j < kBlock; ++j) {
+      __m256 w[2];
+      for (int h = 0; h < 2; ++h) {
+        const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + kTileRows * j + 8 * h));
+        w[h] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+      }
+      const int64_t k = b * kBlock + j;
+      for (int r = 0; r < R; ++r) {
+        const __m256 input = _mm256_set1_ps(in[r * K + k]);
+        for (int h = 0; h < 2; ++h) sums[r][h][j % C] = _mm256_fmadd_ps(w[h], input, sums[r][h][j % C]);
+      }
+    }
   }
-  return _mm256_add_epi32(sums[0], sums[1]);
+  for (int r = 0; r < R; ++r) {
+    __m256 result[2];
+    for (int h = 0; h < 2; ++h) {
+      __m256 sum = sums[r][h][0];
+      for (int i = 1; i < C; ++i) sum = _mm256_add_ps(sum, sums[r][h][i]);
+      result[h] = _mm256_mul_ps(sum, _mm256_loadu_ps(scales + 8 * h));
+    }
+    store_rows(out + (m + r) * N, result, count);
+  }
 }
 
 }  // namespace
 
-void int4_tiles_avx2(const uint8_t* codes, const float* scales, const float* mins, const QuantizedRows& x,
-                     int64_t t0, int64_t t1, int64_t N, float* out) {
-  const int64_t K = x.width, blocks = K / kBlock;
+void int4_tiles_avx2(const uint8_t* codes, const float* scales, const float* mins, const FloatRows& x, int64_t t0,
+                     int64_t t1, int64_t N, float* out) {
+  const int64_t blocks = x.width / kBlock;
   for (int64_t t = t0; t < t1; ++t) {
-    const uint8_t* tile = codes + t * blocks * kInt4TileBytes;
-    for (int half = 0; half < 2 && t * kTileRows + 8 * half < N; ++half) {
-      const float* tile_scales = scales + t * blocks * kTileRows + 8 * half;
-      const float* tile_mins = mins + t * blocks * kTileRows + 8 * half;
-      const int64_t n = t * kTileRows + 8 * half;
-      for (int64_t m = 0; m < x.rows; ++m) {
-        const int8_t* q = x.codes + m * K;
-        const float *block_scales = x.scales + m * blocks, *sums = x.sums + m * blocks;
-        const float* errors = x.errors + m * blocks;
-        __m256 products = _mm256_setzero_ps(), offsets = _mm256_setzero_ps();
-        for (int64_t b = 0; b < blocks; ++b) {
-          if (half == 0) prefetch(tile + b * kInt4TileBytes, kInt4TileBytes);
-          const __m256i dots = int4_tile_block(tile + b * kInt4TileBytes, half, q + b * kBlock);
-          const __m256 s = _mm256_loadu_ps(tile_scales + b * kTileRows);
-          products = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_mul_ps(s, _mm256_set1_ps(block_scales[b])),
-                                     products);
-          // + minimum x the block's input sum + scale x its rounding error (gemv.h)
-          offsets = _mm256_fmadd_ps(_mm256_loadu_ps(tile_mins + b * kTileRows), _mm256_set1_ps(sums[b]), offsets);
-          offsets = _mm256_fmadd_ps(s, _mm256_set1_ps(errors[b]), offsets);
-        }
-        store_rows(out + m * N + n, _mm256_add_ps(products, offsets), N - n);
-      }
-    }
+    const int64_t n = t * kTileRows;
+    in_row_groups<kMaxInt4Rows>(x.rows, [&](auto rows, int64_t m) {
+      int4_tile<decltype(rows)::value>(codes + t * blocks * kInt4TileBytes, scales + t * blocks * kTileRows,
+                                       mins + t * blocks * kTileRows, x, m, m == 0, out + n, N, N - n);
+    });
   }
 }
 
-void int8_tiles_avx2(const int8_t* weight, const float* scales, const QuantizedRows& x, int64_t t0, int64_t t1,
-                     int64_t N, float* out) {
-  const int64_t K = x.width, blocks = K / kBlock;
+void int8_tiles_avx2(const int8_t* weight, const float* scales, const FloatRows& x, int64_t t0, int64_t t1, int64_t N,
+                     float* out) {
+  const int64_t blocks = x.width / kBlock;
   for (int64_t t = t0; t < t1; ++t) {
-    const int8_t* tile = weight + t * blocks * kInt8TileBytes;
-    for (int half = 0; half < 2 && t * kTileRows + 8 * half < N; ++half) {
-      const __m256 row_scales = _mm256_loadu_ps(scales + t * kTileRows + 8 * half);
-      const int64_t n = t * kTileRows + 8 * half;
-      for (int64_t m = 0; m < x.rows; ++m) {
-        const int8_t* q = x.codes + m * K;
-        const float* block_scales = x.scales + m * blocks;
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t b = 0; b < blocks; ++b) {
-          if (half == 0) prefetch(tile + b * kInt8TileBytes, kInt8TileBytes);
-          const __m256i dots = int8_tile_block(tile + b * kInt8TileBytes, half, q + b * kBlock);
-          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_set1_ps(block_scales[b]), acc);
-        }
-        store_rows(out + m * N + n, _mm256_mul_ps(acc, row_scales), N - n);
-      }
-    }
+    const int64_t n = t * kTileRows;
+    in_row_groups<kMaxInt8Rows>(x.rows, [&](auto rows, int64_t m) {
+      int8_tile<decltype(rows)::value>(weight + t * blocks * kInt8TileBytes, scales + n, x, m, m == 0, out + n, N,
+                                       N - n);
+    });
   }
 }
 

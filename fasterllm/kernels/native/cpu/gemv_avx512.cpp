@@ -1,7 +1,8 @@
-// The AVX-512 products of gemv.h: 16 output rows (a tile) per 512-bit register, integer dot products through VNNI's
-// dpbusd (u8 x s8 quads to int32), each block's sums scaled in fp32. Needs avx512f/bw/dq/vl and avx512_vnni.
+// The AVX-512 products of gemv.h: 16 output rows (a tile) per 512-bit register, the codes turned into fp32 in
+// registers (int4: a permute of a 16-entry table by each lane's nibble; int8: a sign extension and a conversion) and
+// multiplied with fp32 FMAs by the inputs as they come. Needs avx512f only.
 // Helpers live in an anonymous namespace so no inline function built for this ISA is shared with another unit.
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")
+#pragma GCC target("avx512f,avx2,fma,f16c")
 #include <immintrin.h>
 
 #include "gemv.h"
@@ -9,91 +10,108 @@
 namespace fasterllm_cpu {
 namespace {
 
+constexpr int kMaxRows = 8;  // input rows per pass over a tile: 8 x 3 accumulators fit AVX-512's 32 registers
+
 inline __mmask16 first_lanes(int64_t count) {
   return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
 }
-
-inline __m512i broadcast4(const int8_t* k) { return _mm512_broadcastd_epi32(_mm_loadu_si32(k)); }
 
 inline void prefetch(const void* from, int64_t bytes) {
   for (int64_t line = 0; line < bytes; line += 64)
     _mm_prefetch(static_cast<const char*>(from) + kPrefetchBytes + line, _MM_HINT_T0);
 }
 
-// a tile's int32 sums over one block (4 chunks): dpbusd of 4 codes x 4 inputs, in 4 chains to hide their latency
-inline __m512i int4_tile_block(const uint8_t* tile, const int8_t* q) {
-  const __m512i nibble = _mm512_set1_epi8(0x0F);
-  __m512i sums[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
-  for (int c = 0; c < 4; ++c) {
-    const __m512i packed = _mm512_loadu_si512(tile + 64 * c);
-    const __m512i low = _mm512_and_si512(packed, nibble);
-    const __m512i high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
-    const int chain = 2 * (c % 2);
-    sums[chain] = _mm512_dpbusd_epi32(sums[chain], low, broadcast4(q + 8 * c));
-    sums[chain + 1] = _mm512_dpbusd_epi32(sums[chain + 1], high, broadcast4(q + 8 * c + 4));
+// out rows m..m+R-1 of one tile: per block, sum_k code x_k in fp32, then x scale, + minimum x the block's input sum
+template <int R>
+void int4_tile(const uint8_t* tile, const float* scales, const float* mins, const FloatRows& x, int64_t m, bool fetch,
+               float* out, int64_t N, __mmask16 lanes) {
+  constexpr int C = kChains<R>;
+  const int64_t K = x.width, blocks = K / kBlock;
+  const __m512 code_values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const float* in = x.values + m * K;
+  __m512 products[R];
+  for (int r = 0; r < R; ++r) products[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = tile + b * kInt4TileBytes;
+    if (fetch) prefetch(block, kInt4TileBytes);
+    __m512 sums[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < C; ++i) sums[r][i] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m512i packed = _mm512_loadu_si512(block + 64 * c);
+#pragma GCC unroll 8
+      for (int p = 0; p < 8; ++p) {
+        // the permute reads only each lane's low 4 bits: nibble p
+        const __m512 w = _mm512_permutexvar_ps(_mm512_srli_epi32(packed, 4 * p), code_values);
+        const int64_t k = b * kBlock + 8 * c + p;
+        for (int r = 0; r < R; ++r)
+          sums[r][p % C] = _mm512_fmadd_ps(w, _mm512_set1_ps(in[r * K + k]), sums[r][p % C]);
+      }
+    }
+    const __m512 s = _mm512_loadu_ps(scales + b * kTileRows), minimum = _mm512_loadu_ps(mins + b * kTileRows);
+    for (int r = 0; r < R; ++r) {
+      __m512 sum = sums[r][0];
+      for (int i = 1; i < C; ++i) sum = _mm512_add_ps(sum, sums[r][i]);
+      products[r] = _mm512_fmadd_ps(sum, s, products[r]);
+      products[r] = _mm512_fmadd_ps(minimum, _mm512_set1_ps(x.sums[(m + r) * blocks + b]), products[r]);
+    }
   }
-  return _mm512_add_epi32(_mm512_add_epi32(sums[0], sums[1]), _mm512_add_epi32(sums[2], sums[3]));
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + (m + r) * N, lanes, products[r]);
 }
 
-// a tile's int32 sums over one block (8 chunks): |w| x (inputs with w's sign), u8 x s8 products equal to w x input
-inline __m512i int8_tile_block(const int8_t* tile, const int8_t* q) {
-  __m512i sums[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
-  for (int c = 0; c < 8; ++c) {
-    const __m512i w = _mm512_loadu_si512(tile + 64 * c);
-    const __m512i k = broadcast4(q + 4 * c);
-    const __m512i signed_k = _mm512_mask_sub_epi8(k, _mm512_movepi8_mask(w), _mm512_setzero_si512(), k);
-    sums[c % 4] = _mm512_dpbusd_epi32(sums[c % 4], _mm512_abs_epi8(w), signed_k);
+// out rows m..m+R-1 of one tile: sum_k weight x_k in fp32, then x the rows' scales
+template <int R>
+void int8_tile(const int8_t* tile, const float* scales, const FloatRows& x, int64_t m, bool fetch, float* out,
+               int64_t N, __mmask16 lanes) {
+  constexpr int C = kChains<R>;
+  const int64_t K = x.width, blocks = K / kBlock;
+  const float* in = x.values + m * K;
+  __m512 sums[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < C; ++i) sums[r][i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int8_t* block = tile + b * kInt8TileBytes;
+    if (fetch) prefetch(block, kInt8TileBytes);
+#pragma GCC unroll 32
+    for (int j = 0; j < kBlock; ++j) {
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kTileRows * j));
+      const __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+      const int64_t k = b * kBlock + j;
+      for (int r = 0; r < R; ++r) sums[r][j % C] = _mm512_fmadd_ps(w, _mm512_set1_ps(in[r * K + k]), sums[r][j % C]);
+    }
   }
-  return _mm512_add_epi32(_mm512_add_epi32(sums[0], sums[1]), _mm512_add_epi32(sums[2], sums[3]));
+  const __m512 row_scales = _mm512_loadu_ps(scales);
+  for (int r = 0; r < R; ++r) {
+    __m512 sum = sums[r][0];
+    for (int i = 1; i < C; ++i) sum = _mm512_add_ps(sum, sums[r][i]);
+    _mm512_mask_storeu_ps(out + (m + r) * N, lanes, _mm512_mul_ps(sum, row_scales));
+  }
 }
 
 }  // namespace
 
-void int4_tiles_avx512(const uint8_t* codes, const float* scales, const float* mins, const QuantizedRows& x,
-                       int64_t t0, int64_t t1, int64_t N, float* out) {
-  const int64_t K = x.width, blocks = K / kBlock;
+void int4_tiles_avx512(const uint8_t* codes, const float* scales, const float* mins, const FloatRows& x, int64_t t0,
+                       int64_t t1, int64_t N, float* out) {
+  const int64_t blocks = x.width / kBlock;
   for (int64_t t = t0; t < t1; ++t) {
-    const uint8_t* tile = codes + t * blocks * kInt4TileBytes;
-    const float* tile_scales = scales + t * blocks * kTileRows;
-    const float* tile_mins = mins + t * blocks * kTileRows;
     const int64_t n = t * kTileRows;
-    for (int64_t m = 0; m < x.rows; ++m) {
-      const int8_t* q = x.codes + m * K;
-      const float *block_scales = x.scales + m * blocks, *sums = x.sums + m * blocks, *errors = x.errors + m * blocks;
-      __m512 products = _mm512_setzero_ps(), offsets = _mm512_setzero_ps();
-      for (int64_t b = 0; b < blocks; ++b) {
-        prefetch(tile + b * kInt4TileBytes, kInt4TileBytes);
-        const __m512i dots = int4_tile_block(tile + b * kInt4TileBytes, q + b * kBlock);
-        const __m512 s = _mm512_loadu_ps(tile_scales + b * kTileRows);
-        products = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(s, _mm512_set1_ps(block_scales[b])),
-                                   products);
-        // + minimum x the block's input sum + scale x its rounding error (gemv.h)
-        offsets = _mm512_fmadd_ps(_mm512_loadu_ps(tile_mins + b * kTileRows), _mm512_set1_ps(sums[b]), offsets);
-        offsets = _mm512_fmadd_ps(s, _mm512_set1_ps(errors[b]), offsets);
-      }
-      _mm512_mask_storeu_ps(out + m * N + n, first_lanes(N - n), _mm512_add_ps(products, offsets));
-    }
+    in_row_groups<kMaxRows>(x.rows, [&](auto rows, int64_t m) {
+      int4_tile<decltype(rows)::value>(codes + t * blocks * kInt4TileBytes, scales + t * blocks * kTileRows,
+                                       mins + t * blocks * kTileRows, x, m, m == 0, out + n, N, first_lanes(N - n));
+    });
   }
 }
 
-void int8_tiles_avx512(const int8_t* weight, const float* scales, const QuantizedRows& x, int64_t t0, int64_t t1,
+void int8_tiles_avx512(const int8_t* weight, const float* scales, const FloatRows& x, int64_t t0, int64_t t1,
                        int64_t N, float* out) {
-  const int64_t K = x.width, blocks = K / kBlock;
+  const int64_t blocks = x.width / kBlock;
   for (int64_t t = t0; t < t1; ++t) {
-    const int8_t* tile = weight + t * blocks * kInt8TileBytes;
-    const __m512 row_scales = _mm512_loadu_ps(scales + t * kTileRows);
     const int64_t n = t * kTileRows;
-    for (int64_t m = 0; m < x.rows; ++m) {
-      const int8_t* q = x.codes + m * K;
-      const float* block_scales = x.scales + m * blocks;
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t b = 0; b < blocks; ++b) {
-        prefetch(tile + b * kInt8TileBytes, kInt8TileBytes);
-        const __m512i dots = int8_tile_block(tile + b * kInt8TileBytes, q + b * kBlock);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_set1_ps(block_scales[b]), acc);
-      }
-      _mm512_mask_storeu_ps(out + m * N + n, first_lanes(N - n), _mm512_mul_ps(acc, row_scales));
-    }
+    in_row_groups<kMaxRows>(x.rows, [&](auto rows, int64_t m) {
+      int8_tile<decltype(rows)::value>(weight + t * blocks * kInt8TileBytes, scales + n, x, m, m == 0, out + n, N,
+                                       first_lanes(N - n));
+    });
   }
 }
 

@@ -1,6 +1,6 @@
 // torch operators over gemv.h's and rms_norm.h's kernels: torch.ops.fasterllm_cpu.int4_gemv / int8_gemv /
 // add_rms_norm. They check their tensors and split the work over torch's intra-op threads (at::parallel_for): the
-// products quantize the input rows once and split the output tiles, and return the input's dtype.
+// products widen the input rows to fp32 once and split the output tiles, and return the input's dtype.
 // The ISA ("avx2" or "avx512") is the caller's choice (kernels/native/cpu_gemv.py picks it at start-up); a choice
 // this CPU cannot run is refused here rather than left to crash on an illegal instruction.
 #include <ATen/ATen.h>
@@ -18,51 +18,43 @@ namespace {
 constexpr int64_t kGrainTiles = 4;  // tiles (of 16 output rows) per thread at least: fewer are not worth a thread
 constexpr int64_t kGrainNormRows = 64;  // rows per thread of the RMSNorm
 
-bool runs_avx512() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512vnni");
-}
-
 bool runs_avx2() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
+bool runs_avx512() { return runs_avx2() && __builtin_cpu_supports("avx512f"); }
+
 bool use_avx512(const std::string& isa) {
   TORCH_CHECK(isa == "avx2" || isa == "avx512", "isa must be 'avx2' or 'avx512', got '", isa, "'");
   TORCH_CHECK(isa == "avx2" ? runs_avx2() : runs_avx512(), "this CPU cannot run the '", isa,
-              "' kernels (avx2 needs avx2/fma/f16c; avx512 needs avx512f/bw/dq/vl and avx512_vnni); pass the ISA that "
+              "' kernels (avx2 needs avx2/fma/f16c; avx512 needs those and avx512f); pass the ISA that "
               "fasterllm.kernels.native.cpu_gemv.kernel_isa() names");
   return isa == "avx512";
 }
 
-// the input rows quantized (gemv.h's QuantizedRows) in one scratch tensor
-struct Quantized {
+// the input rows in fp32, with their blocks' sums where asked (gemv.h's FloatRows), in one scratch tensor
+struct Widened {
   at::Tensor storage;
-  QuantizedRows rows;
+  FloatRows rows;
 };
 
-Quantized quantize(const at::Tensor& x, int64_t K) {
+Widened widen(const at::Tensor& x, int64_t K, bool with_sums) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "input must be [rows, ", K, "], got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "input must be float32 or bfloat16, got ", x.scalar_type());
   TORCH_CHECK(x.device().is_cpu(), "input must be on the CPU, got ", x.device());
   const at::Tensor values = x.contiguous();
-  const int64_t M = x.size(0), blocks = K / kBlock;
-  const int64_t floats = M * blocks * 3;  // scales, sums, errors; then the codes
-  Quantized q;
-  q.storage = at::empty({floats + M * K / 4}, values.options().dtype(at::kFloat));
-  float* scales = q.storage.data_ptr<float>();
-  float* sums = scales + M * blocks;
-  float* errors = sums + M * blocks;
-  int8_t* codes = reinterpret_cast<int8_t*>(scales + floats);
+  const int64_t M = x.size(0);
+  Widened w;
+  w.storage = at::empty({M * K + (with_sums ? M * K / kBlock : 0)}, values.options().dtype(at::kFloat));
+  float* floats = w.storage.data_ptr<float>();
+  float* sums = with_sums ? floats + M * K : nullptr;
   if (values.scalar_type() == at::kFloat)
-    quantize_rows(values.data_ptr<float>(), M, K, codes, scales, sums, errors);
+    widen_rows(values.data_ptr<float>(), M, K, floats, sums);
   else
-    quantize_rows(reinterpret_cast<const uint16_t*>(values.data_ptr<at::BFloat16>()), M, K, codes, scales, sums,
-                  errors);
-  q.rows = QuantizedRows{codes, scales, sums, errors, M, K};
-  return q;
+    widen_rows(reinterpret_cast<const uint16_t*>(values.data_ptr<at::BFloat16>()), M, K, floats, sums);
+  w.rows = FloatRows{floats, sums, M, K};
+  return w;
 }
 
 void check_weight(const at::Tensor& t, at::ScalarType dtype, at::IntArrayRef shape, const char* name) {
@@ -88,14 +80,14 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   check_weight(codes, at::kByte, {tiles, blocks, kInt4TileBytes}, "codes");
   check_weight(scales, at::kFloat, {tiles, blocks, kTileRows}, "scales");
   check_weight(mins, at::kFloat, {tiles, blocks, kTileRows}, "mins");
-  const Quantized q = quantize(x, blocks * kBlock);
+  const Widened in = widen(x, blocks * kBlock, true);
   at::Tensor out = at::empty({x.size(0), N}, x.options().dtype(at::kFloat));
   const uint8_t* c = codes.data_ptr<uint8_t>();
   const float *s = scales.data_ptr<float>(), *m = mins.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, tiles, kGrainTiles, [&](int64_t t0, int64_t t1) {
-    if (wide) int4_tiles_avx512(c, s, m, q.rows, t0, t1, N, o);
-    else int4_tiles_avx2(c, s, m, q.rows, t0, t1, N, o);
+    if (wide) int4_tiles_avx512(c, s, m, in.rows, t0, t1, N, o);
+    else int4_tiles_avx2(c, s, m, in.rows, t0, t1, N, o);
   });
   return out.to(x.scalar_type());
 }
@@ -106,14 +98,14 @@ at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   const int64_t tiles = tiles_of(codes, N, kInt8TileBytes, "cpu_gemv.pack_int8"), blocks = codes.size(1);
   check_weight(codes, at::kChar, {tiles, blocks, kInt8TileBytes}, "codes");
   check_weight(scales, at::kFloat, {tiles, kTileRows}, "scales");
-  const Quantized q = quantize(x, blocks * kBlock);
+  const Widened in = widen(x, blocks * kBlock, false);
   at::Tensor out = at::empty({x.size(0), N}, x.options().dtype(at::kFloat));
   const int8_t* w = codes.data_ptr<int8_t>();
   const float* s = scales.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, tiles, kGrainTiles, [&](int64_t t0, int64_t t1) {
-    if (wide) int8_tiles_avx512(w, s, q.rows, t0, t1, N, o);
-    else int8_tiles_avx2(w, s, q.rows, t0, t1, N, o);
+    if (wide) int8_tiles_avx512(w, s, in.rows, t0, t1, N, o);
+    else int8_tiles_avx2(w, s, in.rows, t0, t1, N, o);
   });
   return out.to(x.scalar_type());
 }

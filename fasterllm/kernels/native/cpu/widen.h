@@ -1,4 +1,4 @@
-// fp32 from fp32 or from bf16 (as its uint16 bits), for the units that read either (quantize_rows.cpp, rms_norm.cpp).
+// fp32 from fp32 or from bf16 (as its uint16 bits), for the units that read either (widen_rows.cpp, rms_norm.cpp).
 // In an anonymous namespace: each unit keeps its own copy, built for its own ISA.
 #pragma once
 #include <cstdint>
