@@ -90,6 +90,8 @@ class BeamSearch:
         """Take the step's selection (row `index` of the arrays): new hypotheses, the live beams in their slots, and
         whether the search is done."""
         width, penalty = self.width, self.params.length_penalty
+        metrics, now = self.head.metrics, time.time()
+        metrics.first_token_time, metrics.last_token_time = metrics.first_token_time or now, now
         step = self.num_steps
         new_length = step + 1
         at_limit = new_length >= self.max_new_tokens

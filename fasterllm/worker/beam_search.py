@@ -71,9 +71,11 @@ def stage_search_rows(chunks: SearchChunks, searches: dict[str, SearchState], to
     return rows
 
 
-def select_beams(logits: torch.Tensor, chunks: SearchChunks, searches: dict[str, SearchState]) -> dict:
+def select_beams(logits: torch.Tensor, chunks: SearchChunks,
+                 searches: dict[str, SearchState]) -> tuple[list[str], dict[str, torch.Tensor]]:
     """logits: [rows, V] fp32 of the selecting searches' computing slots, search after search, slot after slot.
-    Returns the selection's tensors (on the device), named as SearchSelection's fields."""
+    Returns the selecting searches' ids and the selection's tensors (on the device), named as SearchSelection's
+    fields."""
     device, vocab = logits.device, logits.shape[-1]
     picked = [i for i, selects in enumerate(chunks.selects) if selects]
     states = [searches[chunks.search_ids[i]] for i in picked]
@@ -123,7 +125,7 @@ def select_beams(logits: torch.Tensor, chunks: SearchChunks, searches: dict[str,
         out = torch.full((len(states), width + 1), fill, dtype=values.dtype, device=device)
         return out.scatter_(1, target, values)[:, :width]
 
-    return {"candidate_slots": slots[:, :width], "candidate_tokens": tokens[:, :width],
+    return [chunks.search_ids[i] for i in picked], {"candidate_slots": slots[:, :width], "candidate_tokens": tokens[:, :width],
             "candidate_scores": top_scores[:, :width], "candidate_eos": is_eos[:, :width],
             "slot_parents": by_slot(parents, 0), "slot_tokens": by_slot(next_tokens, 0),
             "slot_scores": by_slot(next_scores, float("-inf")),

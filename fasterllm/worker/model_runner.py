@@ -21,6 +21,7 @@ from fasterllm.worker.encoder_decoder_inputs import encode_starting, run_encoder
 from fasterllm.worker.input_buffers import InputBuffers, host_to_device
 from fasterllm.worker.logit_controls import LogitControls
 from fasterllm.worker.piecewise_graphs import PiecewiseGraphs
+from fasterllm.worker.prompt_logprobs import score_prompt_positions
 from fasterllm.worker.request_states import RequestState, RequestStates
 from fasterllm.worker.sampler import SamplerOutput, SamplingMetadata, sample
 from fasterllm.worker.step_messages import GrammarMasks, ModelRunnerOutput, SchedulerOutput
@@ -227,11 +228,10 @@ class ModelRunner:
         logits = self._forward(token_ids, query_lens, seq_lens, tables, logits_rows, self._carried_inputs(carried),
                                cross)
         selecting = len(sampling) + len(search_rows.logits_rows)
-        prompt_logprobs = self._prompt_logprobs(logits[selecting:], prompt_rows)
+        prompt_logprobs = score_prompt_positions(logits[selecting:], prompt_rows)
         selection = None
         if search_rows.logits_rows:
-            selection = ([i for i, selects in zip(searches.search_ids, searches.selects) if selects],
-                         select_beams(logits[len(sampling):selecting], searches, self.requests.searches))
+            selection = select_beams(logits[len(sampling):selecting], searches, self.requests.searches)
         pending = PendingOutput(sampling, None, prompt_logprobs, selection)
         if not sampling:
             return pending
@@ -310,24 +310,6 @@ class ModelRunner:
         if tokens is not None:
             return self.piecewise.replay(tokens, batch.meta.kernel, batch.logits_indices)
         return self.model(batch.input_ids, batch.meta.positions, self.kv_caches, batch.meta, batch.logits_indices)
-
-    def _prompt_logprobs(self, logits: torch.Tensor, prompt_rows: list[tuple[str, RequestState, int, int, int]]):
-        """Each scored position's logprob of the actual next prompt token, its rank and the top-n."""
-        if not prompt_rows:
-            return {}
-        targets = torch.tensor([t for _, state, start, _, count in prompt_rows
-                                for t in state.prompt_token_ids[start + 1:start + 1 + count]], device=self.device)
-        logprobs = logits.log_softmax(dim=-1)
-        actual = logprobs.gather(-1, targets[:, None])
-        ranks = ((logprobs > actual).sum(dim=-1) + 1).tolist()
-        top = logprobs.topk(max(state.sampling_params.prompt_logprobs for _, state, *_ in prompt_rows), dim=-1)
-        ids = torch.cat([targets[:, None], top.indices], dim=1).tolist()
-        values = torch.cat([actual, top.values], dim=1).tolist()
-        result, row = {}, 0
-        for request_id, _, start, _, count in prompt_rows:
-            result[request_id] = (start, ids[row:row + count], values[row:row + count], ranks[row:row + count])
-            row += count
-        return result
 
 
 def _cache_layers(specs: list[KVCacheSpec]) -> list[KVCacheSpec]:

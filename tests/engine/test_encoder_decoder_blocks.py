@@ -129,7 +129,7 @@ def test_an_architecture_we_do_not_run_is_named_before_its_fields_are_read(tmp_p
 
 
 def test_searches_wider_together_than_max_num_seqs_take_turns(tiny_seq2seq):
-    """Four searches of width 4 under max_num_seqs=8: admission counts the beams a search forks into, so no step
+    """Four searches of width 4 under max_num_seqs=8: admission counts a search's slots, so no step
     runs more than 8 sequences (the worker's buffers hold that many), and the hypotheses are unchanged."""
     directory = str(tiny_seq2seq["bart"][0])
     prompts = [ENCODER_IDS, ENCODER_IDS[:7], ENCODER_IDS[5:], ENCODER_IDS[::2]]
@@ -138,7 +138,8 @@ def test_searches_wider_together_than_max_num_seqs_take_turns(tiny_seq2seq):
     tight = LLM(directory, dtype="float32", device="cpu", num_kv_blocks=BLOCKS, block_size=8, max_num_seqs=8)
     sizes = []
     execute = tight.engine.executor.runner.execute
-    tight.engine.executor.runner.execute = lambda message: sizes.append(len(message.request_ids)) or execute(message)
+    tight.engine.executor.runner.execute = lambda message: sizes.append(
+        len(message.request_ids) + sum(message.searches.num_slots)) or execute(message)  # a search: a row per slot
     expected = roomy.beam_search(prompts, params, use_tqdm=False)
     got = tight.beam_search(prompts, params, use_tqdm=False)
     assert [[s.token_ids for s in o.sequences] for o in got] == [[s.token_ids for s in o.sequences] for o in expected]

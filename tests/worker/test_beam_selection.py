@@ -54,7 +54,8 @@ def test_one_selection_over_searches_of_different_widths_matches_each_search_alo
         rows.append(torch.randn(num_slots, VOCAB) * 3)
     # a token that ends every slot's best continuation: eos candidates must be set apart, not kept live
     rows[1][:, 1] = 10.0
-    got = select_beams(torch.cat(rows), chunks, states)
+    ids, got = select_beams(torch.cat(rows), chunks, states)
+    assert ids == chunks.search_ids
     for index, (width, eos, num_slots, scores, order) in enumerate(searches):
         logprobs = list(rows[index].log_softmax(dim=-1))
         candidates, parents, tokens, new_scores = reference(logprobs, scores, order, width,
