@@ -5,6 +5,7 @@ random bf16 weights, for GPU benchmarks (no hub needed).
     python benchmarks/make_random_llama.py /tmp/llama3-8b-2l --num-layers 2  # the same shape, 2 layers (a quick check)
     python benchmarks/make_random_llama.py /tmp/llama3-8b --config-only       # for `--load-format dummy`
     python benchmarks/make_random_llama.py /tmp/smollm2 --shape smollm2-135m --config-only  # SmolLM2-135M's shape
+    python benchmarks/make_random_llama.py /tmp/llama-tiny --shape llama-tiny  # host-bound on a CPU
     python benchmarks/make_random_llama.py /tmp/qwen3-moe --shape qwen3-30b-a3b --config-only  # 128 experts, top 8
 
 The tokenizer is word-level ("w0 w1 ..." over the shape's whole vocabulary) with a minimal
@@ -40,6 +41,16 @@ def smollm2_135m_config(num_layers: int):
                        bos_token_id=1, eos_token_id=2)
 
 
+def llama_tiny_config(num_layers: int):
+    """Hidden 64 over a 1000-word vocabulary: GEMMs are negligible, so a CPU run times the host's work per step."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-5,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True,
+                       bos_token_id=1, eos_token_id=2)
+
+
 def qwen3_8b_config(num_layers: int):
     from transformers import Qwen3Config
 
@@ -70,6 +81,7 @@ def qwen3_30b_a3b_config(num_layers: int):
 
 
 SHAPES = {"llama3-8b": (llama3_8b_config, 32), "smollm2-135m": (smollm2_135m_config, 30),
+          "llama-tiny": (llama_tiny_config, 2),
           "qwen3-8b": (qwen3_8b_config, 36), "gemma2-9b": (gemma2_9b_config, 42),
           "qwen3-30b-a3b": (qwen3_30b_a3b_config, 48)}
 

@@ -3,6 +3,7 @@ needed, and no real encoder-decoder ships in a PyPI package).
 
     python benchmarks/make_random_seq2seq.py /tmp/marian-base --shape marian-base    # OPUS-MT's shape, ~74M
     python benchmarks/make_random_seq2seq.py /tmp/bart-large --shape bart-large --config-only  # --load-format dummy
+    python benchmarks/make_random_seq2seq.py /tmp/bart-tiny --shape bart-tiny    # host-bound: times the host's work
 
 The tokenizer is word-level over the whole vocabulary (make_random_llama.py's): `fasterllm bench` sends token
 ids, so only the speed matters. Needs transformers (the test extra).
@@ -23,6 +24,11 @@ SHAPES = {
                                          encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=512,
                                          activation_function="swish", scale_embedding=True, pad_token_id=58100,
                                          decoder_start_token_id=58100, eos_token_id=0)),
+    # a BART of 2 + 2 layers, d_model 64 and a 1000-word vocabulary: GEMMs are negligible, so a CPU run times
+    # the host's work per step (scheduling, beam bookkeeping, staging)
+    "bart-tiny": ("BartConfig", dict(vocab_size=1000, d_model=64, encoder_layers=2, decoder_layers=2,
+                                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                                     decoder_ffn_dim=128, max_position_embeddings=512)),
     # facebook/bart-large: 12 + 12 layers, d_model 1024, GELU, learned positions
     "bart-large": ("BartConfig", dict(vocab_size=50265, d_model=1024, encoder_layers=12, decoder_layers=12,
                                       encoder_attention_heads=16, decoder_attention_heads=16, encoder_ffn_dim=4096,

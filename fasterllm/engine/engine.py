@@ -5,12 +5,7 @@ import logging
 import time
 
 from fasterllm.config import CacheConfig, EngineArgs, SchedulerConfig
-from fasterllm.engine.beam_search import (
-    BeamSearch,
-    continue_beams,
-    end_beams,
-    report_beams,
-)
+from fasterllm.engine.beam_search import BeamSearch, advance_searches
 from fasterllm.engine.engine_stats import EngineStats
 from fasterllm.engine.input_processor import InputProcessor
 from fasterllm.engine.kv_cache_manager import KVCacheManager, SwapSpace
@@ -113,7 +108,7 @@ class Engine:
         if params.structured_outputs is not None:
             self.structured.start(request)
         if search is not None:
-            search.start(request)
+            search.start(request, self.kv_cache)
         self.scheduler.add_request(request)  # first: it may still refuse the request
         self.requests[request_id] = request
         if search is None:  # a beam's text is decoded once, when its search ends
@@ -124,10 +119,9 @@ class Engine:
         return self.tokenizer.eos_token_ids or self.model_config.eos_token_ids
 
     def abort_request(self, request_id: str, reason: str = "abort") -> None:
-        """End a request as added (with its parallel samples or beams) and free its blocks."""
+        """End a request as added (with its parallel samples) and free its blocks."""
         request = self.requests.get(request_id)
-        members = [] if request is None else [request, *request.group.members] if request.group else request.family
-        for member in members:
+        for member in [] if request is None else request.family:
             self.scheduler.finish_request(member, reason)
             self.requests.pop(member.request_id, None)
             self.output_processor.remove(member.request_id)
@@ -188,9 +182,9 @@ class Engine:
         return None if pending is None else (batch, pending)
 
     def _fail_batch(self, batch: ScheduledBatch, exc: Exception) -> None:
-        """A step that failed fails its requests (a failed sample or beam its whole request: the samples and beams
-        not in this step too) and raises StepFailedError naming them."""
-        ids = list(dict.fromkeys(_added_as(item.request).request_id for item in batch.scheduled))
+        """A step that failed fails its requests (a failed sample its whole request: the samples not in this step
+        too) and raises StepFailedError naming them."""
+        ids = list(dict.fromkeys(item.request.family[0].request_id for item in batch.scheduled))
         logger.error("step failed; failing requests %s", ids, exc_info=exc)
         for request_id in ids:
             self.abort_request(request_id, "error")
@@ -229,7 +223,7 @@ class Engine:
             self._in_flight, self._failed_lookahead = None, (batch, exc)
 
     def _finish_step(self, batch: ScheduledBatch, pending: PendingOutput) -> list[RequestOutput]:
-        """Read the step's tokens and account them: forks, beams, logprobs, stops, outputs."""
+        """Read the step's tokens and account them: forks, beam searches, logprobs, stops, outputs."""
         result = pending.get()
         tokens = result.sampled_token_ids
         # a parent's extra rows (parallel sampling) become its children, sharing its blocks
@@ -237,7 +231,6 @@ class Engine:
         first_tokens: dict[str, int] = {}
         computed = {item.request.request_id: item.request.num_computed_tokens + item.num_new_tokens
                     for item in batch.scheduled}
-        beam_rows: list[tuple[int, Request]] = []
         # by object, not id: a lookahead row's request may have ended and its id been added again since
         live = {item.request.request_id: item.request for item in batch.scheduled if not item.request.finished}
         for row, (request_id, token) in enumerate(zip(result.request_ids, tokens)):
@@ -245,24 +238,19 @@ class Engine:
             if request is None:
                 rows.append(None)
                 continue
-            if request.group is not None:
-                beam_rows.append((row, request))
-            elif request_id in first_tokens:  # an extra row: a child continuing the parent's step
+            if request_id in first_tokens:  # an extra row: a child continuing the parent's step
                 request = fork_sample(self.forks, request, token, computed[request_id])
                 self.output_processor.add_request(request)
             else:
                 first_tokens[request_id] = token
             rows.append(request)
-        searches = report_beams(beam_rows, result)
-        waited = [pair for search in searches for pair in continue_beams(search, first_tokens, computed, self.forks)]
         self.scheduler.update(batch, first_tokens)
-        for beam, token in waited:
-            beam.append_token(token)
+        ended_searches = advance_searches(batch, result.selection, self.scheduler, self.requests, self.tokenizer)
         self.output_processor.record_logprobs(rows, result)
         self.output_processor.record_prompt_logprobs(self.requests, result.prompt_logprobs)
         families: dict[str, Request] = {}  # head of each family that produced tokens, in row order
         for request in rows:
-            if request is None or request.group is not None:
+            if request is None:
                 continue
             if request.matcher is not None:
                 request.matcher.consume_token(request.output_token_ids[-1])
@@ -277,8 +265,7 @@ class Engine:
             if output.finished:
                 for member in head.family:
                     del self.requests[member.request_id]
-        outputs.extend(end_beams(searches, self.scheduler, self.requests, self.tokenizer))
-        return outputs
+        return outputs + ended_searches
 
     def stats(self) -> EngineStats:
         return EngineStats.collect(self.kv_cache, self.scheduler)
@@ -286,8 +273,3 @@ class Engine:
     def shutdown(self) -> None:
         """Stop the executor's worker processes, if it has any (they stop by themselves when this process exits)."""
         self.executor.shutdown()
-
-
-def _added_as(request: Request) -> Request:
-    """The request as added to the engine: a parallel sample's parent, a beam's search head, or itself."""
-    return request.group.head if request.group is not None else request.family[0]

@@ -200,7 +200,14 @@ class KVCacheManager:
         self.num_registered.pop(request.request_id, None)
         self.changed_from.pop(request.request_id, None)
         self.cross_changed.discard(request.request_id)
-        blocks = self.cross_tables.pop(request.request_id, []) + self.block_tables.pop(request.request_id, [])
+        self.release(self.cross_tables.pop(request.request_id, []) + self.block_tables.pop(request.request_id, []))
+
+    def take_blocks(self, count: int) -> list[int]:
+        """count free blocks, each with one reference (the caller checked that num_free_blocks suffices)."""
+        return [self._take_free_block() for _ in range(count)]
+
+    def release(self, blocks: list[int]) -> None:
+        """Drop one reference to each block; the last of them become the first candidates for eviction."""
         for block in reversed(blocks):
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:

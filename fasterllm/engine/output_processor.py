@@ -103,13 +103,12 @@ class OutputProcessor:
                              finished, head.metrics, head.prompt_logprobs, head.encoder_prompt, head.encoder_token_ids)
 
     def record_logprobs(self, rows: list[Request | None], result: ModelRunnerOutput) -> None:
-        """Each sampled row's logprobs into its request (rows: the request of each row; None or a group member
-        skipped: a beam's row was read by its search)."""
+        """Each sampled row's logprobs into its request (rows: the request of each row; None skipped)."""
         if result.logprobs is None:
             return
         ids, values, ranks = result.logprob_token_ids, result.logprobs, result.sampled_ranks
         for row, request in enumerate(rows):
-            if request is None or request.group is not None:
+            if request is None:
                 continue
             params = request.sampling_params
             if params.logprobs is None and not params.ranks_samples:

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from fasterllm.outputs import RequestMetrics, SampleLogprobs
 from fasterllm.sampling_params import SamplingParams
-from fasterllm.worker.step_messages import NewRequestData
+from fasterllm.worker.step_messages import NewRequestData, NewSearchData
+
+if TYPE_CHECKING:
+    from fasterllm.engine.beam_blocks import SearchBlocks
 
 
 class RequestStatus(enum.Enum):
@@ -18,17 +21,17 @@ class RequestStatus(enum.Enum):
 
 
 class SequenceGroup(Protocol):
-    """Sequences that run, wait and are preempted together (the beams of one search, beam_search.BeamSearch). The
-    scheduler and the worker see only this: how many sequences it may hold, the top logprobs each member's row
-    returns, and that a preempted member forgets what it reported and computes again."""
+    """Sequences that run as one request (the beams of a search, beam_search.BeamSearch): width slots of the same
+    length, each with its own block table. What the scheduler sees of it: how many sequences it runs, its blocks,
+    and each chunk's input tokens, cumulative logprobs and slot ranking for the worker."""
     width: int
-    num_top_logprobs: int
-    head: Request  # the request the group was asked as
+    blocks: SearchBlocks
+    scores: list[float]
+    order: list[int]
 
-    @property
-    def members(self) -> list[Request]: ...
+    def new_search_data(self) -> NewSearchData: ...
 
-    def forget(self, member: Request) -> None: ...
+    def chunk_inputs(self, start: int, num_new: int, num_slots: int) -> list[int]: ...
 
 
 class Request:
@@ -59,7 +62,7 @@ class Request:
         # the ids its extra sample rows draw for and it forks into (on the worker: their random streams)
         self.sample_ids: list[str] = []
         self.num_sent_tokens: int | None = None  # tokens the worker has of it; None until it is first scheduled
-        self.group: SequenceGroup | None = None  # the group (a beam search) it is a member of
+        self.group: SequenceGroup | None = None  # the beam search it runs, if it is one
         self.matcher = None  # structured output: its grammar matcher (engine/structured_output.py), or None
         self.grammar_pending = None  # the Future of its matcher while a thread builds it: not schedulable until done
         self.status = RequestStatus.WAITING
@@ -82,8 +85,7 @@ class Request:
         seed = self.sampling_params.seed if self.family[0] is self else None
         return NewRequestData(self.request_id, list(self.all_token_ids), len(self.prompt_token_ids),
                               self.sampling_params, seed, self.sample_ids, self.bad_word_ids,
-                              [*self.eos_token_ids, *self.stop_token_ids],
-                              self.group.num_top_logprobs if self.group is not None else 0, self.encoder_token_ids)
+                              [*self.eos_token_ids, *self.stop_token_ids], self.encoder_token_ids)
 
     @property
     def worker_ids(self) -> list[str]:

@@ -8,13 +8,16 @@ starts from its longest cached prefix. When blocks run out, the latest-admitted 
 preempted: by recompute (blocks freed, back to the front of the queue, generated tokens kept) or by
 swap (its KV copied to the CPU pool, copied back when blocks free up).
 
+A beam search is one request of beam_width slots of the same length (engine/beam_search.py): slot 0 computes
+the prompt alone, then every slot computes the same positions, so the search is scheduled, given blocks and
+preempted (by recompute) as one unit, and costs the budget its slots' tokens.
+
 schedule() returns the step twice: as the engine reads it back (its Request objects) and as the plain
 message the worker runs (worker/step_messages.py): requests it has not seen, each chunk with the tokens and
 block-table tail that changed since it last saw the request, the requests that ended, the block copies.
 """
 from __future__ import annotations
 
-import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -35,6 +38,7 @@ class ScheduledRequest:
     # position of the first new token: num_computed_tokens unless given (a prompt chunk scheduled while the step
     # computing the chunk before it is in flight starts after that chunk)
     start: int | None = None
+    num_slots: int = 1  # a beam search's computing slots, each computing num_new_tokens
     samples: bool = field(init=False)  # this chunk reaches the last known token: the step yields a new one
 
     def __post_init__(self) -> None:
@@ -55,7 +59,7 @@ class ScheduledBatch:
 
     @property
     def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+        return sum(s.num_new_tokens * s.num_slots for s in self.scheduled)
 
 
 @dataclass
@@ -80,7 +84,7 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         kv = self.kv_cache
         needed = kv.blocks_for_tokens(len(request.prompt_token_ids) + request.max_tokens)
-        # parallel samples and a group's members share the prompt; each extra one needs its own tail
+        # parallel samples and a search's slots share the prompt; each extra one needs its own tail
         width = request.group.width if request.group else request.sampling_params.best_of
         needed += (width - 1) * (kv.blocks_for_tokens(request.max_tokens) + 1)
         encoder_len = len(request.encoder_token_ids or ())
@@ -94,6 +98,10 @@ class Scheduler:
             name = "beam_width" if request.group else "best_of"
             raise ValueError(f"{name}={width} is more than max_num_seqs={self.config.max_num_seqs}, and a request's "
                              f"sequences run together; lower {name} (or n) or raise max_num_seqs")
+        if request.group and width > self.config.max_num_batched_tokens:
+            raise ValueError(f"beam_width={width} is more than max_num_batched_tokens="
+                             f"{self.config.max_num_batched_tokens}, and a search's beams decode in one step; lower "
+                             "beam_width or raise max_num_batched_tokens")
         if needed > kv.num_blocks:
             raise ValueError(
                 f"request {request.request_id!r} needs up to {needed} KV blocks ({len(request.prompt_token_ids)} "
@@ -107,23 +115,16 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         out = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
-        groups = _groups(self.running)
         index = 0
-        while index < len(groups) and budget > 0:
-            scheduled = []
-            for request in groups[index]:
-                num_new = self._chunk(request, budget)
-                if num_new == 0:  # a member that waits for the rest of its group (a beam search), or no budget
-                    continue
-                if not self._allocate_or_preempt(request, num_new, out, groups, index):
-                    break
-                scheduled.append(ScheduledRequest(request, num_new))
-                budget -= num_new
-            else:
-                out.scheduled.extend(scheduled)
-                index += 1
-                continue
-            break  # the group itself was preempted: nothing after it runs either
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new, num_slots = self._next_chunk(request, budget)
+            if num_new > 0:  # 0: a search whose slots do not all fit the budget left
+                if not self._allocate_or_preempt(request, num_new, num_slots, out, index):
+                    break  # it was preempted itself: nothing after it runs either
+                out.scheduled.append(ScheduledRequest(request, num_new, num_slots=num_slots))
+                budget -= num_new * num_slots
+            index += 1
         if not out.preempted:  # admitting work in a step that had to preempt would only thrash
             budget = self._swap_in(out, budget)
             if not self.swapped:  # swapped-out requests come back before new ones start
@@ -137,8 +138,12 @@ class Scheduler:
         message.finished_ids, self.finished_ids = self.finished_ids, []
         ids, starts, num_new, num_samples, new_token_ids = (message.request_ids, message.starts, message.num_new_tokens,
                                                             message.num_samples, message.new_token_ids)
+        searches = message.searches
         for item in out.scheduled:  # the hot loop of a large batch's host work: kept lean
             request = item.request
+            if request.group is not None:
+                self._add_search_chunk(item, message)
+                continue
             sent = request.num_sent_tokens
             if sent is None:
                 message.new_requests.append(request.new_request_data())
@@ -150,11 +155,52 @@ class Scheduler:
             starts.append(item.start)
             num_new.append(item.num_new_tokens)
             num_samples.append(request.samples_to_draw if item.samples else 0)
-        scheduled_ids = set(ids)
+        scheduled_ids = set(ids).union(searches.search_ids)
         message.table_changes = self.kv_cache.take_table_changes(scheduled_ids)
         if self.kv_cache.cross_changed:
             message.cross_tables = self.kv_cache.take_cross_tables(scheduled_ids)
         return out
+
+    @staticmethod
+    def _add_search_chunk(item: ScheduledRequest, message: SchedulerOutput) -> None:
+        request, search, chunks = item.request, item.request.group, message.searches
+        if request.num_sent_tokens is None:
+            message.new_searches.append(search.new_search_data())
+            request.num_sent_tokens = 0  # the worker keeps no tokens of a search: each chunk brings its inputs
+        chunks.search_ids.append(request.request_id)
+        chunks.starts.append(item.start)
+        chunks.num_new_tokens.append(item.num_new_tokens)
+        chunks.num_slots.append(item.num_slots)
+        chunks.token_ids.append(search.chunk_inputs(item.start, item.num_new_tokens, item.num_slots))
+        chunks.selects.append(item.samples)
+        chunks.scores.append(search.scores)
+        chunks.order.append(search.order)
+        changes = search.blocks.take_changes()
+        if changes:
+            chunks.table_changes[request.request_id] = changes
+
+    def _next_chunk(self, request: Request, budget: int) -> tuple[int, int]:
+        """(new tokens per sequence, sequences): a request's next chunk, or a search's. A search's slot 0
+        computes the prompt alone (again after a preemption), then all its slots compute the same positions."""
+        search = request.group
+        if search is None:
+            return self._chunk(request, budget), 1
+        num_prompt = len(request.prompt_token_ids)
+        if request.num_computed_tokens < num_prompt:
+            return min(self._chunk(request, budget), num_prompt - request.num_computed_tokens), 1
+        return self._chunk(request, budget // search.width), search.width
+
+    def _allocate(self, request: Request, num_new: int, num_slots: int, reserve: int = 0) -> bool:
+        if request.group is None:
+            return self.kv_cache.allocate_slots(request, num_new, reserve)
+        selects = request.num_computed_tokens + num_new == request.num_tokens
+        return request.group.blocks.allocate(request.num_computed_tokens, num_new, num_slots, selects, reserve)
+
+    def _free(self, request: Request) -> None:
+        """Give back a request's blocks (and cross blocks), or a search's."""
+        if request.group is not None:
+            request.group.blocks.free()
+        self.kv_cache.free(request)
 
     def _chunk(self, request: Request, budget: int, start: int | None = None) -> int:
         """The request's next chunk from `start` (default: its computed tokens), within the budget and the cap."""
@@ -179,60 +225,46 @@ class Scheduler:
         return budget
 
     def _admit_waiting(self, out: ScheduledBatch, budget: int) -> None:
-        """Admit from the front of the queue; a preempted group's members (a search's beams) come back all
-        together or not at all (half a group would hold blocks while waiting for the other half). max_num_seqs
-        counts the sequences a request forks into after its first step (n / best_of, a search's width), so a step
-        never holds more than that many."""
+        """Admit from the front of the queue. max_num_seqs counts the sequences a request forks into after its
+        first step (n / best_of) or a search's width, so a step never holds more than that many."""
         num_sequences = _num_sequences(self.running)
         while budget > 0:
             # a request whose grammar is still being compiled keeps its place; those behind it go on
             position = next((i for i, r in enumerate(self.waiting) if r.grammar_pending is None), None)
             if position is None:
                 return
-            head = self.waiting[position]
-            queue = itertools.islice(self.waiting, position, None)
-            group = list(itertools.takewhile(lambda r: r.group is head.group, queue)) if head.group else [head]
-            wanted = _num_sequences(group)
+            request = self.waiting[position]
+            wanted = _num_sequences([request])
             if num_sequences + wanted > self.config.max_num_seqs:
                 return
+            searching = request.group is not None
+            hit_tokens = 0 if searching else self.kv_cache.match_prefix(request)  # a search's blocks are its own
+            request.num_computed_tokens = hit_tokens
+            encoder_len = len(request.encoder_token_ids or ())  # its encoder runs beside its first chunk
+            num_new, num_slots = self._next_chunk(request, budget - encoder_len)
+            if num_new <= 0 or not self.kv_cache.allocate_cross(request, reserve=self.watermark_blocks) or \
+                    not self._allocate(request, num_new, num_slots, reserve=self.watermark_blocks):
+                self._free(request) if searching else self.kv_cache.undo_match(request, hit_tokens)
+                request.num_computed_tokens = 0
+                return
             num_sequences += wanted
-            admitted: list[tuple[Request, int, int]] = []  # request, new tokens, prefix-cache hit tokens
-            for request in group:
-                hit_tokens = self.kv_cache.match_prefix(request)
-                request.num_computed_tokens = hit_tokens
-                encoder_len = len(request.encoder_token_ids or ())  # its encoder runs beside its first chunk
-                num_new = max(0, self._chunk(request, budget - encoder_len))
-                admitted.append((request, num_new, hit_tokens))
-                # a group member may start in a later step; anything else starts now or waits for a roomier step
-                starts = num_new > 0 or not encoder_len or request.group is not None
-                if not starts or not self.kv_cache.allocate_cross(request, reserve=self.watermark_blocks) or \
-                        not self.kv_cache.allocate_slots(request, num_new, reserve=self.watermark_blocks):
-                    for taken, _, hits in admitted:
-                        self.kv_cache.undo_match(taken, hits)
-                        taken.num_computed_tokens = 0
-                    return
-                budget -= num_new + (encoder_len if num_new else 0)
-            for request, num_new, _ in admitted:
-                del self.waiting[position]
-                if request.metrics.first_scheduled_time is None:
-                    request.metrics.first_scheduled_time = time.time()
-                self._start(request, num_new, out)
+            budget -= num_new * num_slots + encoder_len
+            del self.waiting[position]
+            if request.metrics.first_scheduled_time is None:
+                request.metrics.first_scheduled_time = time.time()
+            self._start(request, num_new, out, num_slots)
 
-    def _start(self, request: Request, num_new: int, out: ScheduledBatch) -> None:
+    def _start(self, request: Request, num_new: int, out: ScheduledBatch, num_slots: int = 1) -> None:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
-        if num_new:  # a group member admitted beyond the step's budget computes from the next step on
-            out.scheduled.append(ScheduledRequest(request, num_new))
+        out.scheduled.append(ScheduledRequest(request, num_new, num_slots=num_slots))
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, out: ScheduledBatch,
-                             groups: list[list[Request]], index: int) -> bool:
-        """Allocate, preempting the latest-admitted groups while short; False if groups[index] itself went."""
-        while not self.kv_cache.allocate_slots(request, num_new):
-            victims = groups.pop()
-            for victim in reversed(victims):  # so they stand in the queue in their running order
-                self.running.remove(victim)
-                self._preempt(victim, out)
-            if len(groups) == index:
+    def _allocate_or_preempt(self, request: Request, num_new: int, num_slots: int, out: ScheduledBatch,
+                             index: int) -> bool:
+        """Allocate, preempting the latest-admitted requests while short; False if running[index] itself went."""
+        while not self._allocate(request, num_new, num_slots):
+            self._preempt(self.running.pop(), out)
+            if len(self.running) == index:
                 return False
         return True
 
@@ -241,9 +273,8 @@ class Scheduler:
         self.stats.num_preemptions += 1
         request.num_preemptions += 1
         table = self.kv_cache.block_table(request.request_id)
-        if request.group is not None:  # what it reported is computed again, so it preempts by recompute
-            request.group.forget(request)
-        elif (self.config.preemption_mode == "swap" and self.swap_space is not None
+        if (self.config.preemption_mode == "swap" and self.swap_space is not None
+                and request.group is None  # a search computes its slots again from the prompt
                 and request.encoder_token_ids is None  # its encoder runs again instead (cross blocks are not swapped)
                 and self.swap_space.can_hold(len(table))):
             out.message.swap_out.extend(zip(table, self.swap_space.take(request.request_id, len(table))))
@@ -253,7 +284,7 @@ class Scheduler:
             self.swapped.appendleft(request)
             return
         # recompute (also the fallback when the CPU pool is full): its cached full blocks may still hit
-        self.kv_cache.free(request)
+        self._free(request)
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
@@ -293,7 +324,7 @@ class Scheduler:
             queue.remove(request)
         if self.swap_space is not None:
             self.swap_space.release(request.request_id)
-        self.kv_cache.free(request)
+        self._free(request)
         self.finished_ids.extend(request.worker_ids)
 
 
@@ -306,14 +337,14 @@ class AsyncScheduler(Scheduler):
         samples; a request at its token limit after that token is left out, it finishes), a prompt that step computes
         a chunk of goes on with its next chunk, other running requests with theirs, then waiting requests are
         admitted with the budget left. Only where nothing needs the in-flight tokens on the host first (each sampling
-        request samples one row, none is in a group or has logit controls: those read the tokens; a grammar's mask
-        is filled after the in-flight tokens are read, while this step's forward pass runs),
+        request samples one row, none has logit controls: those read the tokens, and no beam search runs: its next
+        inputs are its selection; a grammar's mask is filled after the in-flight tokens are read, while this step's
+        forward pass runs),
         nothing is swapped out, and every chunk gets its blocks without preempting; otherwise None, and the next
         step is scheduled once the tokens are read."""
         flying = set(sampled_ids)
-        if len(flying) != len(sampled_ids) or self.swapped or any(
-                item.request.group is not None or item.request.sampling_params.controls_logits
-                for item in in_flight.scheduled if item.samples):
+        if len(flying) != len(sampled_ids) or self.swapped or any(r.group is not None for r in self.running) or any(
+                item.request.sampling_params.controls_logits for item in in_flight.scheduled if item.samples):
             return None
         in_flight_chunks = {id(item.request): item.num_new_tokens for item in in_flight.scheduled if not item.samples}
         out = ScheduledBatch()
@@ -341,29 +372,6 @@ class AsyncScheduler(Scheduler):
         return self._with_message(out) if out.scheduled else None
 
 def _num_sequences(requests: list[Request]) -> int:
-    """The sequences these requests run as, or will once their first step forks them: a search counts its width,
-    a request that has yet to draw its first token its best_of, any other request one."""
-    total, groups = 0, set()
-    for request in requests:
-        if request.group is None:
-            total += request.samples_to_draw
-        elif id(request.group) not in groups:
-            groups.add(id(request.group))
-            total += request.group.width
-    return total
-
-
-def _groups(requests) -> list[list[Request]]:
-    """Requests in order, the members of one sequence group gathered (they run and are preempted together);
-    any other request is a group of its own."""
-    groups: list[list[Request]] = []
-    by_group: dict[int, list[Request]] = {}
-    for request in requests:
-        if request.group is None:
-            groups.append([request])
-        elif id(request.group) in by_group:
-            by_group[id(request.group)].append(request)
-        else:
-            by_group[id(request.group)] = [request]
-            groups.append(by_group[id(request.group)])
-    return groups
+    """The sequences these requests run as, or will once their first step forks them: a search its width, a
+    request that has yet to draw its first token its best_of, any other request one."""
+    return sum(r.samples_to_draw if r.group is None else r.group.width for r in requests)

@@ -1,6 +1,6 @@
 """Requests that continue another request's tokens, sharing its KV blocks copy-on-write: the parallel samples of
-an n / best_of request (parallel_sampling.py) and the beams a search chooses more than once (beam_search.py). An
-encoder-decoder request's forks share its cross-attention blocks too (read only, never copied)."""
+an n / best_of request (parallel_sampling.py). An encoder-decoder request's forks share its cross-attention blocks
+too (read only, never copied)."""
 from __future__ import annotations
 
 from fasterllm.engine.kv_cache_manager import KVCacheManager
@@ -26,7 +26,6 @@ class SequenceForks:
         child.output_token_ids = list(parent.output_token_ids)
         child.all_token_ids = list(parent.all_token_ids)
         child.bad_word_ids = parent.bad_word_ids
-        child.group = parent.group
         child.matcher = parent.matcher.deep_copy() if parent.matcher is not None else None
         child.num_computed_tokens = num_computed_tokens
         child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time

@@ -1,8 +1,7 @@
 """Whether a sequence stops after its new token, decided in one place: eos (unless ignore_eos), a stop token id,
 the token limit, a grammar that is complete (structured output), or a stop string in the text (the detokenizer
 finds it; an eos that ends the sequence is not detokenized). A token rule wins over a stop string the same token
-completes. The members of a sequence group
-(the beams of a search) are not checked here: their search decides when they end."""
+completes. A beam search is not checked here: it decides when it ends (beam_search.py)."""
 from __future__ import annotations
 
 from fasterllm.engine.output_processor import OutputProcessor

@@ -52,7 +52,7 @@ class MultiprocExecutor(RankExecutor):
     # ---- what the engine calls (and RankExecutor's methods) ------------------------------------------------
     def execute(self, message: SchedulerOutput) -> RankOutput | None:
         self._send(("step", pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)))
-        return RankOutput(self, message.sampled_request_ids) if message.request_ids else None
+        return RankOutput(self, message.sampled_request_ids) if message.runs_anything else None
 
     def sample_with_masks(self, masks: GrammarMasks) -> None:
         self._send(("masks", masks))

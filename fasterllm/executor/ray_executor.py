@@ -106,7 +106,7 @@ class RayExecutor(RankExecutor):
         self._check_alive()
         payload = _ray().put(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
         self._outstanding.update((actor.execute.remote(payload), rank) for rank, actor in enumerate(self._actors))
-        return RankOutput(self, message.sampled_request_ids) if message.request_ids else None
+        return RankOutput(self, message.sampled_request_ids) if message.runs_anything else None
 
     def sample_with_masks(self, masks: GrammarMasks) -> None:
         self._check_alive()

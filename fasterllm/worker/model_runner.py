@@ -14,12 +14,14 @@ from fasterllm.config import CacheConfig, KVCacheSpec, ModelConfig, SchedulerCon
 from fasterllm.distributed.tensor_parallel import SINGLE_DEVICE, TensorParallel
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.loader.checkpoint import Checkpoint
+from fasterllm.worker.beam_search import select_beams, selection_on_host, stage_search_rows
 from fasterllm.worker.cuda_graphs import DecodeGraphs
 from fasterllm.worker.decoder_builder import build_decoder
 from fasterllm.worker.encoder_decoder_inputs import encode_starting, run_encoders
 from fasterllm.worker.input_buffers import InputBuffers, host_to_device
 from fasterllm.worker.logit_controls import LogitControls
 from fasterllm.worker.piecewise_graphs import PiecewiseGraphs
+from fasterllm.worker.prompt_logprobs import score_prompt_positions
 from fasterllm.worker.request_states import RequestState, RequestStates
 from fasterllm.worker.sampler import SamplerOutput, SamplingMetadata, sample
 from fasterllm.worker.step_messages import GrammarMasks, ModelRunnerOutput, SchedulerOutput
@@ -32,17 +34,20 @@ class PendingOutput:
     On a GPU the copy was queued right behind the step's sampling, so get() waits for that step only, not for
     a step launched after it. A step run with masks_follow has its samples once sample_with_masks has run."""
 
-    def __init__(self, request_ids: list[str], sampled: SamplerOutput | None, prompt_logprobs: dict):
+    def __init__(self, request_ids: list[str], sampled: SamplerOutput | None, prompt_logprobs: dict,
+                 selection: tuple[list[str], dict] | None = None):
         self.request_ids, self.sampled, self.prompt_logprobs = request_ids, sampled, prompt_logprobs
+        self.selection = selection  # the beam searches that selected and their selection's tensors
 
     def get(self) -> ModelRunnerOutput:
         sampled = self.sampled
+        selection = None if self.selection is None else selection_on_host(*self.selection)
         if sampled is None:
             if self.request_ids:
                 raise RuntimeError("this step's rows wait for their grammar masks: sample_with_masks first")
-            return ModelRunnerOutput([], [], prompt_logprobs=self.prompt_logprobs)
+            return ModelRunnerOutput([], [], prompt_logprobs=self.prompt_logprobs, selection=selection)
         output = ModelRunnerOutput(self.request_ids, sampled.host("token_ids").tolist(),
-                                   prompt_logprobs=self.prompt_logprobs)
+                                   prompt_logprobs=self.prompt_logprobs, selection=selection)
         if sampled.logprobs is not None:
             output.logprob_token_ids, output.logprobs, output.sampled_ranks = (
                 sampled.host(name).tolist() for name in ("logprob_token_ids", "logprobs", "sampled_ranks"))
@@ -183,8 +188,9 @@ class ModelRunner:
         self.requests.update(message)
         if message.swap_out or message.swap_in or message.copies:  # before the forward pass writes into any
             self.move_blocks(message)
-        if not message.request_ids:
+        if not message.runs_anything:
             return None
+        searches = message.searches
         token_ids: list[int] = []
         query_lens, seq_lens, tables = [], [], []
         logits_rows: list[int] = []
@@ -209,16 +215,24 @@ class ModelRunner:
             if state.sampling_params.prompt_logprobs is not None and start < scored_end:
                 prompt_rows.append((request_id, state, start, len(token_ids) - num_new, scored_end - start))
             logits_rows.extend([len(token_ids) - 1] * num_samples)
-        for *_, first_row, count in prompt_rows:  # prompt-scoring rows go after the sampling rows
-            logits_rows.extend(range(first_row, first_row + count))
         cross = None
         if self.encoder_decoder:
-            encode_starting(self.model, scheduled_states, message.starts, self.kv_caches, self.block_size, self.device)
             cross = ([len(s.encoder_token_ids) for s in scheduled_states], [s.cross_block_table for s in scheduled_states])
+        search_rows = stage_search_rows(searches, self.requests.searches, token_ids, query_lens, seq_lens, tables, cross)
+        logits_rows.extend(search_rows.logits_rows)  # the beam searches' rows go after the sampling rows
+        for *_, first_row, count in prompt_rows:  # then the prompt-scoring rows
+            logits_rows.extend(range(first_row, first_row + count))
+        if self.encoder_decoder:
+            encode_starting(self.model, [s for s, start in zip(scheduled_states, message.starts) if start == 0]
+                            + search_rows.starting, self.kv_caches, self.block_size, self.device)
         logits = self._forward(token_ids, query_lens, seq_lens, tables, logits_rows, self._carried_inputs(carried),
                                cross)
-        prompt_logprobs = self._prompt_logprobs(logits[len(sampling):], prompt_rows)
-        pending = PendingOutput(sampling, None, prompt_logprobs)
+        selecting = len(sampling) + len(search_rows.logits_rows)
+        prompt_logprobs = score_prompt_positions(logits[selecting:], prompt_rows)
+        selection = None
+        if search_rows.logits_rows:
+            selection = select_beams(logits[len(sampling):selecting], searches, self.requests.searches)
+        pending = PendingOutput(sampling, None, prompt_logprobs, selection)
         if not sampling:
             return pending
         if message.masks_follow:
@@ -248,8 +262,7 @@ class ModelRunner:
         states = [self.requests.states[request_id] for request_id in sampling]
         vocab = logits.shape[-1]
         md = SamplingMetadata.build([s.sampling_params for s in states], self.requests.row_generators(sampling),
-                                    vocab, self.device, LogitControls.build(states, vocab, self.device),
-                                    max(s.num_top_logprobs for s in states))
+                                    vocab, self.device, LogitControls.build(states, vocab, self.device))
         if message.grammar_bitmask is not None:
             md.allowed = _allowed_tokens(message.grammar_rows, message.grammar_bitmask, len(sampling), vocab,
                                          self.device)
@@ -297,24 +310,6 @@ class ModelRunner:
         if tokens is not None:
             return self.piecewise.replay(tokens, batch.meta.kernel, batch.logits_indices)
         return self.model(batch.input_ids, batch.meta.positions, self.kv_caches, batch.meta, batch.logits_indices)
-
-    def _prompt_logprobs(self, logits: torch.Tensor, prompt_rows: list[tuple[str, RequestState, int, int, int]]):
-        """Each scored position's logprob of the actual next prompt token, its rank and the top-n."""
-        if not prompt_rows:
-            return {}
-        targets = torch.tensor([t for _, state, start, _, count in prompt_rows
-                                for t in state.prompt_token_ids[start + 1:start + 1 + count]], device=self.device)
-        logprobs = logits.log_softmax(dim=-1)
-        actual = logprobs.gather(-1, targets[:, None])
-        ranks = ((logprobs > actual).sum(dim=-1) + 1).tolist()
-        top = logprobs.topk(max(state.sampling_params.prompt_logprobs for _, state, *_ in prompt_rows), dim=-1)
-        ids = torch.cat([targets[:, None], top.indices], dim=1).tolist()
-        values = torch.cat([actual, top.values], dim=1).tolist()
-        result, row = {}, 0
-        for request_id, _, start, _, count in prompt_rows:
-            result[request_id] = (start, ids[row:row + count], values[row:row + count], ranks[row:row + count])
-            row += count
-        return result
 
 
 def _cache_layers(specs: list[KVCacheSpec]) -> list[KVCacheSpec]:

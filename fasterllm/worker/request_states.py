@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from fasterllm.sampling_params import SamplingParams
+from fasterllm.worker.beam_search import SearchState
 from fasterllm.worker.step_messages import NewRequestData, SchedulerOutput
 
 SAMPLE_SEED_STRIDE = 1_000_003  # sample i of a seeded request draws from seed + i * stride
@@ -25,7 +26,6 @@ class RequestState:
     sample_ids: list[str]
     bad_word_ids: list[list[int]]
     early_banned_ids: list[int]
-    num_top_logprobs: int
     block_table: list[int]
     encoder_token_ids: list[int] | None = None
     cross_block_table: list[int] | None = None  # where the encoder's K/V of every decoder layer lie
@@ -44,6 +44,7 @@ class RequestStates:
         self.device = device
         self.states: dict[str, RequestState] = {}
         self.generators: dict[str, torch.Generator] = {}  # sample id -> its random stream
+        self.searches: dict[str, SearchState] = {}  # beam searches: their slots' block tables
 
     def update(self, message: SchedulerOutput) -> None:
         """Finished requests go first (an id may come back as a new request in the same message), then new
@@ -51,8 +52,11 @@ class RequestStates:
         for request_id in message.finished_ids:
             self.states.pop(request_id, None)
             self.generators.pop(request_id, None)
+            self.searches.pop(request_id, None)
         for new in message.new_requests:
             self._add(new)
+        for new_search in message.new_searches:
+            self.searches[new_search.search_id] = SearchState.new(new_search)
         states = self.states
         for request_id, new_token_ids in zip(message.request_ids, message.new_token_ids):
             if new_token_ids:
@@ -61,13 +65,15 @@ class RequestStates:
             table = states[request_id].block_table
             del table[start:]
             table.extend(tail)
+        for search_id, changes in message.searches.table_changes.items():
+            self.searches[search_id].apply(changes)
         for request_id, table in message.cross_tables.items():
-            states[request_id].cross_block_table = table
+            (states.get(request_id) or self.searches[request_id]).cross_block_table = table
 
     def _add(self, new: NewRequestData) -> None:
         self.states[new.request_id] = RequestState(
             list(new.token_ids), new.num_prompt_tokens, new.sampling_params, new.sample_ids, new.bad_word_ids,
-            new.early_banned_ids, new.num_top_logprobs, [], new.encoder_token_ids)
+            new.early_banned_ids, [], new.encoder_token_ids)
         if new.seed is not None:
             for index, sample_id in enumerate([new.request_id, *new.sample_ids]):
                 generator = torch.Generator(device=self.device)

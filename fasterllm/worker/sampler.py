@@ -31,9 +31,7 @@ class SamplingMetadata:
 
     @staticmethod
     def build(params: list[SamplingParams], generators: list[torch.Generator | None], vocab_size: int,
-              device: torch.device, controls: LogitControls | None = None,
-              beam_candidates: int = 0) -> "SamplingMetadata":
-        """beam_candidates: top logprobs that beam-search rows need (0 when there are none)."""
+              device: torch.device, controls: LogitControls | None = None) -> "SamplingMetadata":
         def column(values: list, dtype: torch.dtype) -> torch.Tensor:
             return host_to_device(values, dtype, device)
 
@@ -41,7 +39,6 @@ class SamplingMetadata:
         top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
         # best_of > n ranks samples by cumulative logprob, so those rows need logprobs too
         wanted = [p.logprobs or 0 for p in params if p.logprobs is not None or p.ranks_samples]
-        wanted += [beam_candidates] if beam_candidates else []
         if all(greedy):  # argmax alone: no per-row settings to send to the device
             return SamplingMetadata(None, None, None, None, None, True, generators,
                                     max(wanted) if wanted else None, controls)

@@ -30,14 +30,48 @@ class NewRequestData:
     sample_ids: list[str]
     bad_word_ids: list[list[int]]  # bad words as token sequences
     early_banned_ids: list[int]  # ids banned while fewer than min_tokens were generated (eos, stop ids)
-    num_top_logprobs: int  # top logprobs its rows must return beside the sample (a beam's candidates), or 0
     # encoder-decoder models: the encoder's input, run (and its cross K/V stored) when a chunk starts at token 0
     encoder_token_ids: list[int] | None = None
 
 
 @dataclass
+class NewSearchData:
+    """A beam search the worker has not run yet: beam_width slots, each a row of its own block table."""
+    search_id: str
+    width: int
+    num_candidates: int  # candidates ranked per step over width x vocabulary
+    eos_token_ids: list[int]  # a candidate ending in one becomes a hypothesis, not a live beam
+    encoder_token_ids: list[int] | None = None
+
+
+@dataclass
+class SearchChunks:
+    """The beam searches of a step, one entry each in parallel lists: every computing slot of search i computes
+    tokens [starts[i], starts[i] + num_new_tokens[i]) (all slots of a search have the same length). num_slots[i]:
+    1 while slot 0 computes the prompt alone, else the width; token_ids[i]: the chunk's input tokens, slot after
+    slot. A search with selects[i] picks its next tokens after the chunk, from scores[i] (each slot's cumulative
+    logprob; -inf: no beam) with its slots ranked order[i] (best first: ties go to the better beam)."""
+    search_ids: list[str] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    num_slots: list[int] = field(default_factory=list)
+    token_ids: list[list[int]] = field(default_factory=list)
+    selects: list[bool] = field(default_factory=list)
+    scores: list[list[float]] = field(default_factory=list)
+    order: list[list[int]] = field(default_factory=list)
+    # search id -> [(slot, first changed index, the slot's table from there on)] for tables grown or reordered
+    table_changes: dict[str, list[tuple[int, int, list[int]]]] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n * slots for n, slots in zip(self.num_new_tokens, self.num_slots))
+
+
+@dataclass
 class SchedulerOutput:
     new_requests: list[NewRequestData] = field(default_factory=list)
+    new_searches: list[NewSearchData] = field(default_factory=list)
+    searches: SearchChunks = field(default_factory=SearchChunks)
     # the scheduled chunks, one entry per request in parallel lists (no object per request per step: this is
     # the host work of every step). Request i computes tokens [starts[i], starts[i] + num_new_tokens[i]); the
     # last one may be the token the previous step sampled for it, not yet read by the engine (asynchronous
@@ -51,7 +85,7 @@ class SchedulerOutput:
     new_token_ids: list[list[int]] = field(default_factory=list)
     # request id -> (first changed index, its block table from there on), for tables grown, copied on write or new
     table_changes: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
-    # encoder-decoder models: request id -> its whole cross-attention block table, when (re)allocated or shared
+    # encoder-decoder models: request (or search) id -> its whole cross-attention block table, when (re)allocated
     cross_tables: dict[str, list[int]] = field(default_factory=dict)
     finished_ids: list[str] = field(default_factory=list)  # dropped before anything else is read
     # block copies made before the forward pass: (device block, CPU block) / (CPU, device) / (device, device)
@@ -68,7 +102,12 @@ class SchedulerOutput:
 
     @property
     def num_tokens(self) -> int:
-        return sum(self.num_new_tokens)
+        return sum(self.num_new_tokens) + self.searches.num_tokens
+
+    @property
+    def runs_anything(self) -> bool:
+        """Whether the step computes anything (a message may only drop finished requests or move blocks)."""
+        return bool(self.request_ids or self.searches.search_ids)
 
     @property
     def sampled_request_ids(self) -> list[str]:
@@ -85,6 +124,28 @@ class GrammarMasks:
 
 
 @dataclass
+class SearchSelection:
+    """The step's selection for each search that selected, in the message's order, as arrays ([searches, W]
+    with W the widest search's width; a narrower search's columns past its width are padding).
+
+    The top W candidates over slots x vocabulary by cumulative logprob, best first: candidate_slots (the slot
+    continued), candidate_tokens, candidate_scores, candidate_eos (the token is one of the search's eos ids:
+    among a search's first width candidates such ones become hypotheses). The live continuations (the best width
+    that do not end in eos) take the slots: slot_parents[i, j] is the slot that slot j continues (a parent's best
+    continuation stays in its slot), slot_tokens / slot_scores its token and cumulative logprob, order[i] the slots
+    best first."""
+    search_ids: list[str]
+    candidate_slots: np.ndarray
+    candidate_tokens: np.ndarray
+    candidate_scores: np.ndarray
+    candidate_eos: np.ndarray
+    slot_parents: np.ndarray
+    slot_tokens: np.ndarray
+    slot_scores: np.ndarray
+    order: np.ndarray
+
+
+@dataclass
 class ModelRunnerOutput:
     request_ids: list[str]  # the request of each sampled row, in row order (best_of rows repeat it)
     sampled_token_ids: list[int]
@@ -96,3 +157,4 @@ class ModelRunnerOutput:
     # request id -> (first prompt position, [ids per position: actual next token first, then the top-n],
     #                [their logprobs], [rank of the actual token])
     prompt_logprobs: dict[str, tuple[int, list[list[int]], list[list[float]], list[int]]] = field(default_factory=dict)
+    selection: SearchSelection | None = None  # the beam searches' selection, when any search selected

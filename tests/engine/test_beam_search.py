@@ -1,5 +1,5 @@
-"""Beam search in the engine: beams share blocks copy-on-write, survive preemption, batch with other
-requests, abort cleanly, and bad settings are refused by name."""
+"""Beam search in the engine: a search's slots share full blocks and copy the last one they write, survive
+preemption, batch with other requests, abort cleanly, and bad settings are refused by name."""
 from __future__ import annotations
 
 import pytest
@@ -30,17 +30,16 @@ def run_to_end(engine) -> dict:
     return finished
 
 
-def test_beams_share_the_prompt_blocks_and_copy_the_block_they_write(llm, alone):
-    engine = llm.engine
+def test_slots_share_the_prompt_blocks_and_copy_the_block_they_write(llm, alone):
+    engine, kv = llm.engine, llm.engine.kv_cache
     prompt = llm.get_tokenizer().encode(PROMPT)
     full_prompt_blocks = len(prompt) // 16
-    assert len(prompt) % 16 not in (0, 15)  # the last prompt block is partly full: shared, then copied
+    assert len(prompt) % 16 not in (0, 15)  # the last prompt block is partly full: copied, not written by two
     engine.add_request("b", prompt, PARAMS)
-    engine.step()  # the prompt step: four beams chosen from one row of candidates
-    beams = engine.requests["b"].group.beams
-    assert len(beams) == 4
-    used = engine.kv_cache.num_blocks - engine.kv_cache.num_free_blocks
-    assert used == full_prompt_blocks + 1  # one copy of the prompt, not four
+    engine.step()  # the prompt step: slot 0 computes it, four beams are chosen from its one row of candidates
+    search = engine.requests["b"].group
+    used = kv.num_blocks - kv.num_free_blocks
+    assert used == full_prompt_blocks + 4  # the prompt's full blocks once; each slot's own last block
     copies = []
     schedule = engine.scheduler.schedule
     engine.scheduler.schedule = lambda: (lambda out: copies.append(len(out.message.copies)) or out)(schedule())
@@ -48,11 +47,12 @@ def test_beams_share_the_prompt_blocks_and_copy_the_block_they_write(llm, alone)
         engine.step()
     finally:
         engine.scheduler.schedule = schedule
-    assert copies == [3]  # three beams copy the shared last block before writing; the last keeps it
-    tables = [engine.kv_cache.block_table(b.request_id) for b in engine.requests["b"].group.beams]
-    for block in tables[0][:full_prompt_blocks]:
-        assert all(block == t[tables[0].index(block)] for t in tables)
-        assert engine.kv_cache.ref_counts[block] == len(tables)
+    assert copies == [3]  # three slots copy slot 0's partly filled last block before writing; slot 0 keeps it
+    tables = search.blocks.tables
+    for index in range(full_prompt_blocks):
+        assert len({table[index] for table in tables}) == 1  # listed by every slot
+        assert kv.ref_counts[tables[0][index]] == 1  # and held once, by the search
+    assert len({table[-1] for table in tables}) == 4
     output = run_to_end(engine)["b"]
     assert [c.token_ids for c in output.outputs] == alone
     assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
@@ -86,7 +86,7 @@ def test_abort_frees_every_beam(llm):
     engine.add_request("b", PROMPT, PARAMS)
     for _ in range(3):
         engine.step()
-    assert len(engine.requests["b"].group.beams) == 4
+    assert len({table[-1] for table in engine.requests["b"].group.blocks.tables}) == 4  # four beams hold blocks
     engine.abort_request("b")
     assert not engine.has_unfinished_requests() and not engine.requests
     assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
@@ -122,7 +122,7 @@ def test_a_failed_forward_pass_fails_the_whole_search(llm):
 
     engine = llm.engine
     engine.add_request("b", PROMPT, PARAMS)
-    for _ in range(4):  # by now beams have forked and some, maybe the first, were pruned
+    for _ in range(4):  # by now slots have continued other slots' beams
         engine.step()
     execute = engine.executor.runner.execute
     engine.executor.runner.execute = lambda *args: (_ for _ in ()).throw(RuntimeError("injected fault"))

@@ -1,6 +1,6 @@
 """Cross-attention blocks of encoder-decoder requests: taken once per request at admission, shared by reference
-with every beam and parallel sample (never copied), and all given back after finish, abort and preemption. Bad
-encoder-decoder input is refused with the field named."""
+with every parallel sample and read by every slot of a beam search (never copied), and all given back after finish,
+abort and preemption. Bad encoder-decoder input is refused with the field named."""
 from __future__ import annotations
 
 import pytest
@@ -47,11 +47,19 @@ def test_beams_share_the_cross_blocks_by_reference(llm):
     engine.add_request("search", ENCODER_IDS, BeamSearchParams(beam_width=4, max_tokens=6, ignore_eos=True))
     engine.step()
     cross = kv.cross_tables["search"]
-    engine.step()  # the first beams fork
-    beams = [r for r in engine.requests.values() if r.group is not None]
-    assert len(beams) == 4
-    assert all(kv.cross_tables[b.request_id] == cross for b in beams)
-    assert all(kv.ref_counts[b] == 4 for b in cross)  # one block each, referenced by every live beam
+    copies = []
+    move_blocks = engine.executor.runner.move_blocks
+    engine.executor.runner.move_blocks = lambda message: copies.extend(message.copies) or move_blocks(message)
+    try:
+        engine.step()  # now all four slots compute
+    finally:
+        engine.executor.runner.move_blocks = move_blocks
+    search = engine.requests["search"].group
+    assert len({table[-1] for table in search.blocks.tables}) == 4
+    assert kv.cross_tables["search"] == cross and all(kv.ref_counts[b] == 1 for b in cross)  # held once
+    assert engine.executor.runner.requests.searches["search"].cross_block_table == cross  # read by every slot's row
+    assert copies and not {block for pair in copies for block in pair} & set(cross)  # never copied
+    assert not set(cross) & set().union(*search.blocks.tables)
     step_until(engine, lambda: not engine.has_unfinished_requests())
     assert kv.num_free_blocks == BLOCKS and not kv.cross_tables
 
@@ -121,7 +129,7 @@ def test_an_architecture_we_do_not_run_is_named_before_its_fields_are_read(tmp_p
 
 
 def test_searches_wider_together_than_max_num_seqs_take_turns(tiny_seq2seq):
-    """Four searches of width 4 under max_num_seqs=8: admission counts the beams a search forks into, so no step
+    """Four searches of width 4 under max_num_seqs=8: admission counts a search's slots, so no step
     runs more than 8 sequences (the worker's buffers hold that many), and the hypotheses are unchanged."""
     directory = str(tiny_seq2seq["bart"][0])
     prompts = [ENCODER_IDS, ENCODER_IDS[:7], ENCODER_IDS[5:], ENCODER_IDS[::2]]
@@ -130,7 +138,8 @@ def test_searches_wider_together_than_max_num_seqs_take_turns(tiny_seq2seq):
     tight = LLM(directory, dtype="float32", device="cpu", num_kv_blocks=BLOCKS, block_size=8, max_num_seqs=8)
     sizes = []
     execute = tight.engine.executor.runner.execute
-    tight.engine.executor.runner.execute = lambda message: sizes.append(len(message.request_ids)) or execute(message)
+    tight.engine.executor.runner.execute = lambda message: sizes.append(
+        len(message.request_ids) + sum(message.searches.num_slots)) or execute(message)  # a search: a row per slot
     expected = roomy.beam_search(prompts, params, use_tqdm=False)
     got = tight.beam_search(prompts, params, use_tqdm=False)
     assert [[s.token_ids for s in o.sequences] for o in got] == [[s.token_ids for s in o.sequences] for o in expected]
