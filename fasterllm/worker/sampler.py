@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from fasterllm.sampling_params import SamplingParams
 from fasterllm.worker.input_buffers import host_to_device
@@ -112,26 +111,6 @@ def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
-def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
-    """Each row's argmax (the first index of its largest value, as torch.argmax). On a GPU, a few long rows are cut
-    into chunks first: torch reduces one row in one thread block, 27 us for a 128k vocabulary, where the chunks'
-    maxima and then the best chunk take two launches of a few us."""
-    rows, vocab = logits.shape
-    if logits.device.type != "cuda" or rows > 32 or vocab < 8192:
-        return logits.argmax(dim=-1)
-    return chunked_argmax(logits)
-
-
-def chunked_argmax(logits: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
-    """argmax over the last dim as the first maximum of each chunk of `chunk` columns, then the first chunk holding
-    the row's maximum (the last chunk padded with -inf): the same index torch.argmax gives."""
-    rows, vocab = logits.shape
-    padded = F.pad(logits, (0, -vocab % chunk), value=float("-inf")).view(rows, -1, chunk)
-    values, within = padded.max(dim=-1)
-    best = values.argmax(dim=-1, keepdim=True)
-    return (best * chunk + within.gather(-1, best)).squeeze(-1)
-
-
 def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
     """logits: [S, V] fp32, one row per request that samples this step."""
     raw_logits = logits
@@ -139,7 +118,7 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         logits = md.controls.apply(logits)
     if md.allowed is not None:
         logits = logits.masked_fill(~md.allowed, float("-inf"))
-    greedy_tokens = argmax_rows(logits)
+    greedy_tokens = logits.argmax(dim=-1)
     if md.all_greedy:
         tokens = greedy_tokens
     else:
@@ -148,7 +127,7 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         for row, generator in enumerate(md.generators):
             if generator is not None:
                 noise[row].exponential_(generator=generator)
-        tokens = torch.where(md.greedy, greedy_tokens, argmax_rows(probs / noise))
+        tokens = torch.where(md.greedy, greedy_tokens, (probs / noise).argmax(dim=-1))
     if md.max_num_logprobs is None:
         return SamplerOutput(tokens)
     # logprobs of the model's own distribution, before any penalty or filter (as vLLM reports them)

@@ -1,7 +1,7 @@
 import torch
 
 from fasterllm.sampling_params import SamplingParams
-from fasterllm.worker.sampler import SamplingMetadata, chunked_argmax, filtered_probs, sample
+from fasterllm.worker.sampler import SamplingMetadata, filtered_probs, sample
 
 VOCAB = 8
 LOGITS = torch.tensor([[3.0, 2.0, 1.0, 0.5, 0.0, -1.0, -2.0, -3.0]])
@@ -94,17 +94,3 @@ def test_logprobs_report_sampled_token_first_with_rank():
     assert out.logprob_token_ids[0].tolist() == [0, 0, 1]
     assert torch.allclose(out.logprobs[0], reference[[0, 0, 1]])
     assert out.sampled_ranks[0].item() == 1
-
-
-def test_chunked_argmax_gives_torchs_index_ties_and_padding_included():
-    """The GPU's few-row argmax (chunks, then the best chunk) returns what torch.argmax returns: the first index of
-    the maximum, also where it repeats across chunks, and never a padding column of a vocabulary that does not
-    divide into chunks."""
-    generator = torch.Generator().manual_seed(0)
-    for vocab in (49152, 32003, 128256, 2049):
-        logits = torch.randn(3, vocab, generator=generator)
-        logits[1, [7, vocab // 2, vocab - 1]] = 50.0  # a tie over chunks: the first wins
-        logits[2] = float("-inf")
-        logits[2, vocab - 1] = 1.0  # the maximum in the padded last chunk
-        assert torch.equal(chunked_argmax(logits, chunk=2048), logits.argmax(dim=-1))
-        assert chunked_argmax(logits, chunk=2048)[1] == 7 and chunked_argmax(logits, chunk=2048)[2] == vocab - 1
