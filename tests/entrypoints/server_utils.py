@@ -80,3 +80,15 @@ def wait_for(condition, timeout_s: float = 30.0, what: str = "the condition"):
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def assert_answers_as_one_engine(handle, reference_llm, prompts: list[str], max_tokens: int) -> list[str]:
+    """Greedy completions of all prompts in one request equal the offline engine's; returns those texts."""
+    from fasterllm import SamplingParams
+
+    expected = [o.outputs[0].text for o in reference_llm.generate(
+        prompts, SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)]
+    answers = handle.client().completions.create(model="SmolLM2-135M-Instruct", prompt=prompts,
+                                                 max_tokens=max_tokens, temperature=0)
+    assert [choice.text for choice in sorted(answers.choices, key=lambda c: c.index)] == expected
+    return expected

@@ -8,7 +8,7 @@ import signal
 import time
 
 import pytest
-from server_utils import SERVER_ENGINE_ARGS, ServerThread, wait_for
+from server_utils import SERVER_ENGINE_ARGS, ServerThread, assert_answers_as_one_engine, wait_for
 from test_server_robustness import assert_engine_down
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at", "The largest planet is"]
@@ -25,13 +25,8 @@ def replicated_server():
 
 
 def test_requests_spread_over_replicas_and_answer_as_one_engine(replicated_server, reference_llm):
-    from fasterllm import SamplingParams
-
+    expected = assert_answers_as_one_engine(replicated_server, reference_llm, PROMPTS, max_tokens=12)
     client = replicated_server.client()
-    expected = [o.outputs[0].text for o in
-                reference_llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)]
-    answers = client.completions.create(model="SmolLM2-135M-Instruct", prompt=PROMPTS, max_tokens=12, temperature=0)
-    assert [choice.text for choice in sorted(answers.choices, key=lambda c: c.index)] == expected
     core = replicated_server.llm.core
     assert core.requests_sent == [2, 2]  # four at once: two to each, by load
     assert core.in_flight == [0, 0]

@@ -3,7 +3,7 @@ openai client: answers equal the one-process engine's, streamed or not."""
 from __future__ import annotations
 
 import pytest
-from server_utils import SERVER_ENGINE_ARGS, ServerThread
+from server_utils import SERVER_ENGINE_ARGS, ServerThread, assert_answers_as_one_engine
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 
@@ -19,13 +19,8 @@ def sharded_server():
 
 
 def test_sharded_server_answers_as_one_process(sharded_server, reference_llm):
-    from fasterllm import SamplingParams
-
+    expected = assert_answers_as_one_engine(sharded_server, reference_llm, PROMPTS, max_tokens=16)
     client = sharded_server.client()
-    expected = [o.outputs[0].text for o in
-                reference_llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)]
-    answers = client.completions.create(model="SmolLM2-135M-Instruct", prompt=PROMPTS, max_tokens=16, temperature=0)
-    assert [choice.text for choice in sorted(answers.choices, key=lambda c: c.index)] == expected
     stream = client.completions.create(model="SmolLM2-135M-Instruct", prompt=PROMPTS[0], max_tokens=16,
                                        temperature=0, stream=True)
     assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices) == expected[0]
