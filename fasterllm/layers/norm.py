@@ -38,3 +38,14 @@ class RMSNorm(nn.Module):
 # torch's RMSNorm op (not in every torch build): on the CPU a composite of the same small ops, but one Python call
 # where the written-out form makes five, and 0.8 us faster than F.rms_norm, which calls it
 _fused_fp32_rms_norm = getattr(torch, "_fused_rms_norm", None)
+
+
+def norm_add_norm(x: torch.Tensor, residual: torch.Tensor, first: nn.Module, second: nn.Module
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sandwich norms (Gemma 2 / 3): second(first(x) + residual), returning second's (normed, new residual). On a GPU,
+    with both plain RMSNorms, one launch (kernels/rms_norm.py), rounded as the two calls round."""
+    if x.is_cuda and type(first) is RMSNorm and type(second) is RMSNorm:
+        from fasterllm.kernels.rms_norm import norm_add_rms_norm
+
+        return norm_add_rms_norm(x, residual, first.weight, first.eps, second.weight, second.eps)
+    return second(first(x)[0], residual)

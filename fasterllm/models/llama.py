@@ -20,7 +20,7 @@ from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.attention_layer import Attention
 from fasterllm.layers.linear import pack_linears
 from fasterllm.layers.moe import SparseMoE
-from fasterllm.layers.norm import RMSNorm
+from fasterllm.layers.norm import RMSNorm, norm_add_norm
 from fasterllm.layers.rotary import rotary_embedding
 from fasterllm.layers.vocab_parallel import VocabParallelEmbedding
 from fasterllm.loader.weight_parts import WeightSource
@@ -70,12 +70,16 @@ class DecoderLayer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None,
                 rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor | None,
-                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+                meta: AttentionMetadata, incoming_norm: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden: the embedding's rows (residual None), or the previous layer's output: with sandwich norms its
-        normed FFN output, else its FFN's partial sums over the ranks, summed here with the residual add and norm
-        (one fused launch where the tensor-parallel group can). Returns the same for the next layer."""
-        if residual is None or self.pre_feedforward_layernorm is not None:
+        FFN output, summed over the ranks, which goes through incoming_norm (that layer's post-FFN norm) before the
+        residual add and this layer's norm (one launch); else its FFN's partial sums over the ranks, summed here with
+        the residual add and norm (one fused launch where the tensor-parallel group can). Returns the same for the
+        next layer."""
+        if residual is None:
             hidden, residual = self.input_layernorm(hidden, residual)  # W8A8 / FP8: quantized rows, not a tensor
+        elif self.pre_feedforward_layernorm is not None:
+            hidden, residual = norm_add_norm(hidden, residual, incoming_norm, self.input_layernorm)
         else:
             hidden, residual = self.tp.all_reduce_add_norm(hidden, residual, self.input_layernorm)
         qkv = self.qkv_proj(hidden).view(-1, *self.qkv_shape)
@@ -88,9 +92,9 @@ class DecoderLayer(nn.Module):
         if self.pre_feedforward_layernorm is None:
             hidden, residual = self.tp.all_reduce_add_norm(attention, residual, self.post_attention_layernorm)
             return self._ffn(hidden), residual
-        attention = self.post_attention_layernorm(self.tp.all_reduce(attention))[0]
-        hidden, residual = self.pre_feedforward_layernorm(attention, residual)
-        return self.post_feedforward_layernorm(self.tp.all_reduce(self._ffn(hidden)))[0], residual
+        hidden, residual = norm_add_norm(self.tp.all_reduce(attention), residual, self.post_attention_layernorm,
+                                         self.pre_feedforward_layernorm)
+        return self.tp.all_reduce(self._ffn(hidden)), residual
 
     def _ffn(self, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's partial sums of the FFN's output."""
@@ -166,12 +170,14 @@ class LlamaForCausalLM(nn.Module):
                  for rotary in self.rotaries]
         residual = None
         caches = kv_caches if kv_caches is not None else [None] * len(self.layers)
+        incoming_norm = None  # sandwich norms: the previous layer's post-FFN norm, applied by the next norm's launch
         for layer, kv_cache, rope in zip(self.layers, caches, self.rope_of_layer):
-            hidden, residual = layer(hidden, residual, ropes[rope], kv_cache, meta)
+            hidden, residual = layer(hidden, residual, ropes[rope], kv_cache, meta, incoming_norm)
+            incoming_norm = layer.post_feedforward_layernorm
         if rows is not None:
             hidden, residual = hidden[rows], residual[rows]
-        if self.config.sandwich_norms:  # the last layer's output is normed already, not partial sums
-            return self.norm(hidden, residual)[0]
+        if self.config.sandwich_norms:  # the last layer's output is summed over the ranks already
+            return norm_add_norm(hidden, residual, incoming_norm, self.norm)[0]
         return self.tp.all_reduce_add_norm(hidden, residual, self.norm)[0]
 
     def load_weights(self, weights: Iterable[tuple[str, WeightSource]]) -> None:

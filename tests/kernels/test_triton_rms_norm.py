@@ -9,7 +9,7 @@ from fasterllm.layers.norm import RMSNorm
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytest.importorskip("triton")
-from fasterllm.kernels.rms_norm import fused_add_rms_norm, rms_norm  # noqa: E402
+from fasterllm.kernels.rms_norm import fused_add_rms_norm, norm_add_rms_norm, rms_norm  # noqa: E402
 
 gpu_only = pytest.mark.skipif(DEVICE.type != "cuda", reason="real model shapes need a GPU")
 EPS = 1e-5
@@ -74,6 +74,28 @@ def test_half_bit_exact_on_a_small_batch(dtype):
     assert torch.equal(fused_add_rms_norm(x, residual, layer.weight, EPS)[0], expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_sandwich_norms_in_one_launch_match_two_norm_calls(dtype):
+    """Gemma's post-sublayer norm, residual add and next norm in one launch equal the two RMSNorm calls: the new
+    residual stream (what every later layer adds to) bit for bit where the interpreter rounds as a GPU does, the
+    normed rows up to the boundary flips above."""
+    torch.manual_seed(2)
+    first, second = reference_layer(576, dtype), reference_layer(576, dtype)
+    x = (3 * torch.randn(5, 576, device=DEVICE)).to(dtype)
+    residual = torch.randn(5, 576, device=DEVICE).to(dtype)
+    with torch.no_grad():
+        expected, expected_residual = second(first(x)[0], residual)
+    got, got_residual = norm_add_rms_norm(x, residual, first.weight, EPS, second.weight, EPS)
+    assert got.dtype == dtype and got_residual.dtype == dtype
+    if dtype in EXACT_HALF_DTYPES:
+        assert_same_up_to_boundary_flips(got_residual, expected_residual)
+        assert_same_up_to_boundary_flips(got, expected)
+    else:
+        tolerance = 1e-5 if dtype == torch.float32 else 2 ** -5
+        torch.testing.assert_close(got_residual, expected_residual, atol=tolerance, rtol=tolerance)
+        torch.testing.assert_close(got, expected, atol=tolerance, rtol=tolerance)
+
+
 def test_mismatched_weight_is_refused():
     x = torch.zeros(2, 64, device=DEVICE)
     with pytest.raises(ValueError, match="weight"):
@@ -86,3 +108,9 @@ def test_mismatched_weight_is_refused():
 def test_model_shapes(dtype, hidden):
     for with_residual in (False, True):
         run(512, hidden, dtype, with_residual)
+
+
+def test_sandwich_norm_refuses_a_mismatched_first_weight():
+    x = torch.zeros(2, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="weight"):
+        norm_add_rms_norm(x, x, torch.ones(32, device=DEVICE), EPS, torch.ones(64, device=DEVICE), EPS)
