@@ -33,7 +33,7 @@ class FlatLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        return self.matmul(x.reshape(-1, shape[-1]).contiguous()).view(*shape[:-1], self.out_features)
+        return self.matmul(x.reshape(-1, shape[-1]).contiguous()).reshape(*shape[:-1], self.out_features)
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
