@@ -7,6 +7,10 @@ Launch 1, a grouped GEMM over all experts: each tile's tokens times its expert's
 written per slot. Launch 2: those rows times the expert's down projection, scaled by the slot's routing weight and
 added into the token's output in the epilogue (fp32 atomics: a token's k slots meet there). The torch reference is
 layers/moe.py's expert loop.
+
+Quantized experts (int8 or float8_e4m3fn codes, an fp32 scale per output channel of each expert: quantization='int8',
+'w8a8', 'int4' or 'fp8'): the kernels read the codes (half the bytes), widen them to the activations' dtype for the
+tensor cores (exact: int8 and e4m3 values are bf16 values) and scale each output column of the fp32 sums.
 """
 from __future__ import annotations
 
@@ -44,10 +48,10 @@ def _tile(slots_ptr, num_slots, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, w_ptr, out_ptr, slots_ptr, tile_experts_ptr, num_slots, hidden, inter,
-                    stride_xt, stride_we, stride_wn, stride_os, TOP_K: tl.constexpr, NUM_EXPERTS: tl.constexpr,
-                    ACT: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr):
+def _gate_up_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, slots_ptr, tile_experts_ptr, num_slots, hidden, inter,
+                    stride_xt, stride_we, stride_wn, stride_se, stride_os, TOP_K: tl.constexpr,
+                    NUM_EXPERTS: tl.constexpr, ACT: tl.constexpr, IEEE: tl.constexpr, SCALED: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     expert = tl.load(tile_experts_ptr + tl.program_id(0))
     if expert < NUM_EXPERTS:  # tiles past the last expert's run hold no slot
         rows, slots, valid, columns = _tile(slots_ptr, num_slots, BLOCK_M, BLOCK_N)
@@ -62,17 +66,22 @@ def _gate_up_kernel(x_ptr, w_ptr, out_ptr, slots_ptr, tile_experts_ptr, num_slot
             w_mask = (ks[:, None] < hidden) & (columns[None, :] < inter)
             w_gate = tl.load(weights + columns[None, :] * stride_wn + ks[:, None], mask=w_mask, other=0.0)
             w_up = tl.load(weights + (columns[None, :] + inter) * stride_wn + ks[:, None], mask=w_mask, other=0.0)
-            gate += dot(x, w_gate, IEEE)
-            up += dot(x, w_up, IEEE)
+            gate += dot(x, w_gate.to(x.dtype), IEEE)
+            up += dot(x, w_up.to(x.dtype), IEEE)
+        if SCALED:  # codes: each output column's scale
+            scales = scale_ptr + expert.to(tl.int64) * stride_se + columns
+            gate *= tl.load(scales, mask=columns < inter, other=0.0)[None, :]
+            up *= tl.load(scales + inter, mask=columns < inter, other=0.0)[None, :]
         gated = _act(gate, ACT) * up
         tl.store(out_ptr + rows[:, None] * stride_os + columns[None, :], gated.to(out_ptr.dtype.element_ty),
                  mask=valid[:, None] & (columns[None, :] < inter))
 
 
 @triton.jit
-def _down_kernel(a_ptr, w_ptr, out_ptr, slots_ptr, tile_experts_ptr, routing_ptr, num_slots, hidden, inter,
-                 stride_as, stride_we, stride_wn, stride_ot, TOP_K: tl.constexpr, NUM_EXPERTS: tl.constexpr,
-                 IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _down_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, slots_ptr, tile_experts_ptr, routing_ptr, num_slots, hidden,
+                 inter, stride_as, stride_we, stride_wn, stride_se, stride_ot, TOP_K: tl.constexpr,
+                 NUM_EXPERTS: tl.constexpr, IEEE: tl.constexpr, SCALED: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     expert = tl.load(tile_experts_ptr + tl.program_id(0))
     if expert < NUM_EXPERTS:
         rows, slots, valid, columns = _tile(slots_ptr, num_slots, BLOCK_M, BLOCK_N)
@@ -84,7 +93,10 @@ def _down_kernel(a_ptr, w_ptr, out_ptr, slots_ptr, tile_experts_ptr, routing_ptr
                         mask=valid[:, None] & (ks[None, :] < inter), other=0.0)
             w = tl.load(weights + columns[None, :] * stride_wn + ks[:, None],
                         mask=(ks[:, None] < inter) & (columns[None, :] < hidden), other=0.0)
-            acc += dot(a, w, IEEE)
+            acc += dot(a, w.to(a.dtype), IEEE)
+        if SCALED:
+            acc *= tl.load(scale_ptr + expert.to(tl.int64) * stride_se + columns, mask=columns < hidden,
+                           other=0.0)[None, :]
         routing = tl.load(routing_ptr + slots, mask=valid, other=0.0).to(tl.float32)
         tokens = tl.where(valid, slots // TOP_K, 0)
         tl.atomic_add(out_ptr + tokens[:, None] * stride_ot + columns[None, :], acc * routing[:, None],
@@ -129,27 +141,34 @@ def tile_config(num_slots: int, num_experts: int) -> TileConfig:
 
 
 def fused_experts(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, routing_weights: torch.Tensor,
-                  experts: torch.Tensor, activation: str, config: TileConfig | None = None) -> torch.Tensor:
+                  experts: torch.Tensor, activation: str, config: TileConfig | None = None,
+                  scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """hidden [T, H], w_gate_up [E, 2I, H], w_down [E, H, I], routing_weights and experts [T, k] -> [T, H]: sum over a
-    token's k experts of weight * down(act(gate(x)) * up(x)). config: the tiles (default: tile_config's)."""
+    token's k experts of weight * down(act(gate(x)) * up(x)). config: the tiles (default: tile_config's). scales:
+    the weights are codes, and these their fp32 scales per output channel, ([E, 2I], [E, H])."""
     num_tokens, hidden_size = hidden.shape
     num_experts, double_inter, _ = w_gate_up.shape
     inter, top_k = double_inter // 2, experts.shape[1]
     if w_down.shape != (num_experts, hidden_size, inter) or w_gate_up.shape[2] != hidden_size:
         raise ValueError(f"w_gate_up {tuple(w_gate_up.shape)} must be [E, 2I, H={hidden_size}] and w_down "
                          f"{tuple(w_down.shape)} [E, H, I]")
+    if scales is not None and (scales[0].shape != w_gate_up.shape[:2] or scales[1].shape != w_down.shape[:2]):
+        raise ValueError(f"scales {tuple(scales[0].shape)} and {tuple(scales[1].shape)} must be [E, 2I] and [E, H], "
+                         f"one per output channel of w_gate_up {tuple(w_gate_up.shape)} and w_down "
+                         f"{tuple(w_down.shape)}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
     hidden, w_gate_up, w_down = hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous()
     config = config or tile_config(num_tokens * top_k, num_experts)
     try:
-        return _launch(hidden, w_gate_up, w_down, routing_weights, experts, activation, config)
+        return _launch(hidden, w_gate_up, w_down, routing_weights, experts, activation, config, scales)
     except triton.runtime.errors.OutOfResources:  # a device with less shared memory than the tile needs
-        return _launch(hidden, w_gate_up, w_down, routing_weights, experts, activation, SMALL_TILES)
+        return _launch(hidden, w_gate_up, w_down, routing_weights, experts, activation, SMALL_TILES, scales)
 
 
 def _launch(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, routing_weights: torch.Tensor,
-            experts: torch.Tensor, activation: str, config: TileConfig) -> torch.Tensor:
+            experts: torch.Tensor, activation: str, config: TileConfig,
+            scales: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
     num_tokens, hidden_size = hidden.shape
     num_experts, double_inter, _ = w_gate_up.shape
     inter, top_k = double_inter // 2, experts.shape[1]
@@ -161,13 +180,15 @@ def _launch(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     gated = torch.empty(slots.shape[0], inter, dtype=hidden.dtype, device=hidden.device)
     out = torch.zeros(num_tokens, hidden_size, dtype=torch.float32, device=hidden.device)
     ieee = hidden.dtype == torch.float32  # full fp32 products, not TF32, for fp32 models
+    gate_up_scales, down_scales = (w_gate_up, w_down) if scales is None else (s.contiguous() for s in scales)
     _gate_up_kernel[(tile_experts.shape[0], triton.cdiv(inter, n))](
-        hidden, w_gate_up, gated, slots, tile_experts, num_tokens * top_k, hidden_size, inter,
-        hidden.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), gated.stride(0), TOP_K=top_k,
-        NUM_EXPERTS=num_experts, ACT=ACTIVATIONS[activation], IEEE=ieee, BLOCK_M=m, BLOCK_N=n, BLOCK_K=k,
-        num_warps=warps, num_stages=stages)
+        hidden, w_gate_up, gate_up_scales, gated, slots, tile_experts, num_tokens * top_k, hidden_size, inter,
+        hidden.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), gate_up_scales.stride(0), gated.stride(0),
+        TOP_K=top_k, NUM_EXPERTS=num_experts, ACT=ACTIVATIONS[activation], IEEE=ieee, SCALED=scales is not None,
+        BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, num_warps=warps, num_stages=stages)
     _down_kernel[(tile_experts.shape[0], triton.cdiv(hidden_size, n))](
-        gated, w_down, out, slots, tile_experts, routing_weights.contiguous(), num_tokens * top_k, hidden_size,
-        inter, gated.stride(0), w_down.stride(0), w_down.stride(1), out.stride(0), TOP_K=top_k,
-        NUM_EXPERTS=num_experts, IEEE=ieee, BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, num_warps=warps, num_stages=stages)
+        gated, w_down, down_scales, out, slots, tile_experts, routing_weights.contiguous(), num_tokens * top_k,
+        hidden_size, inter, gated.stride(0), w_down.stride(0), w_down.stride(1), down_scales.stride(0),
+        out.stride(0), TOP_K=top_k, NUM_EXPERTS=num_experts, IEEE=ieee, SCALED=scales is not None, BLOCK_M=m,
+        BLOCK_N=n, BLOCK_K=k, num_warps=warps, num_stages=stages)
     return out.to(hidden.dtype)

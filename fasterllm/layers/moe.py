@@ -6,6 +6,9 @@ The experts' weights are stacked ([E, 2I, H] gate and up, [E, H, I] down), the l
 sorted by expert reads: on a GPU kernels/fused_moe.py runs them in two launches; elsewhere run_experts, the torch
 reference, runs each chosen expert over its tokens. Tensor parallelism would split every expert along I (w_gate_up's
 rows, w_down's columns) as the dense FFN is split; it is not implemented yet.
+
+quantize_experts (quantization='int8', 'w8a8', 'int4': int8 codes; 'fp8': e4m3) keeps each expert's weights as codes
+with an fp32 scale per output channel, symmetric (absmax / 127 or / 448), read as codes by the GPU kernels.
 """
 from __future__ import annotations
 
@@ -30,6 +33,16 @@ class SparseMoE(nn.Module):
             self.shared_expert_gate = nn.Parameter(torch.empty(1, hidden_size))
         else:
             self.shared_gate_up = None
+        self.scales: tuple[torch.Tensor, torch.Tensor] | None = None  # quantized experts: per output channel
+
+    def quantize_experts(self, codes_dtype: torch.dtype) -> None:
+        """The experts' weights as codes_dtype (torch.int8 or torch.float8_e4m3fn) codes, in place, with fp32 scales
+        per output channel ([E, 2I] and [E, H])."""
+        (gate_up, gate_up_scales), (down, down_scales) = (
+            quantize_per_channel(weight, codes_dtype) for weight in (self.w_gate_up, self.w_down))
+        self.w_gate_up = nn.Parameter(gate_up, requires_grad=False)
+        self.w_down = nn.Parameter(down, requires_grad=False)
+        self.scales = gate_up_scales, down_scales
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [T, H] -> [T, H]."""
@@ -37,9 +50,10 @@ class SparseMoE(nn.Module):
         if hidden.is_cuda:
             from fasterllm.kernels.fused_moe import fused_experts  # Triton: only with CUDA
 
-            out = fused_experts(hidden, self.w_gate_up, self.w_down, weights, experts, self.act.name)
+            out = fused_experts(hidden, self.w_gate_up, self.w_down, weights, experts, self.act.name,
+                                scales=self.scales)
         else:
-            out = run_experts(hidden, self.w_gate_up, self.w_down, weights, experts, self.act)
+            out = run_experts(hidden, self.w_gate_up, self.w_down, weights, experts, self.act, self.scales)
         if self.shared_gate_up is not None:
             shared = self.shared_down(self.act(self.shared_gate_up(hidden)))
             out += torch.sigmoid(F.linear(hidden, self.shared_expert_gate)) * shared
@@ -47,15 +61,42 @@ class SparseMoE(nn.Module):
 
 
 def run_experts(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, weights: torch.Tensor,
-                experts: torch.Tensor, act: nn.Module) -> torch.Tensor:
+                experts: torch.Tensor, act: nn.Module, scales: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> torch.Tensor:
     """Each token's sum of weight * down(act(gate_up(x))) over its chosen experts, an expert at a time (the
-    routing is read on the host: not capturable in a CUDA graph)."""
+    routing is read on the host: not capturable in a CUDA graph). scales: the weights are codes with these scales
+    per output channel (the codes widened to hidden's dtype, each product's columns scaled)."""
     out = torch.zeros_like(hidden)
+
+    def project(x: torch.Tensor, weight: torch.Tensor, which: int, expert: int) -> torch.Tensor:
+        if scales is None:
+            return F.linear(x, weight[expert])
+        return F.linear(x, weight[expert].to(x.dtype)) * scales[which][expert].to(x.dtype)
+
     for expert in experts.unique().tolist():
         tokens, slots = (experts == expert).nonzero(as_tuple=True)
-        expert_out = F.linear(act(F.linear(hidden[tokens], w_gate_up[expert])), w_down[expert])
+        expert_out = project(act(project(hidden[tokens], w_gate_up, 0, expert)), w_down, 1, expert)
         out.index_add_(0, tokens, expert_out * weights[tokens, slots, None])
     return out
+
+
+# the largest code of each codes dtype: a channel's absmax maps to it
+_CODE_MAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
+
+
+def quantize_per_channel(weight: torch.Tensor, codes_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stacked weights [E, N, K] -> (codes [E, N, K] of codes_dtype, fp32 scales [E, N]), symmetric per output
+    channel; an expert at a time (the fp32 copy of all of them would not fit beside the model)."""
+    if codes_dtype not in _CODE_MAX:
+        raise ValueError(f"experts quantize to {', '.join(map(str, _CODE_MAX))}, not {codes_dtype}")
+    codes = torch.empty(weight.shape, dtype=codes_dtype, device=weight.device)
+    scales = torch.empty(weight.shape[:2], dtype=torch.float32, device=weight.device)
+    for expert in range(weight.shape[0]):
+        w = weight[expert].float()
+        scales[expert] = w.abs().amax(dim=1).clamp(min=1e-12) / _CODE_MAX[codes_dtype]
+        scaled = w / scales[expert][:, None]
+        codes[expert] = scaled.round().clamp(-127, 127) if codes_dtype == torch.int8 else scaled
+    return codes, scales
 
 
 def route(hidden: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool

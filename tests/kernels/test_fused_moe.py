@@ -111,3 +111,50 @@ def test_bf16_at_a_real_shape():
     expected = run_experts(x.float(), w_gate_up.float(), w_down.float(), weights.float(), experts, SiluAndMul())
     got = fused_experts(x, w_gate_up, w_down, weights, experts, "silu")
     torch.testing.assert_close(got.float(), expected, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("top_k, num_experts, num_tokens", [(1, 4, 37), (2, 8, 37), (8, 8, 3)])
+def test_int8_experts_match_the_torch_loop_over_the_same_codes(top_k, num_experts, num_tokens):
+    """Experts as int8 codes with a scale per output channel (quantization='int8'): the kernels read the codes, and
+    answer as the torch loop over the same codes does, grouped (37 tokens) and a tile per slot (3 tokens x 8)."""
+    from fasterllm.layers.moe import quantize_per_channel
+
+    x, w_gate_up, w_down, weights, experts = moe_inputs(num_tokens, num_experts, 48, 40, top_k, seed=3)
+    (gate_up_codes, gate_up_scales), (down_codes, down_scales) = (
+        quantize_per_channel(w, torch.int8) for w in (w_gate_up, w_down))
+    assert gate_up_codes.dtype == torch.int8 and gate_up_scales.shape == (num_experts, 80)
+    scales = (gate_up_scales, down_scales)
+    expected = run_experts(x, gate_up_codes, down_codes, weights, experts, SiluAndMul(), scales)
+    got = fused_experts(x, gate_up_codes, down_codes, weights, experts, "silu", scales=scales)
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
+    # and both are the float experts' answer up to int8 rounding of the weights
+    float_answer = run_experts(x, w_gate_up, w_down, weights, experts, SiluAndMul())
+    assert (got - float_answer).abs().max() < 0.05 * float_answer.abs().max()
+
+
+def test_scales_of_the_wrong_shape_are_refused():
+    x, w_gate_up, w_down, weights, experts = moe_inputs(4, 4, 48, 40, 1)
+    with pytest.raises(ValueError, match=r"one per output channel"):
+        fused_experts(x, w_gate_up, w_down, weights, experts, "silu",
+                      scales=(torch.ones(4, 40, device=DEVICE), torch.ones(4, 48, device=DEVICE)))
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="bf16 tl.dot is wrong in Triton's interpreter; e4m3 needs a GPU")
+@pytest.mark.parametrize("codes_dtype", [torch.int8, torch.float8_e4m3fn], ids=str)
+@pytest.mark.parametrize("num_tokens", [1, 64])
+def test_quantized_experts_at_a_real_shape(codes_dtype, num_tokens):
+    """Qwen3-30B-A3B's experts as int8 or e4m3 codes, bf16 activations: the kernels against the torch loop over the
+    same codes in fp32."""
+    from fasterllm.layers.moe import quantize_per_channel
+
+    generator = torch.Generator().manual_seed(1)
+    x, router = torch.randn(num_tokens, 2048, generator=generator), torch.randn(128, 2048, generator=generator)
+    weights, experts = (t.to(DEVICE) for t in route(x, router, 8, normalize=True))
+    (gate_up, gate_up_scales), (down, down_scales) = (
+        quantize_per_channel(torch.randn(*shape, generator=generator).div(shape[-1] ** 0.5).to(DEVICE), codes_dtype)
+        for shape in ((128, 1536, 2048), (128, 2048, 768)))
+    x, weights = x.to(DEVICE, torch.bfloat16), weights.to(torch.bfloat16)
+    scales = (gate_up_scales, down_scales)
+    expected = run_experts(x.float(), gate_up.float(), down.float(), weights.float(), experts, SiluAndMul(), scales)
+    got = fused_experts(x, gate_up, down, weights, experts, "silu", scales=scales)
+    torch.testing.assert_close(got.float(), expected, atol=3e-2, rtol=3e-2)

@@ -17,6 +17,9 @@ Methods (all quantized at load from the float weights of any checkpoint, the out
   gptq, awq, compressed-tensors  a checkpoint's own codes, run by the layer of their layout (STORED_LINEARS: int4,
         int8, w8a8 or fp8) with no re-rounding; the other linears (the output head) float, as stored
                                                                      loader/prequantized.py, stored.py
+A mixture of experts' experts (not Linear layers) become codes per output channel (EXPERT_CODES) under int8, w8a8 and
+int4 (int8 codes: there is no 4-bit expert kernel) and fp8 (e4m3), read as codes by the fused MoE kernels; its
+router stays float. gguf keeps the experts the file stores as it dequantized them.       layers/moe.py
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from torch import nn
 
 from fasterllm.config import PREQUANTIZED_METHODS, check_method_name
 from fasterllm.layers.linear import replace_linears
+from fasterllm.layers.moe import SparseMoE
 from fasterllm.layers.quantization.gguf import repack_gguf_linears
 from fasterllm.layers.quantization.stored import repack_stored_linears
 from fasterllm.layers.quantization.int4 import Int4WeightOnlyLinear
@@ -67,6 +71,7 @@ STORED_LINEARS: dict[str, dict[str, Callable[..., nn.Module]]] = {
 # (4 bits there: +8.5%), and llama.cpp's Q4 files keep it at 6-8 bits too. fp8: with an e4m3 head SmolLM2 on
 # the H100 answered "L'Étoile" for the capital of France (vLLM keeps the head unquantized for fp8).
 KEPT_INT8 = {"w8a8": ("down_proj", "lm_head"), "int4": ("lm_head",), "fp8": ("lm_head",)}
+EXPERT_CODES = {"int8": torch.int8, "w8a8": torch.int8, "int4": torch.int8, "fp8": torch.float8_e4m3fn}
 
 
 def check_supported(method: str | None, device: torch.device) -> None:
@@ -113,6 +118,8 @@ def quantize_model(model: nn.Module, method: str, device: torch.device, stored_l
                 if isinstance(child, nn.Linear):
                     setattr(parent, name, weight_only(child.weight.detach(), child.bias))
     replace_linears(model, lambda linear: make(linear.weight.detach(), linear.bias))
+    for moe in (module for module in model.modules() if isinstance(module, SparseMoE) and method in EXPERT_CODES):
+        moe.quantize_experts(EXPERT_CODES[method])
     if device.type == "cuda":  # W8A8 / FP8 projections read codes their RMSNorm or SiLU*mul wrote
         from fasterllm.layers.quantization.fused_activation import fuse_activation_quantization
         fuse_activation_quantization(model)
