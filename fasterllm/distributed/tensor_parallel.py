@@ -107,9 +107,9 @@ def check_tensor_parallel(config, quantization: str | None, size: int) -> None:
     if config.is_encoder_decoder:
         raise ValueError(f"tensor_parallel_size={size}: {config.architecture} (encoder-decoder) runs on one device "
                          "only; tensor parallelism covers the decoder-only families; use tensor_parallel_size=1")
-    if config.num_experts:
-        raise ValueError(f"tensor_parallel_size={size}: {config.architecture} is a mixture of experts, whose experts "
-                         "are not sharded yet; use tensor_parallel_size=1")
+    if config.qk_norm_over_heads:
+        raise ValueError(f"tensor_parallel_size={size}: {config.architecture} normalises its queries and keys over "
+                         "all heads at once, which are split over the ranks; use tensor_parallel_size=1")
     if quantization in STORED_METHODS:
         raise ValueError(f"tensor_parallel_size={size}: quantization={quantization!r} keeps the checkpoint's codes "
                          "whole and cannot split them yet; use tensor_parallel_size=1 (or quantization='int4' on a "
@@ -118,6 +118,8 @@ def check_tensor_parallel(config, quantization: str | None, size: int) -> None:
     tp.shard(config.num_attention_heads, "num_attention_heads")
     tp.kv_heads(config.num_key_value_heads)
     tp.shard(config.intermediate_size, "intermediate_size")
+    tp.shard(config.moe_intermediate_size, "moe_intermediate_size")
+    tp.shard(config.shared_expert_intermediate_size, "shared_expert_intermediate_size")
 
 
 def free_port() -> int:

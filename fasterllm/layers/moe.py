@@ -4,8 +4,10 @@ a sigmoid gate).
 
 The experts' weights are stacked ([E, 2I, H] gate and up, [E, H, I] down), the layout a grouped GEMM over tokens
 sorted by expert reads: on a GPU kernels/fused_moe.py runs them in two launches; elsewhere run_experts, the torch
-reference, runs each chosen expert over its tokens. Tensor parallelism would split every expert along I (w_gate_up's
-rows, w_down's columns) as the dense FFN is split; it is not implemented yet.
+reference, runs each chosen expert over its tokens. Under tensor parallelism each rank holds every expert (and the
+shared expert) on its share of I (w_gate_up's rows, w_down's columns), as the dense FFN is split: the router is
+replicated, every rank routes alike, and the output is this rank's partial sum, summed over ranks by the decoder
+layer's all-reduce as a dense FFN's is.
 
 quantize_experts (quantization='int8', 'w8a8', 'int4': int8 codes; 'fp8': e4m3) keeps each expert's weights as codes
 with an fp32 scale per output channel, symmetric (absmax / 127 or / 448), read as codes by the GPU kernels.

@@ -61,8 +61,11 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = self.post_feedforward_layernorm = None
         self.act = SiluAndMul() if cfg.hidden_act == "silu" else GeluAndMul(GATED_GELU_FORMS[cfg.hidden_act])
         if cfg.expert_layers is not None and cfg.expert_layers[index]:  # a mixture of experts instead of one FFN
-            self.moe = SparseMoE(cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size,
-                                 cfg.norm_topk_prob, self.act, cfg.shared_expert_intermediate_size)
+            # each rank: every expert (and the shared one) on its share of the intermediate size, as the dense FFN
+            self.moe = SparseMoE(cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok,
+                                 tp.shard(cfg.moe_intermediate_size, "moe_intermediate_size"), cfg.norm_topk_prob,
+                                 self.act, tp.shard(cfg.shared_expert_intermediate_size,
+                                                    "shared_expert_intermediate_size"))
         else:
             self.moe = None
             self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * intermediate, bias=cfg.mlp_bias)

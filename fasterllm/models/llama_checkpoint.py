@@ -27,10 +27,13 @@ def load_llama_weights(model: LlamaForCausalLM, weights: Iterable[tuple[str, Wei
              "gate_proj": ("gate_up_proj", 0, intermediate),
              "up_proj": ("gate_up_proj", intermediate, intermediate)}
     params = dict(model.named_parameters())
+    # each rank's share of an expert's (and the shared expert's) intermediate size
+    sizes = {"w_gate_up": cfg.moe_intermediate_size // model.tp.size,
+             "shared_gate_up": cfg.shared_expert_intermediate_size // model.tp.size}
     expected = set()
     for pname in params:
         if ".moe." in pname:
-            expected.update(_expert_parts(pname, cfg))
+            expected.update(_expert_parts(pname, cfg, sizes))
             continue
         kind = pname.split(".")[-2]
         starts = [start for new, start, _ in fused.values() if new == kind]
@@ -43,9 +46,11 @@ def load_llama_weights(model: LlamaForCausalLM, weights: Iterable[tuple[str, Wei
         target, rows = _our_name(name), None
         if target.endswith(".rotary_emb.inv_freq") or (target == "lm_head.weight" and model.lm_head is None):
             continue  # a RoPE table we compute, or a copy of the tied embedding
-        expert_part = _expert_target(target, cfg)
+        expert_part = _expert_target(target, cfg, sizes)
         if expert_part is not None:  # a router, an expert's or the shared expert's projection
-            loaded.add(_copy_expert_part(params, *expert_part, read_whole(source), name))
+            pname, expert, rows = expert_part
+            tensor = _expert_rank_part(model.tp, pname, rows, source)
+            loaded.add(_copy_expert_part(params, pname, expert, rows, tensor, name))
             continue
         parts = target.split(".")
         kind = parts[-2] if len(parts) >= 2 else ""
@@ -121,9 +126,11 @@ def _unfused(weights: Iterable[tuple[str, WeightSource]], cfg: ModelConfig
 _EXPERT_ROWS = {"w1": 0, "gate_proj": 0, "w3": 1, "up_proj": 1}  # Mixtral's / Qwen's names: gate, then up rows
 
 
-def _expert_target(target: str, cfg: ModelConfig) -> tuple[str, int | None, tuple[int, int] | None] | None:
+def _expert_target(target: str, cfg: ModelConfig, sizes: dict[str, int]
+                   ) -> tuple[str, int | None, tuple[int, int] | None] | None:
     """A mixture of experts' tensor (our name before fusion) -> (our parameter, expert index or None, (first row,
-    rows) or None), or None for any other tensor."""
+    rows) of this rank's fused gate/up or None), or None for any other tensor. sizes: this rank's intermediate size of
+    an expert ("w_gate_up") and of the shared expert ("shared_gate_up")."""
     parts = target.split(".")
     if cfg.num_experts == 0 or len(parts) < 4 or parts[0] != "layers":
         return None
@@ -132,27 +139,36 @@ def _expert_target(target: str, cfg: ModelConfig) -> tuple[str, int | None, tupl
         return f"{moe}.router", None, None
     if rest == ["shared_expert_gate"]:
         return f"{moe}.shared_expert_gate", None, None
-    size = cfg.shared_expert_intermediate_size
+    size = sizes["shared_gate_up"]
     if len(rest) == 2 and rest[0] == "shared_expert":
         if rest[1] == "down_proj":
             return f"{moe}.shared_down.weight", None, None
         return f"{moe}.shared_gate_up.weight", None, (_EXPERT_ROWS[rest[1]] * size, size)
     if len(rest) == 3 and rest[0] == "experts":
-        expert, size = int(rest[1]), cfg.moe_intermediate_size
+        expert, size = int(rest[1]), sizes["w_gate_up"]
         if rest[2] in ("w2", "down_proj"):
             return f"{moe}.w_down", expert, None
         return f"{moe}.w_gate_up", expert, (_EXPERT_ROWS[rest[2]] * size, size)
     return None
 
 
-def _expert_parts(pname: str, cfg: ModelConfig) -> list[str]:
+def _expert_parts(pname: str, cfg: ModelConfig, sizes: dict[str, int]) -> list[str]:
     """The keys _copy_expert_part marks loaded for parameter pname of a SparseMoE."""
     kind = pname.removesuffix(".weight").rsplit(".", 1)[-1]
     experts = [f"#{e}" for e in range(cfg.num_experts)] if kind in ("w_gate_up", "w_down") else [""]
     # the gate and up halves start at row 0 and at row `size` of a fused gate/up
-    size = {"w_gate_up": cfg.moe_intermediate_size, "shared_gate_up": cfg.shared_expert_intermediate_size}.get(kind)
+    size = sizes.get(kind)
     rows = [""] if size is None else ["#0", f"#{size}"]
     return [f"{pname}{e}{r}" for e in experts for r in rows]
+
+
+def _expert_rank_part(tp, pname: str, rows: tuple[int, int] | None, source: WeightSource) -> torch.Tensor:
+    """This rank's part of an expert tensor: rows of a gate or up projection (rows given: its half of the fused
+    gate/up), columns of a down projection, the router and the shared expert's gate whole."""
+    if tp.size == 1 or pname.endswith((".router", ".shared_expert_gate")):
+        return read_whole(source)
+    size = rows[1] if rows is not None else shape_of(source)[1] // tp.size
+    return read_part(source, 0 if rows is not None else 1, tp.rank * size, size)
 
 
 def _copy_expert_part(params: dict, pname: str, expert: int | None, rows: tuple[int, int] | None,

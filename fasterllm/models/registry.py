@@ -43,7 +43,7 @@ def supported_models() -> list[dict[str, str]]:
             "quantization": generating + (", gguf (Q4_0/Q4_1/Q4_K blocks)" if name in gguf else "")
             + (" (experts: int8 codes per channel, e4m3 under fp8, float under gguf)" if experts else ""),
             "gguf": "yes" if name in gguf else "no",
-            "tensor_parallel": "yes" if decoder_only and not experts else "no",
+            "tensor_parallel": "yes" if decoder_only else "no",
             "embeddings": "last-token pooling" if decoder_only else "no",
         })
     for model_type in ENCODER_MODEL_TYPES:

@@ -167,9 +167,19 @@ def test_sizes_that_cannot_split_are_refused_by_name(gguf, kwargs, message):
         LLM(str(gguf), device="cpu", **kwargs)
 
 
-def test_mixtures_of_experts_refuse_tensor_parallelism_by_name(tiny_checkpoints):
-    with pytest.raises(ValueError, match="MixtralForCausalLM is a mixture of experts.*tensor_parallel_size=1"):
-        LLM(str(tiny_checkpoints["mixtral_moe"][0]), device="cpu", tensor_parallel_size=2)
+# each rank holds every expert on half its intermediate size: Mixtral (top 2 of 8, renormalized), Qwen2-MoE (its shared
+# expert and sigmoid gate sharded too), Qwen3-MoE (a dense layer between expert layers)
+@pytest.mark.parametrize("name", ["mixtral_moe", "qwen2_moe_shared", "qwen3_moe_dense_layer"])
+def test_mixtures_of_experts_over_2_ranks_match_transformers(tiny_checkpoints, name):
+    directory, hf_model = tiny_checkpoints[name]
+    spec = next(s for s in TINY_SPECS if s.name == name)
+    _check_greedy(directory, hf_model, spec.vocab_size, tensor_parallel_size=2)
+
+
+def test_queries_normed_over_all_heads_refuse_tensor_parallelism_by_name(tiny_checkpoints):
+    with pytest.raises(ValueError, match="OlmoeForCausalLM normalises its queries and keys over all heads.*"
+                                         "tensor_parallel_size=1"):
+        LLM(str(tiny_checkpoints["olmoe_clip"][0]), device="cpu", tensor_parallel_size=2)
 
 
 def test_encoder_decoder_models_refuse_tensor_parallelism(tiny_seq2seq):
