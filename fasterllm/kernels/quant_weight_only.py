@@ -128,10 +128,12 @@ def _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stri
         # byte j of a group: k = 2j, 2j + 1 (int4) or k = j
         codes = tl.reshape(packed, (BLOCK_N, BLOCK_K // GROUP, GROUP // PER_BYTE)).to(tl.int32)
         if GROUPED_BITS == 8:  # code * scale is exact: one rounding, in the addition, as the reference's
-            return tl.reshape((small_int_to_float(codes, 0) * scale + minimum).to(dtype), (BLOCK_N, BLOCK_K))
-        low = (small_int_to_float(codes & 0xF, 0) * scale + minimum).to(dtype)
-        high = (small_int_to_float(codes >> 4, 0) * scale + minimum).to(dtype)
-        return tl.reshape(tl.join(low, high), (BLOCK_N, BLOCK_K))  # (n, group, byte, nibble)
+            tile = tl.reshape((small_int_to_float(codes, 0) * scale + minimum).to(dtype), (BLOCK_N, BLOCK_K))
+        else:
+            low = (small_int_to_float(codes & 0xF, 0) * scale + minimum).to(dtype)
+            high = (small_int_to_float(codes >> 4, 0) * scale + minimum).to(dtype)
+            tile = tl.reshape(tl.join(low, high), (BLOCK_N, BLOCK_K))  # (n, group, byte, nibble)
+        return tile
     else:
         kk = k0 + tl.arange(0, BLOCK_K)
         if EVEN:
