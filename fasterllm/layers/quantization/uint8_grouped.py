@@ -16,11 +16,12 @@ did for int4).
 
 The CPU kernel is torch's: each call dequantizes the weight to the activation dtype (fp32 products, one rounding to
 x's dtype: exact in an fp32 run, as the float weight is) and multiplies with F.linear, a block of output rows at a
-time into a reused 1 MiB fp32 block that stays in cache. Its cost: where a float fp32 matmul reads 4 bytes a weight,
-this reads 1.25-1.5 and writes and reads back 4 in cache, plus a convert, a multiply and an add per weight, which
-dominate: one-row decode measured about 2x F.linear over the float weight (a [4096, 2048] fp32 weight: 3.6 ms
-against 1.7 ms on this 2-core VM), 64 rows 1.5-1.8x, 512 rows 1.1-1.2x. Our C++ kernels (FASTERLLM_CPU_KERNELS)
-do not read these codes yet.
+time into a reused fp32 workspace. Its cost: where a float fp32 matmul reads 4 bytes a weight, this reads 1.25-1.5
+and makes four passes over each block (convert, multiply, add, matmul). Measured on a busy 2-core VM
+(benchmarks/cpu_uint8_grouped.py, RESULTS.md): one row 1.0-1.6x F.linear over the float weight on 4096-wide
+weights (both bound by memory) and 3-3.7x on SmolLM2's small ones (a few fixed-cost ops per block); 64-512 rows
+1.1-1.5x; torch's int8 kernel over re-rounded codes (what these types ran as before) is 4-7x faster than either at
+one row. Our C++ kernels (FASTERLLM_CPU_KERNELS) do not read these codes yet.
 """
 from __future__ import annotations
 
@@ -32,7 +33,10 @@ import torch.nn.functional as F
 from fasterllm.layers.linear import FlatLinear
 
 GROUP_SIZES = (16, 32)
-_BLOCK_ELEMENTS = 1 << 18  # dequantized weights per block of output rows: 1 MiB in fp32, fits a core's L2
+# dequantized weights per block of output rows (fp32): a decode's few rows reuse each block little, so it stays small
+# (4 MiB: measured best of 1-64 MiB for one row on 576- to 4096-wide weights); more rows amortize the dequantization
+# and run faster over fewer, larger matmuls (32 MiB)
+_FEW_ROWS, _FEW_ROWS_BLOCK, _MANY_ROWS_BLOCK = 16, 1 << 20, 1 << 23
 _workspaces = threading.local()  # one fp32 block a thread, reused by every layer: no allocation per call
 
 
@@ -72,7 +76,11 @@ class Uint8GroupedLinear(FlatLinear):
         self.codes = codes.contiguous()
         self.scales, self.minimums = scales.float().contiguous(), minimums.float().contiguous()
         self.bias = bias
-        self.rows_per_block = max(1, _BLOCK_ELEMENTS // k)
+
+    def rows_per_block(self, rows: int) -> int:
+        """Output rows dequantized at a time for an input of this many rows."""
+        n, k = self.codes.shape
+        return min(n, max(1, (_FEW_ROWS_BLOCK if rows <= _FEW_ROWS else _MANY_ROWS_BLOCK) // k))
 
     @property
     def group_size(self) -> int:
@@ -80,11 +88,11 @@ class Uint8GroupedLinear(FlatLinear):
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         n, k = self.codes.shape
-        step = self.rows_per_block
+        step = self.rows_per_block(x.shape[0])
         workspace = getattr(_workspaces, "block", None)
         if workspace is None or workspace.numel() < step * k or workspace.device != x.device:
             with torch.inference_mode(False):  # an ordinary tensor: written in place in and out of inference mode
-                workspace = _workspaces.block = torch.empty(max(_BLOCK_ELEMENTS, step * k), device=x.device)
+                workspace = _workspaces.block = torch.empty(step * k, device=x.device)
         out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
         for start in range(0, n, step):
             rows = slice(start, min(n, start + step))
