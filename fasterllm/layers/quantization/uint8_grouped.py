@@ -12,16 +12,21 @@ that would hold all three (a 32-group's scale repeated twice): the fp32 scale an
 0.5 byte a weight at 16 against 0.25 at 32, on top of the 1-byte code, and decode reads all of it every step, so
 Q8_0 and Q5_K projections read 1.25 bytes a weight instead of 1.5 (a sixth less); only a projection with a Q6_K part
 takes groups of 16. The kernels take any power-of-two group (the GPU ones, kernels/quant_weight_only.py, already
-did for int4).
+did for int4) or both sizes (the C++ ones).
 
-The CPU kernel is torch's: each call dequantizes the weight to the activation dtype (fp32 products, one rounding to
+Two CPU kernels, one chosen per layer at load, as int4.py's: our C++ one where FASTERLLM_CPU_KERNELS=auto asks for it
+and it is built (kernels/native/cpu_gemv.py: the codes in int8's tiles, turned into fp32 in registers and multiplied
+by the inputs as they come with fp32 FMAs, each group's scale and minimum applied once to its sum: the exact product
+up to fp32 summation), else the torch path below.
+
+The torch path: each call dequantizes the weight to the activation dtype (fp32 products, one rounding to
 x's dtype: exact in an fp32 run, as the float weight is) and multiplies with F.linear, a block of output rows at a
 time into a reused fp32 workspace. Its cost: where a float fp32 matmul reads 4 bytes a weight, this reads 1.25-1.5
 and makes four passes over each block (convert, multiply, add, matmul). Measured on a busy 2-core VM
-(benchmarks/cpu_uint8_grouped.py, RESULTS.md): one row 1.0-1.6x F.linear over the float weight on 4096-wide
-weights (both bound by memory) and 3-3.7x on SmolLM2's small ones (a few fixed-cost ops per block); 64-512 rows
-1.1-1.5x; torch's int8 kernel over re-rounded codes (what these types ran as before) is 4-7x faster than either at
-one row. Our C++ kernels (FASTERLLM_CPU_KERNELS) do not read these codes yet.
+(benchmarks/cpu_uint8_grouped.py, RESULTS.md): one row 1.0-1.7x F.linear over the float weight on 4096-wide
+weights (both bound by memory) and 3-4x on SmolLM2's small ones (a few fixed-cost ops per block); 8-64 rows
+1.0-1.5x. The C++ kernel was 7-11x faster than both at one row (and than torch's int8 kernel over the codes
+re-rounded, what these types ran as before).
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from fasterllm.kernels.native import cpu_extension, cpu_gemv
 from fasterllm.layers.linear import FlatLinear
 
 GROUP_SIZES = (16, 32)
@@ -43,8 +49,8 @@ _workspaces = threading.local()  # one fp32 block a thread, reused by every laye
 def dequantize_uint8_grouped(codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor,
                              out: torch.Tensor | None = None) -> torch.Tensor:
     """codes uint8 [N, K], scales and minimums [N, K / group] -> the fp32 weight [N, K], codes * scale + minimum
-    (exact: the code times the scale is, and the one addition rounds as GGUF's own dequantize does), into out
-    (fp32, N * K elements or more) if given."""
+    (for GGUF's blocks exactly what gguf dequantizes: a code times a scale, an fp16 times an integer, is exact in
+    fp32, and the one addition rounds as gguf's does), into out (fp32, N * K elements or more) if given."""
     n, k = codes.shape
     groups = scales.shape[1]
     weight = (torch.empty(n * k, device=codes.device) if out is None else out[:n * k]).view(n, groups, k // groups)
@@ -66,15 +72,22 @@ def check_grouped_codes(codes: torch.Tensor, scales: torch.Tensor, minimums: tor
 
 
 class Uint8GroupedLinear(FlatLinear):
-    """Built from codes uint8 [N, K], fp32 scales and minimums [N, K / group] (group in GROUP_SIZES)."""
+    """Built from codes uint8 [N, K], fp32 scales and minimums [N, K / group] (group in GROUP_SIZES). native: run our
+    C++ kernel (None: where it is opted into and built, cpu_extension.available(), and K is a multiple of 32);
+    False keeps the torch path."""
 
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor, bias: torch.Tensor | None,
+                 native: bool | None = None):
         super().__init__()
         check_grouped_codes(codes, scales, minimums)
         n, k = codes.shape
-        self.out_features = n
-        self.codes = codes.contiguous()
-        self.scales, self.minimums = scales.float().contiguous(), minimums.float().contiguous()
+        self.out_features, self.group_size = n, k // scales.shape[1]
+        fits = k % cpu_gemv.BLOCK == 0
+        self.native = cpu_gemv.pack_uint8_grouped(codes, scales, minimums) if fits and (
+            cpu_extension.available() if native is None else native) else None
+        if self.native is None:
+            self.codes = codes.contiguous()
+            self.scales, self.minimums = scales.float().contiguous(), minimums.float().contiguous()
         self.bias = bias
 
     def rows_per_block(self, rows: int) -> int:
@@ -82,11 +95,10 @@ class Uint8GroupedLinear(FlatLinear):
         n, k = self.codes.shape
         return min(n, max(1, (_FEW_ROWS_BLOCK if rows <= _FEW_ROWS else _MANY_ROWS_BLOCK) // k))
 
-    @property
-    def group_size(self) -> int:
-        return self.codes.shape[1] // self.scales.shape[1]
-
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:
+            out = cpu_gemv.uint8_grouped_gemv(x, self.native)  # in x's dtype
+            return out if self.bias is None else out + self.bias
         n, k = self.codes.shape
         step = self.rows_per_block(x.shape[0])
         workspace = getattr(_workspaces, "block", None)
