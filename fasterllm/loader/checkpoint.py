@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from fasterllm.loader.tokenizer import (
 from fasterllm.loader.weight_parts import WeightSource
 from fasterllm.seq2seq_config import Seq2SeqConfig, T5Config
 
+logger = logging.getLogger("fasterllm")
+
 
 @dataclass
 class Checkpoint:
@@ -35,6 +38,8 @@ class Checkpoint:
     # with the layout each runs as
     native_block_weights: Callable[[], Iterator[tuple[str, torch.Tensor]]] | None = None
     native_block_layouts: dict[str, BlockLayout] = field(default_factory=dict)
+    # GGUF type -> how many projections (or the head) have a part in it, which quantization='gguf' cannot run as stored
+    types_not_run_as_stored: dict[str, int] = field(default_factory=dict)
     # how its weights are stored, when pre-quantized (loader/prequantized.py: its method, one of PREQUANTIZED_METHODS;
     # its layout, the layer its codes run as; its name for messages): `weights` then yields its projections' codes
     # and scales. None: float
@@ -65,6 +70,12 @@ class Checkpoint:
             raise ValueError(f"quantization='gguf' runs Q4_0/Q4_1/Q4_K/Q5_K/Q6_K/Q8_0 GGUF blocks as stored, but "
                              f"{self.source.path} is a {kind}; use quantization='int4' (or 'int8') to quantize it at "
                              "load instead")
+        if self.types_not_run_as_stored:
+            counts = ", ".join(f"{count} in {name}" for name, count in sorted(self.types_not_run_as_stored.items()))
+            logger.warning("quantization='gguf': %s has projections stored in types that do not run as stored (%s); "
+                           "they are dequantized and re-quantized to int8 at load. Only Q4_0/Q4_1/Q4_K/Q5_K/Q6_K/Q8_0 "
+                           "run as stored: re-quantize the file to one of them (llama.cpp's llama-quantize) to run it "
+                           "without re-rounding", self.source.path.name, counts)
         return self.native_block_weights
 
 
@@ -77,7 +88,8 @@ def open_checkpoint(model: str | None, tokenizer: str | None = None) -> Checkpoi
                else load_hf_tokenizer(resolve_model(tokenizer).path, config.eos_token_ids))
         layouts = gguf_file.native_projections()
         blocks = (lambda: gguf_file.iter_weights(keep_native_blocks=True)) if layouts else None
-        return Checkpoint(source, config, tok, gguf_file.iter_weights, gguf_file.iter_weights, blocks, layouts)
+        return Checkpoint(source, config, tok, gguf_file.iter_weights, gguf_file.iter_weights, blocks, layouts,
+                          gguf_file.types_not_run_as_stored())
     config = load_hf_config(source.path)  # an unsupported architecture is the first thing it reports
     tok_dir = source.path if tokenizer is None else Path(resolve_model(tokenizer).path)
     tok = load_hf_tokenizer(tok_dir, config.eos_token_ids)

@@ -175,25 +175,43 @@ class GGUFFile:
         return tuple(int(d) for d in reversed(self._tensors[name].shape))
 
     @functools.cached_property
-    def _native_groups(self) -> dict[str, tuple[tuple[str, ...], BlockLayout]]:
+    def _projection_tensors(self) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
         """Our decoder-layer projection ("layers.3.qkv_proj"), or the output head ("lm_head"), -> its GGUF tensors and
-        the layout they run as, for those whose every part is stored in a type that runs as stored
-        (gguf_blocks.NATIVE_GROUP_SIZES: Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0). A projection with a part in another
-        type (F16, Q2_K, Q3_K, Q5_0, IQ types) does not qualify, nor does a head tied to the embedding table (no
-        output.weight). Experts are not projections: they are dequantized."""
+        their types, for those the file holds (a head tied to the embedding table has no output.weight; experts are
+        not projections: they are dequantized)."""
         types = {t.name: t.tensor_type.name for t in self.reader.tensors}
         layers = {int(name.split(".")[1]) for name in types if name.startswith("blk.")}
-        groups = {}
+        projections = {}
         for i in sorted(layers):
             for projection, parts in {**_PROJECTION_PARTS, **self.family.projections}.items():
                 names = tuple(f"blk.{i}.{part}.weight" for part in parts)
-                layout = block_layout(tuple(types.get(name, "absent") for name in names))
-                if layout is not None:
-                    groups[f"layers.{i}.{projection}"] = names, layout
-        head = block_layout((types.get("output.weight", "absent"),))  # Q4_K_M files store it in Q6_K
-        if head is not None:
-            groups["lm_head"] = ("output.weight",), head
+                if all(name in types for name in names):
+                    projections[f"layers.{i}.{projection}"] = names, tuple(types[name] for name in names)
+        if "output.weight" in types:  # Q4_K_M files store it in Q6_K
+            projections["lm_head"] = ("output.weight",), (types["output.weight"],)
+        return projections
+
+    @functools.cached_property
+    def _native_groups(self) -> dict[str, tuple[tuple[str, ...], BlockLayout]]:
+        """_projection_tensors' projections whose every part is stored in a type that runs as stored
+        (gguf_blocks.NATIVE_GROUP_SIZES: Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0) -> their tensors and the layout they run
+        as. A projection with a part in another type (F16, Q2_K, Q3_K, Q5_0, IQ types) does not qualify."""
+        groups = {}
+        for projection, (names, part_types) in self._projection_tensors.items():
+            layout = block_layout(part_types)
+            if layout is not None:
+                groups[projection] = names, layout
         return groups
+
+    def types_not_run_as_stored(self) -> dict[str, int]:
+        """GGUF type -> how many projections (or the head) have a part in it and so do not run as stored under
+        quantization='gguf' (they are dequantized, then quantized at load)."""
+        counts: dict[str, int] = {}
+        for projection, (_, part_types) in self._projection_tensors.items():
+            if projection not in self._native_groups:
+                for name in sorted(set(part_types) - set(NATIVE_GROUP_SIZES)):
+                    counts[name] = counts.get(name, 0) + 1
+        return counts
 
     def native_projections(self) -> dict[str, BlockLayout]:
         """The projections, and the output head ("lm_head"), that run as the file stores them (quantization='gguf'),

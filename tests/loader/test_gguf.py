@@ -191,16 +191,21 @@ def test_k_quant_projections_and_head_run_as_stored_with_the_dequantized_models_
             assert logprob.logprob == pytest.approx(float_position[token].logprob, abs=1e-3)
 
 
-def test_projections_in_types_without_a_native_layout_run_as_int8_and_the_error_names_them(tmp_path):
-    """A Q5_0 projection (no native layout) is dequantized and runs as int8 beside the Q8_0 ones; a file with no
-    projection in a native type is refused by name with the fix."""
+def test_projections_in_types_without_a_native_layout_run_as_int8_and_the_messages_name_them(tmp_path, caplog):
+    """A Q5_0 projection (no native layout) is dequantized and runs as int8 beside the Q8_0 ones, with a warning
+    naming the type and the fix; a file with no projection in a native type is refused by name with the fix."""
     torch.manual_seed(0)
     model = randomized(LlamaForCausalLM(LlamaConfig(**SHAPE, rope_theta=10000.0)))
     path = tmp_path / "tiny-q5_0.gguf"
     write_gguf(path, model, GGMLQuantizationType.Q5_0, block_types={"attn_output": "Q8_0", "ffn_down": "Q8_0"})
-    layer = LLM(str(path), quantization="gguf", cpu_kv_cache_gib=0.01).engine.executor.runner.model.layers[0]
+    with caplog.at_level("WARNING", logger="fasterllm"):
+        layer = LLM(str(path), quantization="gguf", cpu_kv_cache_gib=0.01).engine.executor.runner.model.layers[0]
     assert type(layer.o_proj).__name__ == "Uint8GroupedLinear"
     assert type(layer.qkv_proj).__name__ == "Int8WeightOnlyLinear"
+    # qkv and gate_up of both layers, and the head
+    assert ("quantization='gguf': tiny-q5_0.gguf has projections stored in types that do not run as stored (5 in "
+            "Q5_0); they are dequantized and re-quantized to int8 at load") in caplog.text
+    assert "re-quantize the file to one of them (llama.cpp's llama-quantize)" in caplog.text
     path = tmp_path / "tiny-f16.gguf"
     write_gguf(path, model, GGMLQuantizationType.F16)
     with pytest.raises(ValueError, match="quantization='gguf' runs Q4_0/Q4_1/Q4_K/Q5_K/Q6_K/Q8_0 GGUF blocks as "
