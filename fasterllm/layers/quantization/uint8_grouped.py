@@ -43,7 +43,9 @@ GROUP_SIZES = (16, 32)
 # (4 MiB: measured best of 1-64 MiB for one row on 576- to 4096-wide weights); more rows amortize the dequantization
 # and run faster over fewer, larger matmuls (32 MiB)
 _FEW_ROWS, _FEW_ROWS_BLOCK, _MANY_ROWS_BLOCK = 16, 1 << 20, 1 << 23
-_workspaces = threading.local()  # one fp32 block a thread, reused by every layer: no allocation per call
+# one fp32 block a thread, reused by every layer (no allocation per call), kept at the largest size asked for: up to
+# 32 MiB once a prefill ran
+_workspaces = threading.local()
 
 
 def dequantize_uint8_grouped(codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor,
