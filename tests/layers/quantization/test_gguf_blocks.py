@@ -89,6 +89,33 @@ def q4_k_bytes(weight: np.ndarray) -> np.ndarray:
     return packed.reshape(rows, -1)
 
 
+def q6_k_bytes(weight: np.ndarray) -> np.ndarray:
+    """A [rows, cols] weight as Q6_K super-blocks (llama.cpp's documented layout, written here): per 16 weights an
+    int8 scale relative to the super-block's fp16 d, codes 0..63 centred at 32."""
+    rows, cols = weight.shape
+    sub = weight.reshape(rows, cols // 256, 16, 16)
+    scale = np.abs(sub).max(-1) / 31
+    d = (scale.max(-1, keepdims=True) / 127).astype(np.float16)
+    sc = np.clip(np.round(scale / np.maximum(d.astype(np.float32), 1e-30)), -128, 127).astype(np.int8)
+    step = d.astype(np.float32) * sc
+    codes = np.clip(np.round(sub / np.where(step == 0, 1, step)[..., None]) + 32, 0, 63).astype(np.uint8)
+    q = codes.reshape(rows, cols // 256, 2, 4, 32)  # (half, r, l): weight 32 r + l of each half of 128
+    low, high = q & 0xF, q >> 4
+    ql = np.concatenate([low[..., 0, :] | (low[..., 2, :] << 4), low[..., 1, :] | (low[..., 3, :] << 4)], axis=-1)
+    qh = high[..., 0, :] | (high[..., 1, :] << 2) | (high[..., 2, :] << 4) | (high[..., 3, :] << 6)
+    blocks = np.concatenate([ql.reshape(rows, -1, 128), qh.reshape(rows, -1, 64), sc.view(np.uint8),
+                             d.view(np.uint8)], axis=-1)
+    return blocks.reshape(rows, -1)
+
+
+def test_q6_k_super_blocks_of_a_weight_unpack_to_exactly_what_gguf_dequantizes():
+    weight = np.random.default_rng(2).standard_normal((24, 512)).astype(np.float32)
+    raw = q6_k_bytes(weight)
+    reference = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType.Q6_K).reshape(24, 512))
+    assert torch.equal(dequantized(*unpack_blocks(raw, "Q6_K", (24, 512))), reference)
+    assert (reference - torch.from_numpy(weight)).abs().max() < 0.1  # the test's quantizer: about a step of 6 bits
+
+
 def test_q4_k_super_blocks_unpack_to_exactly_what_gguf_dequantizes():
     weight = np.random.default_rng(1).standard_normal((24, 512)).astype(np.float32)
     raw = q4_k_bytes(weight)
@@ -128,10 +155,10 @@ def test_projection_layouts_from_part_types():
         unpack_blocks(np.zeros((1, 110), np.uint8), "Q3_K", (1, 256))
 
 
-def write_mixed_gguf(path, q8_layers: set[int]) -> None:
-    """SmolLM2's file with every ffn_down re-encoded as Q4_K, or as Q8_0 in q8_layers: the mix of a Q4_K_M file,
-    which keeps some ffn_down and attn_v tensors at 6 bits (its other projections stay Q4_1: their 576 inputs are
-    not a multiple of Q4_K's 256)."""
+def write_mixed_gguf(path, q8_layers: set[int], q6_layers: set[int]) -> None:
+    """SmolLM2's file with every ffn_down re-encoded as Q4_K, or as Q8_0 in q8_layers and Q6_K in q6_layers: the mix
+    of a Q4_K_M file, which keeps some ffn_down and attn_v tensors in Q6_K (its other projections stay Q4_1: their
+    576 inputs are not a multiple of the k-quants' 256)."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
     reader = GGUFReader(default_model_path())
@@ -146,8 +173,12 @@ def write_mixed_gguf(path, q8_layers: set[int]) -> None:
         if tensor.name.endswith("ffn_down.weight"):
             weight = dequantize_blocks(tensor.data, tensor.tensor_type.name, shape).numpy()
             layer = int(tensor.name.split(".")[1])
-            kind = GGMLQuantizationType.Q8_0 if layer in q8_layers else GGMLQuantizationType.Q4_K
-            raw = quants.quantize(weight, kind) if layer in q8_layers else q4_k_bytes(weight)
+            if layer in q8_layers:
+                kind, raw = GGMLQuantizationType.Q8_0, quants.quantize(weight, GGMLQuantizationType.Q8_0)
+            elif layer in q6_layers:
+                kind, raw = GGMLQuantizationType.Q6_K, q6_k_bytes(weight)
+            else:
+                kind, raw = GGMLQuantizationType.Q4_K, q4_k_bytes(weight)
             writer.add_tensor(tensor.name, raw, raw_shape=raw.shape, raw_dtype=kind)
         else:
             writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_shape=tensor.data.shape,
@@ -158,17 +189,19 @@ def write_mixed_gguf(path, q8_layers: set[int]) -> None:
     writer.close()
 
 
-def test_a_file_mixing_q4_k_and_q8_0_runs_every_projection_as_stored(tmp_path):
+def test_a_file_mixing_q4_k_q6_k_and_q8_0_runs_every_projection_as_stored(tmp_path):
     path = tmp_path / "smollm2-q4_k-mix.gguf"
-    write_mixed_gguf(path, q8_layers={0, 1, 15, 29})
+    write_mixed_gguf(path, q8_layers={0, 1, 15, 29}, q6_layers={2, 3, 28})
     layouts = GGUFFile(path).native_projections()
-    assert len(layouts) == 4 * 30  # the Q8_0 down_proj of four layers too, as 8-bit codes
+    assert len(layouts) == 4 * 30  # the Q8_0 and Q6_K down_proj of seven layers too, as 8-bit codes
     assert layouts["layers.1.down_proj"] == BlockLayout("uint8_grouped", 32)
-    assert layouts["layers.2.down_proj"] == BlockLayout("int4", 32)
+    assert layouts["layers.2.down_proj"] == BlockLayout("uint8_grouped", 16)
+    assert layouts["layers.4.down_proj"] == BlockLayout("int4", 32)
     blocks = LLM(str(path), quantization="gguf", num_kv_blocks=64, max_model_len=256)
     layers = blocks.engine.executor.runner.model.layers
-    assert type(layers[2].down_proj).__name__ == "Int4WeightOnlyLinear"  # Q4_K, as stored
+    assert type(layers[4].down_proj).__name__ == "Int4WeightOnlyLinear"  # Q4_K, as stored
     assert type(layers[1].down_proj).__name__ == "Uint8GroupedLinear"  # Q8_0, as stored
+    assert type(layers[2].down_proj).__name__ == "Uint8GroupedLinear" and layers[2].down_proj.group_size == 16
     assert type(layers[1].qkv_proj).__name__ == "Int4WeightOnlyLinear"
     floats = LLM(str(path), num_kv_blocks=64, max_model_len=256)  # the same file dequantized
     prompt = floats.get_tokenizer().encode("The capital of France is Paris. The capital of Italy is Rome.")
