@@ -56,7 +56,8 @@ class Int8GPULinear(FlatLinear):
 
 class Int4GPULinear(FlatLinear):
     """Built from codes uint8 [N, K] (0..15), per-group scales and minimums [N, K/32] (codes * scale + minimum),
-    the CPU Int4WeightOnlyLinear's arguments: quantized from a float weight by from_float, or GGUF's Q4 blocks.
+    the CPU Int4WeightOnlyLinear's arguments: quantized from a float weight by from_float, or GGUF's Q4_0 / Q4_1 /
+    Q4_K blocks.
     A bf16 layer on an NVIDIA GPU of compute capability 8.0+ (out_features % 8 == 0) keeps tinygemm's layout, whose
     1-4 row kernel is torch's (tinygemm_matmul); others keep the row-major bytes and fp16 scales and minimums."""
 
