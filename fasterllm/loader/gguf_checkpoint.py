@@ -199,6 +199,10 @@ class GGUFFile:
         groups = {}
         for projection, (names, part_types) in self._projection_tensors.items():
             layout = block_layout(part_types)
+            if layout is not None and projection == "lm_head" and layout.layout == "int4":
+                # a 4-bit head's codes as bytes: torch's int4 CPU kernel takes only N % 16 == 0, and vocabularies
+                # often are not
+                layout = BlockLayout("uint8_grouped", layout.group_size)
             if layout is not None:
                 groups[projection] = names, layout
         return groups

@@ -191,6 +191,38 @@ def test_k_quant_projections_and_head_run_as_stored_with_the_dequantized_models_
             assert logprob.logprob == pytest.approx(float_position[token].logprob, abs=1e-3)
 
 
+def test_a_4_bit_head_of_any_vocabulary_size_runs_as_stored(tmp_path):
+    """A Q4_0 head of 120 rows (not a multiple of 16, which torch's int4 CPU kernel needs) runs as its codes held one a
+    byte, beside int4 projections, with the prompt logprobs of the same file dequantized."""
+    vocab = 120
+
+    def vocabulary(writer):
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list(list(bytes_to_unicode().values())[:vocab - 1] + ["<|endoftext|>"])
+        writer.add_token_types([1] * (vocab - 1) + [3])
+        writer.add_token_merges([])
+        writer.add_eos_token_id(vocab - 1)
+
+    torch.manual_seed(0)
+    model = randomized(LlamaForCausalLM(LlamaConfig(**{**SHAPE, "vocab_size": vocab, "eos_token_id": vocab - 1},
+                                                    rope_theta=10000.0)))
+    path = tmp_path / "tiny-q4_0-head.gguf"
+    write_gguf(path, model, GGMLQuantizationType.Q4_0, vocabulary=vocabulary)
+    llm = LLM(str(path), quantization="gguf", dtype="float32", cpu_kv_cache_gib=0.01)
+    decoder = llm.engine.executor.runner.model
+    assert type(decoder.lm_head).__name__ == "Uint8GroupedLinear" and decoder.lm_head.out_features == vocab
+    assert type(decoder.layers[0].qkv_proj).__name__ == "Int4WeightOnlyLinear"
+    from fasterllm import SamplingParams
+
+    prompt = [int(t) for t in torch.randint(0, vocab - 1, (24,), generator=torch.Generator().manual_seed(2))]
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    floats = LLM(str(path), dtype="float32", cpu_kv_cache_gib=0.01)
+    ours, theirs = ([next(iter(entry.values())).logprob for entry in engine.generate(
+        [{"prompt_token_ids": prompt}], params, use_tqdm=False)[0].prompt_logprobs[1:]] for engine in (llm, floats))
+    # the int4 projections' torch kernel computes in bf16: near the float load, far below a wrong layout's gap
+    assert (torch.tensor(ours) - torch.tensor(theirs)).abs().mean() < 0.1
+
+
 def test_projections_in_types_without_a_native_layout_run_as_int8_and_the_messages_name_them(tmp_path, caplog):
     """A Q5_0 projection (no native layout) is dequantized and runs as int8 beside the Q8_0 ones, with a warning
     naming the type and the fix; a file with no projection in a native type is refused by name with the fix."""

@@ -11,7 +11,8 @@ keeps q and k in Q4_K and v in Q6_K) holds its 4-bit codes as 8-bit ones (a code
 smallest group of its parts (a 32-group's scale repeated over two 16-groups), rather than being split into one
 layer a part: one matmul and one launch, as for every other fused projection, at the price of reading the 4-bit
 parts' codes as whole bytes (q and k: about 80% of that projection's weights with grouped-query attention). The
-output head, where the file stores it untied in one of these types (Q4_K_M: Q6_K), is held and run the same way.
+output head, where the file stores it untied in one of these types (Q4_K_M: Q6_K), is held and run the same way,
+as 8-bit codes even when 4-bit (torch's int4 CPU kernel takes only row counts divisible by 16).
 After loading they repack into the layer of their layout: the codes are kept; scales and minimums are exact in fp32
 (an fp16 times a small integer) and stay exact in the 8-bit layer (fp32, or fp16 on a GPU where that holds every
 one); the int4 layer rounds them once to bf16 where its kernel computes in bf16 (on the CPU with torch's kernel, on
