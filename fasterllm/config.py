@@ -17,7 +17,7 @@ _DTYPES = {
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
 }
 
-# what quantization= takes (gguf: a GGUF's Q4 blocks as they are); layers/quantization/ implements each
+# what quantization= takes (gguf: a GGUF's blocks as they are); layers/quantization/ implements each
 QUANTIZATION_METHODS = ("int8", "int4", "w8a8", "fp8", "gguf", "gptq", "awq", "compressed-tensors")
 # a checkpoint's own codes, named by its quantization_config, run as stored (loader/prequantized.py)
 PREQUANTIZED_METHODS = ("gptq", "awq", "compressed-tensors")

@@ -101,7 +101,7 @@ def init_tensor_parallel(rank: int, size: int, init_method: str, device: torch.d
 
 def check_tensor_parallel(config, quantization: str | None, size: int) -> None:
     """A ValueError naming what cannot be split over `size` ranks: a model family without tensor parallelism, a GGUF's
-    Q4 blocks as stored, a head count or FFN size that does not divide."""
+    blocks as stored, a head count or FFN size that does not divide."""
     if size == 1:
         return
     if config.is_encoder_decoder:

@@ -40,7 +40,7 @@ def supported_models() -> list[dict[str, str]]:
             "code": f"models/{cls.__module__.rsplit('.', 1)[-1]}.py" + (" + layers/moe.py" if experts else ""),
             "kind": "decoder, mixture of experts" if experts else "decoder" if decoder_only else "encoder-decoder",
             "gpu": "Triton kernels" + (" (fused MoE)" if experts else "") + ", CUDA graphs",
-            "quantization": generating + (", gguf (Q4_0/Q4_1/Q4_K blocks)" if name in gguf else "")
+            "quantization": generating + (", gguf (Q4_0/Q4_1/Q4_K/Q5_K/Q6_K/Q8_0 blocks)" if name in gguf else "")
             + (" (experts: int8 codes per channel, e4m3 under fp8, float under gguf)" if experts else ""),
             "gguf": "yes" if name in gguf else "no",
             "tensor_parallel": "yes" if decoder_only else "no",

@@ -35,7 +35,8 @@ def test_models_lists_every_architecture_the_loader_accepts():
     assert result.returncode == 0, result.stderr
     rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
     assert set(DECODER_ARCHITECTURES) | set(ENCODER_DECODER_ARCHITECTURES) <= set(rows)
-    assert " yes " in rows["LlamaForCausalLM"] and "gguf (Q4_0/Q4_1/Q4_K blocks)" in rows["LlamaForCausalLM"]
+    assert " yes " in rows["LlamaForCausalLM"]
+    assert "gguf (Q4_0/Q4_1/Q4_K/Q5_K/Q6_K/Q8_0 blocks)" in rows["LlamaForCausalLM"]
     assert "encoder-decoder" in rows["T5ForConditionalGeneration"]
     assert "mixture of experts" in rows["MixtralForCausalLM"] and "fused MoE" in rows["MixtralForCausalLM"]
 

@@ -13,6 +13,7 @@ import torch
 from fasterllm.kernels.native import cpu_extension, cpu_gemv
 from fasterllm.layers.quantization.int4 import GROUP_SIZE, Int4WeightOnlyLinear, quantize_int4_grouped
 from fasterllm.layers.quantization.int8 import Int8WeightOnlyLinear, quantize_int8_per_channel
+from fasterllm.layers.quantization.uint8_grouped import Uint8GroupedLinear, dequantize_uint8_grouped
 
 if shutil.which(os.environ.get("CXX", "c++")) is None:
     pytest.skip("no C++ compiler: the C++ CPU kernels cannot be built here", allow_module_level=True)
@@ -84,6 +85,35 @@ def test_int8_is_the_exact_product_within_fp32_summation(isa, dtype, n, k):
         assert_within_summation_error(got, x, weight, x.double().abs() @ weight.abs().t())
 
 
+def uint8_grouped(n, k, group):
+    """Random 8-bit codes with scales as a GGUF Q6_K makes them (an fp16 d times an int8 sub-scale: 19-bit mantissas,
+    whose products with a code fp32 holds exactly) and minimums (-128 scale and off it), per group of group inputs."""
+    codes = torch.randint(0, 256, (n, k), dtype=torch.uint8)
+    scales = (torch.rand(n, 1) * 1e-5).half().float() * torch.randint(-128, 128, (n, k // group)).float()
+    minimums = -128 * scales + torch.randn(n, k // group) * 1e-2
+    return codes, scales, minimums
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("group", [16, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, k", SHAPES)
+def test_uint8_grouped_is_the_exact_product_within_fp32_summation(isa, group, dtype, n, k):
+    torch.manual_seed(n * k + group)
+    codes, scales, minimums = uint8_grouped(n, k, group)
+    packed = cpu_gemv.pack_uint8_grouped(codes, scales, minimums)
+    groups = codes.double().reshape(n, k // group, group)
+    scaled = groups * scales.double()[..., None]
+    weight = (scaled + minimums.double()[..., None]).reshape(n, k)
+    assert torch.equal(weight.float(), dequantize_uint8_grouped(codes, scales, minimums))  # exact in fp32
+    # the kernels add scale x sum(code x) and minimum x sum(x) per group: those are the terms that round
+    term_sizes = (scaled.abs() + minimums.double().abs()[..., None]).reshape(n, k)
+    for rows in ROWS:
+        x = activations(rows, k, dtype)
+        got = cpu_gemv.uint8_grouped_gemv(x, packed, isa)
+        assert_within_summation_error(got, x, weight, x.double().abs() @ term_sizes.t())
+
+
 def test_rounding_the_inputs_misses_the_bound():
     """The bound above can fail: the same products with the inputs rounded to bf16 (what torch's packed kernels
     do) exceed it."""
@@ -120,6 +150,13 @@ def test_layers_agree_with_their_torch_path(isa, dtype, monkeypatch):
             got, want = ours(x), theirs(x)
             assert ours.native is not None and theirs.native is None and got.dtype == dtype
             assert relative_error(got, want) < 0.02
+        for group in (16, 32):  # no rounding on either path: fp32 within summation, bf16 within its output rounding
+            codes, scales, minimums = uint8_grouped(80, 160, group)
+            ours = Uint8GroupedLinear(codes, scales, minimums, bias.to(dtype), native=True)
+            theirs = Uint8GroupedLinear(codes, scales, minimums, bias.to(dtype), native=False)
+            got, want = ours(x), theirs(x)
+            assert ours.native is not None and theirs.native is None and got.dtype == dtype
+            assert relative_error(got, want) < (1e-5 if dtype == torch.float32 else 0.02)
 
 
 def test_int8_layer_keeps_torch_for_widths_the_kernel_cannot_take():
@@ -146,6 +183,11 @@ def test_bad_inputs_are_refused_with_what_was_given():
         cpu_gemv.int8_gemv(torch.randn(1, 64), int8._replace(rows=40), "avx2")
     with pytest.raises(ValueError, match="divisible by 32, got 40"):
         cpu_gemv.pack_int4(torch.zeros(4, 40, dtype=torch.uint8), torch.ones(4, 1), torch.zeros(4, 1))
+    grouped = cpu_gemv.pack_uint8_grouped(*uint8_grouped(20, 64, 16))
+    with pytest.raises(RuntimeError, match=r"scales must be \[N/16, K/16 or K/32, 16\]"):
+        cpu_gemv.uint8_grouped_gemv(torch.randn(1, 64), grouped._replace(scales=torch.ones(2, 3, 16)), "avx2")
+    with pytest.raises(ValueError, match="groups of 16 or 32 inputs, got 64 inputs in 1 groups"):
+        cpu_gemv.pack_uint8_grouped(*uint8_grouped(4, 64, 64))
 
 
 @pytest.mark.parametrize("value, answer", [("avx2", "avx2"), ("off", None), ("", None), ("auto", "widest")])

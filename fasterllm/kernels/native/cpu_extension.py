@@ -1,5 +1,5 @@
-"""Our C++ CPU extension (cpu/*.cpp: the int4 / int8 matrix products of cpu_gemv.py, the fused add + RMSNorm of
-cpu_rms_norm.py): which ISA it runs, and building and loading it.
+"""Our C++ CPU extension (cpu/*.cpp: the int4 / int8 / uint8_grouped matrix products of cpu_gemv.py, the fused
+add + RMSNorm of cpu_rms_norm.py): which ISA it runs, and building and loading it.
 
 They are opt-in: FASTERLLM_CPU_KERNELS=auto runs them, the ISA chosen from the CPU's flags ("avx512": avx512f, else
 "avx2": avx2/fma/f16c); "avx512" or "avx2" forces one (tests and benchmarks run the AVX2 code on an AVX-512 machine

@@ -1,11 +1,11 @@
-"""The int4 and int8 CPU layers' matrix products, in C++ (cpu/gemv*.cpp, built by cpu_extension.py): torch's own
-kernels read the weights at a fraction of the memory bandwidth (benchmarks/RESULTS.md, issue 27), and decode on a
-CPU is a read of every weight per step.
+"""The int4, int8 and uint8_grouped CPU layers' matrix products, in C++ (cpu/gemv*.cpp, built by
+cpu_extension.py): torch's own kernels read the weights at a fraction of the memory bandwidth (benchmarks/RESULTS.md,
+issue 27), and decode on a CPU is a read of every weight per step.
 
 The weights are repacked once into tiles of 16 output rows (cpu/gemv.h says the byte order). The input rows are
 multiplied as they come (fp32, or bf16 widened to fp32, never rounded): the codes are turned into fp32 in registers
-and multiplied by the inputs with fp32 FMAs (8 lanes on AVX2, 16 on AVX-512), each group's (int4) or row's (int8)
-scale applied once to the sum; the output comes back in the input's dtype.
+and multiplied by the inputs with fp32 FMAs (8 lanes on AVX2, 16 on AVX-512), each group's (int4, uint8_grouped) or
+row's (int8) scale applied once to the sum; the output comes back in the input's dtype.
 """
 from __future__ import annotations
 
@@ -34,6 +34,15 @@ class Int8Weights(NamedTuple):
     rows: int
 
 
+class Uint8GroupedWeights(NamedTuple):
+    """pack_uint8_grouped's result: codes [N/16, K/32, 512] uint8, scales and minimums [N/16, K/group, 16] fp32,
+    rows N."""
+    codes: torch.Tensor
+    scales: torch.Tensor
+    minimums: torch.Tensor
+    rows: int
+
+
 def _tiles(values: torch.Tensor) -> torch.Tensor:
     """values [N, ...] -> [N/16 rounded up, 16, ...], padded with zero rows."""
     rows = values.shape[0]
@@ -56,22 +65,39 @@ def pack_int4(codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor)
     # [tile, row, block, chunk, j, nibble] -> [tile, block, chunk, row, j, nibble]
     split = _tiles(codes.to(torch.uint8)).reshape(-1, TILE_ROWS, cols // BLOCK, 4, 4, 2).permute(0, 2, 3, 1, 4, 5)
     packed = (split[..., 0] | (split[..., 1] << 4)).reshape(-1, cols // BLOCK, TILE_ROWS * BLOCK // 2)
+    return Int4Weights(packed.contiguous(), _group_values_by_tile(scales), _group_values_by_tile(minimums), rows)
 
-    def by_tile(values: torch.Tensor) -> torch.Tensor:  # [N, K/32] -> [N/16, K/32, 16]
-        return _tiles(values.float()).transpose(1, 2).contiguous()
 
-    return Int4Weights(packed.contiguous(), by_tile(scales), by_tile(minimums), rows)
+def _group_values_by_tile(values: torch.Tensor) -> torch.Tensor:
+    """Per-group values [N, groups] -> [N/16, groups, 16] fp32, as the kernels read a tile's."""
+    return _tiles(values.float()).transpose(1, 2).contiguous()
+
+
+def _byte_tiles(codes: torch.Tensor) -> torch.Tensor:
+    """One-byte codes [N, K] -> [N/16, K/32, 512]: per tile of 16 rows and block of 32, byte 16j + r holds row r's
+    code at k = j."""
+    rows, cols = codes.shape
+    _check_width(cols)
+    # [tile, row, block, j] -> [tile, block, j, row]
+    split = _tiles(codes).reshape(-1, TILE_ROWS, cols // BLOCK, BLOCK).permute(0, 2, 3, 1)
+    return split.reshape(-1, cols // BLOCK, TILE_ROWS * BLOCK).contiguous()
 
 
 def pack_int8(weight: torch.Tensor, scales: torch.Tensor) -> Int8Weights:
     """int8 weight [N, K] in -127..127 with fp32 scales [N] -> the kernels' tiles (cpu/gemv.h): per tile of 16 rows
     and block of 32, byte 16j + r holds row r's weight at k = j."""
-    rows, cols = weight.shape
-    _check_width(cols)
-    # [tile, row, block, j] -> [tile, block, j, row]
-    split = _tiles(weight.to(torch.int8)).reshape(-1, TILE_ROWS, cols // BLOCK, BLOCK).permute(0, 2, 3, 1)
-    return Int8Weights(split.reshape(-1, cols // BLOCK, TILE_ROWS * BLOCK).contiguous(),
-                       _tiles(scales.float()).contiguous(), rows)
+    return Int8Weights(_byte_tiles(weight.to(torch.int8)), _tiles(scales.float()).contiguous(), weight.shape[0])
+
+
+def pack_uint8_grouped(codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor) -> Uint8GroupedWeights:
+    """Codes uint8 [N, K] (0..255) with fp32 scales and minimums [N, K/group] (group 16 or 32) -> the kernels' tiles
+    (cpu/gemv.h): pack_int8's byte order, per tile and group 16 scales and 16 minimums."""
+    groups = scales.shape[1]
+    if codes.shape[1] not in (16 * groups, 32 * groups):
+        raise ValueError(f"the C++ CPU kernels take groups of 16 or 32 inputs, got {codes.shape[1]} inputs in "
+                         f"{groups} groups")
+    return Uint8GroupedWeights(_byte_tiles(codes.to(torch.uint8)), _group_values_by_tile(scales),
+                               _group_values_by_tile(minimums), codes.shape[0])
 
 
 def int4_gemv(x: torch.Tensor, weights: Int4Weights, isa: str | None = None) -> torch.Tensor:
@@ -83,3 +109,10 @@ def int4_gemv(x: torch.Tensor, weights: Int4Weights, isa: str | None = None) -> 
 def int8_gemv(x: torch.Tensor, weights: Int8Weights, isa: str | None = None) -> torch.Tensor:
     """x [M, K] (fp32/bf16) @ w.T -> [M, N] fp32, w = weight * scale per output row (pack_int8's weights)."""
     return torch.ops.fasterllm_cpu.int8_gemv(x, weights.codes, weights.scales, weights.rows, isa or kernel_isa())
+
+
+def uint8_grouped_gemv(x: torch.Tensor, weights: Uint8GroupedWeights, isa: str | None = None) -> torch.Tensor:
+    """x [M, K] (fp32/bf16) @ w.T -> [M, N] in x's dtype, w = code * scale + minimum per group (pack_uint8_grouped's
+    weights)."""
+    return torch.ops.fasterllm_cpu.uint8_grouped_gemv(x, weights.codes, weights.scales, weights.minimums, weights.rows,
+                                                      isa or kernel_isa())

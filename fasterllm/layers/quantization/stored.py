@@ -1,6 +1,6 @@
 """Linears that load a pre-quantized checkpoint's codes as stored (loader/prequantized.py, loader/compressed_tensors.py),
 then run as the layer of its layout: "int4" (GPTQ, AWQ, compressed-tensors W4A16: 4-bit codes, scales and minimums
-in groups of 32, held by gguf.py's GGUFQ4Linear), "int8" / "w8a8" (int8 codes per output channel) or "fp8" (e4m3
+in groups of 32, held by gguf.py's GroupedCodesLinear), "int8" / "w8a8" (int8 codes per output channel) or "fp8" (e4m3
 codes per output channel), held by StoredCodesLinear.
 
 The holders' tensors are indexed by output row, so the model's ordinary load_weights fuses Q/K/V and gate/up on them
@@ -46,7 +46,7 @@ def repack_stored_linears(model: nn.Module, layout: str, make) -> None:
     """Each held projection as make(...): int4 holders give (codes, scales, minimums, bias, dtype), code holders
     (qweight, scales, bias, dtype)."""
     if layout == "int4":
-        repack_gguf_linears(model, make)
+        repack_gguf_linears(model, {"int4": make})
     else:
         replace_linears(model, lambda held: make(held.qweight.data, held.qscales.data, held.bias, held.dtype),
                         kind=StoredCodesLinear)

@@ -4,8 +4,9 @@
 // reference.
 //
 // The inputs are multiplied as they come: widened to fp32 (widen_rows.cpp), never rounded, and every product is an
-// fp32 FMA of a weight code (exact in fp32) and an input; each group's (int4) or row's (int8) scale applies once to
-// the sum. A decode product is bound by the weight bytes it reads, so the codes are turned into fp32 in registers.
+// fp32 FMA of a weight code (exact in fp32) and an input; each group's (int4, uint8 grouped) or row's (int8) scale
+// applies once to the sum. A decode product is bound by the weight bytes it reads, so the codes are turned into fp32
+// in registers.
 //
 // Weights are stored in tiles of 16 output rows (N padded with zero rows to a multiple of 16), each tile's bytes in
 // the order the kernels read them, so a product streams its weights front to back: one fp32 lane per output row and
@@ -16,6 +17,8 @@
 //         minimum)
 //   int8: 32 groups of 16 bytes; group j's byte r holds the weight (-127..127) of row 16t + r at k = 32b + j; fp32
 //         scales [N/16, 16] per output row (w = weight * scale)
+//   uint8 grouped: int8's bytes, unsigned codes (0..255); fp32 scales and minimums [N/16, K/G, 16] per group of G
+//         (16 or 32) inputs (w = code * scale + minimum)
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -30,19 +33,19 @@ constexpr int64_t kInt8TileBytes = kTileRows * kBlock;
 // core's hardware prefetcher alone kept too few lines in flight
 constexpr int64_t kPrefetchBytes = 4096;
 
-// M input rows of width K in fp32, with each block of 32's sum (for the int4 minimums: sum_k (code * scale + minimum)
-// x_k = scale * sum_k code x_k + minimum * sum_k x_k)
+// M input rows of width K in fp32, with each group of G's sum (for the minimums: sum_k (code * scale + minimum) x_k =
+// scale * sum_k code x_k + minimum * sum_k x_k; G = 32 for int4)
 struct FloatRows {
   const float* values;  // [M, K]
-  const float* sums;    // [M, K/32]
+  const float* sums;    // [M, K/G]
   int64_t rows;
   int64_t width;
 };
 
 // x [rows, width] fp32, or bf16 as its uint16 bits, width a multiple of 32 -> values [rows, width] fp32 and, where
-// sums is not null, sums [rows, width / 32]
-void widen_rows(const float* x, int64_t rows, int64_t width, float* values, float* sums);
-void widen_rows(const uint16_t* x, int64_t rows, int64_t width, float* values, float* sums);
+// sums is not null, sums [rows, width / group] (group 16 or 32)
+void widen_rows(const float* x, int64_t rows, int64_t width, float* values, float* sums, int64_t group);
+void widen_rows(const uint16_t* x, int64_t rows, int64_t width, float* values, float* sums, int64_t group);
 
 // out[m, n] (out is [M, N] fp32) for the output rows of tiles [t0, t1)
 void int4_tiles_avx2(const uint8_t* codes, const float* scales, const float* mins, const FloatRows& x, int64_t t0,
@@ -53,6 +56,11 @@ void int8_tiles_avx2(const int8_t* weight, const float* scales, const FloatRows&
                      float* out);
 void int8_tiles_avx512(const int8_t* weight, const float* scales, const FloatRows& x, int64_t t0, int64_t t1,
                        int64_t N, float* out);
+// group: 16 or 32 (x's sums are per group)
+void uint8_grouped_tiles_avx2(const uint8_t* codes, const float* scales, const float* mins, int64_t group,
+                              const FloatRows& x, int64_t t0, int64_t t1, int64_t N, float* out);
+void uint8_grouped_tiles_avx512(const uint8_t* codes, const float* scales, const float* mins, int64_t group,
+                                const FloatRows& x, int64_t t0, int64_t t1, int64_t N, float* out);
 
 // rows(std::integral_constant<int, R>(), m) for input rows m..m+R-1, over all M rows in groups of at most kMaxRows
 // (a group's weights are turned into floats once; its FMAs run in R independent chains). In an anonymous namespace:

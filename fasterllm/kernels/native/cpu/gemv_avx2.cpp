@@ -1,6 +1,6 @@
 // The AVX2 (+FMA) products of gemv.h: 8 output rows (half a tile) per 256-bit register, a tile's two halves side by
 // side, the codes turned into fp32 in registers (int4: a shift, a mask and a conversion; int8: a sign extension and a
-// conversion) and multiplied with fp32 FMAs by the inputs as they come.
+// conversion; uint8: a zero extension and a conversion) and multiplied with fp32 FMAs by the inputs as they come.
 // Helpers live in an anonymous namespace so no inline function built for this ISA is shared with another unit.
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
@@ -123,7 +123,74 @@ void int8_tile(const int8_t* tile, const float* scales, const FloatRows& x, int6
   }
 }
 
+// out rows m..m+R-1 of one tile of uint8 codes in groups of G: per group, sum_k code x_k in fp32, then x scale, +
+// minimum x the group's input sum
+template <int R, int G>
+void uint8_grouped_tile(const uint8_t* tile, const float* scales, const float* mins, const FloatRows& x, int64_t m,
+                        bool fetch, float* out, int64_t N, int64_t count) {
+  constexpr int C = kHalfChains<R>;
+  const int64_t K = x.width, blocks = K / kBlock, groups = K / G;
+  const float* in = x.values + m * K;
+  __m256 products[R][2];
+  for (int r = 0; r < R; ++r) products[r][0] = products[r][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = tile + b * kInt8TileBytes;
+    if (fetch) prefetch(block, kInt8TileBytes);
+#pragma GCC unroll 2
+    for (int first = 0; first < kBlock; first += G) {
+      __m256 sums[R][2][C];
+      for (int r = 0; r < R; ++r)
+        for (int i = 0; i < C; ++i) sums[r][0][i] = sums[r][1][i] = _mm256_setzero_ps();
+#pragma GCC unroll 32
+      for (int j = first; j < first + G; ++j) {
+        __m256 w[2];
+        for (int h = 0; h < 2; ++h) {
+          const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + kTileRows * j + 8 * h));
+          w[h] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+        }
+        const int64_t k = b * kBlock + j;
+        for (int r = 0; r < R; ++r) {
+          const __m256 input = _mm256_set1_ps(in[r * K + k]);
+          for (int h = 0; h < 2; ++h) sums[r][h][j % C] = _mm256_fmadd_ps(w[h], input, sums[r][h][j % C]);
+        }
+      }
+      const int64_t g = (b * kBlock + first) / G;
+      for (int h = 0; h < 2; ++h) {
+        const __m256 s = _mm256_loadu_ps(scales + g * kTileRows + 8 * h);
+        const __m256 minimum = _mm256_loadu_ps(mins + g * kTileRows + 8 * h);
+        for (int r = 0; r < R; ++r) {
+          __m256 sum = sums[r][h][0];
+          for (int i = 1; i < C; ++i) sum = _mm256_add_ps(sum, sums[r][h][i]);
+          products[r][h] = _mm256_fmadd_ps(sum, s, products[r][h]);
+          products[r][h] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(x.sums[(m + r) * groups + g]), products[r][h]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) store_rows(out + (m + r) * N, products[r], count);
+}
+
+template <int G>
+void uint8_grouped_tiles(const uint8_t* codes, const float* scales, const float* mins, const FloatRows& x,
+                         int64_t t0, int64_t t1, int64_t N, float* out) {
+  const int64_t blocks = x.width / kBlock, groups = x.width / G;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t n = t * kTileRows;
+    in_row_groups<kMaxInt4Rows>(x.rows, [&](auto rows, int64_t m) {
+      uint8_grouped_tile<decltype(rows)::value, G>(codes + t * blocks * kInt8TileBytes,
+                                                   scales + t * groups * kTileRows, mins + t * groups * kTileRows,
+                                                   x, m, m == 0, out + n, N, N - n);
+    });
+  }
+}
+
 }  // namespace
+
+void uint8_grouped_tiles_avx2(const uint8_t* codes, const float* scales, const float* mins, int64_t group,
+                              const FloatRows& x, int64_t t0, int64_t t1, int64_t N, float* out) {
+  if (group == 16) uint8_grouped_tiles<16>(codes, scales, mins, x, t0, t1, N, out);
+  else uint8_grouped_tiles<32>(codes, scales, mins, x, t0, t1, N, out);
+}
 
 void int4_tiles_avx2(const uint8_t* codes, const float* scales, const float* mins, const FloatRows& x, int64_t t0,
                      int64_t t1, int64_t N, float* out) {

@@ -1,6 +1,7 @@
 // The AVX-512 products of gemv.h: 16 output rows (a tile) per 512-bit register, the codes turned into fp32 in
-// registers (int4: a permute of a 16-entry table by each lane's nibble; int8: a sign extension and a conversion) and
-// multiplied with fp32 FMAs by the inputs as they come. Needs avx512f only.
+// registers (int4: a permute of a 16-entry table by each lane's nibble; int8: a sign extension and a conversion;
+// uint8: a zero extension and a conversion) and multiplied with fp32 FMAs by the inputs as they come. Needs avx512f
+// only.
 // Helpers live in an anonymous namespace so no inline function built for this ISA is shared with another unit.
 #pragma GCC target("avx512f,avx2,fma,f16c")
 #include <immintrin.h>
@@ -89,7 +90,66 @@ void int8_tile(const int8_t* tile, const float* scales, const FloatRows& x, int6
   }
 }
 
+// out rows m..m+R-1 of one tile of uint8 codes in groups of G: per group, sum_k code x_k in fp32, then x scale, +
+// minimum x the group's input sum
+template <int R, int G>
+void uint8_grouped_tile(const uint8_t* tile, const float* scales, const float* mins, const FloatRows& x, int64_t m,
+                        bool fetch, float* out, int64_t N, __mmask16 lanes) {
+  constexpr int C = kChains<R>;
+  const int64_t K = x.width, blocks = K / kBlock, groups = K / G;
+  const float* in = x.values + m * K;
+  __m512 products[R];
+  for (int r = 0; r < R; ++r) products[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = tile + b * kInt8TileBytes;
+    if (fetch) prefetch(block, kInt8TileBytes);
+#pragma GCC unroll 2
+    for (int first = 0; first < kBlock; first += G) {
+      __m512 sums[R][C];
+      for (int r = 0; r < R; ++r)
+        for (int i = 0; i < C; ++i) sums[r][i] = _mm512_setzero_ps();
+#pragma GCC unroll 32
+      for (int j = first; j < first + G; ++j) {
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kTileRows * j));
+        const __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+        const int64_t k = b * kBlock + j;
+        for (int r = 0; r < R; ++r)
+          sums[r][j % C] = _mm512_fmadd_ps(w, _mm512_set1_ps(in[r * K + k]), sums[r][j % C]);
+      }
+      const int64_t g = (b * kBlock + first) / G;
+      const __m512 s = _mm512_loadu_ps(scales + g * kTileRows), minimum = _mm512_loadu_ps(mins + g * kTileRows);
+      for (int r = 0; r < R; ++r) {
+        __m512 sum = sums[r][0];
+        for (int i = 1; i < C; ++i) sum = _mm512_add_ps(sum, sums[r][i]);
+        products[r] = _mm512_fmadd_ps(sum, s, products[r]);
+        products[r] = _mm512_fmadd_ps(minimum, _mm512_set1_ps(x.sums[(m + r) * groups + g]), products[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + (m + r) * N, lanes, products[r]);
+}
+
+template <int G>
+void uint8_grouped_tiles(const uint8_t* codes, const float* scales, const float* mins, const FloatRows& x,
+                         int64_t t0, int64_t t1, int64_t N, float* out) {
+  const int64_t blocks = x.width / kBlock, groups = x.width / G;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t n = t * kTileRows;
+    in_row_groups<kMaxRows>(x.rows, [&](auto rows, int64_t m) {
+      uint8_grouped_tile<decltype(rows)::value, G>(codes + t * blocks * kInt8TileBytes,
+                                                   scales + t * groups * kTileRows, mins + t * groups * kTileRows,
+                                                   x, m, m == 0, out + n, N, first_lanes(N - n));
+    });
+  }
+}
+
 }  // namespace
+
+void uint8_grouped_tiles_avx512(const uint8_t* codes, const float* scales, const float* mins, int64_t group,
+                                const FloatRows& x, int64_t t0, int64_t t1, int64_t N, float* out) {
+  if (group == 16) uint8_grouped_tiles<16>(codes, scales, mins, x, t0, t1, N, out);
+  else uint8_grouped_tiles<32>(codes, scales, mins, x, t0, t1, N, out);
+}
 
 void int4_tiles_avx512(const uint8_t* codes, const float* scales, const float* mins, const FloatRows& x, int64_t t0,
                        int64_t t1, int64_t N, float* out) {

@@ -1,6 +1,7 @@
 // torch operators over gemv.h's and rms_norm.h's kernels: torch.ops.fasterllm_cpu.int4_gemv / int8_gemv /
-// add_rms_norm. They check their tensors and split the work over torch's intra-op threads (at::parallel_for): the
-// products widen the input rows to fp32 once and split the output tiles, and return the input's dtype.
+// uint8_grouped_gemv / add_rms_norm. They check their tensors and split the work over torch's intra-op threads
+// (at::parallel_for): the products widen the input rows to fp32 once and split the output tiles, and return the
+// input's dtype.
 // The ISA ("avx2" or "avx512") is the caller's choice (kernels/native/cpu_gemv.py picks it at start-up); a choice
 // this CPU cannot run is refused here rather than left to crash on an illegal instruction.
 #include <ATen/ATen.h>
@@ -32,13 +33,14 @@ bool use_avx512(const std::string& isa) {
   return isa == "avx512";
 }
 
-// the input rows in fp32, with their blocks' sums where asked (gemv.h's FloatRows), in one scratch tensor
+// the input rows in fp32, with their groups' sums where asked (sum_group > 0: gemv.h's FloatRows), in one scratch
+// tensor
 struct Widened {
   at::Tensor storage;
   FloatRows rows;
 };
 
-Widened widen(const at::Tensor& x, int64_t K, bool with_sums) {
+Widened widen(const at::Tensor& x, int64_t K, int64_t sum_group) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "input must be [rows, ", K, "], got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "input must be float32 or bfloat16, got ", x.scalar_type());
@@ -46,13 +48,13 @@ Widened widen(const at::Tensor& x, int64_t K, bool with_sums) {
   const at::Tensor values = x.contiguous();
   const int64_t M = x.size(0);
   Widened w;
-  w.storage = at::empty({M * K + (with_sums ? M * K / kBlock : 0)}, values.options().dtype(at::kFloat));
+  w.storage = at::empty({M * K + (sum_group ? M * K / sum_group : 0)}, values.options().dtype(at::kFloat));
   float* floats = w.storage.data_ptr<float>();
-  float* sums = with_sums ? floats + M * K : nullptr;
+  float* sums = sum_group ? floats + M * K : nullptr;
   if (values.scalar_type() == at::kFloat)
-    widen_rows(values.data_ptr<float>(), M, K, floats, sums);
+    widen_rows(values.data_ptr<float>(), M, K, floats, sums, sum_group);
   else
-    widen_rows(reinterpret_cast<const uint16_t*>(values.data_ptr<at::BFloat16>()), M, K, floats, sums);
+    widen_rows(reinterpret_cast<const uint16_t*>(values.data_ptr<at::BFloat16>()), M, K, floats, sums, sum_group);
   w.rows = FloatRows{floats, sums, M, K};
   return w;
 }
@@ -80,7 +82,7 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   check_weight(codes, at::kByte, {tiles, blocks, kInt4TileBytes}, "codes");
   check_weight(scales, at::kFloat, {tiles, blocks, kTileRows}, "scales");
   check_weight(mins, at::kFloat, {tiles, blocks, kTileRows}, "mins");
-  const Widened in = widen(x, blocks * kBlock, true);
+  const Widened in = widen(x, blocks * kBlock, kBlock);
   at::Tensor out = at::empty({x.size(0), N}, x.options().dtype(at::kFloat));
   const uint8_t* c = codes.data_ptr<uint8_t>();
   const float *s = scales.data_ptr<float>(), *m = mins.data_ptr<float>();
@@ -98,7 +100,7 @@ at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   const int64_t tiles = tiles_of(codes, N, kInt8TileBytes, "cpu_gemv.pack_int8"), blocks = codes.size(1);
   check_weight(codes, at::kChar, {tiles, blocks, kInt8TileBytes}, "codes");
   check_weight(scales, at::kFloat, {tiles, kTileRows}, "scales");
-  const Widened in = widen(x, blocks * kBlock, false);
+  const Widened in = widen(x, blocks * kBlock, 0);
   at::Tensor out = at::empty({x.size(0), N}, x.options().dtype(at::kFloat));
   const int8_t* w = codes.data_ptr<int8_t>();
   const float* s = scales.data_ptr<float>();
@@ -106,6 +108,29 @@ at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   at::parallel_for(0, tiles, kGrainTiles, [&](int64_t t0, int64_t t1) {
     if (wide) int8_tiles_avx512(w, s, in.rows, t0, t1, N, o);
     else int8_tiles_avx2(w, s, in.rows, t0, t1, N, o);
+  });
+  return out.to(x.scalar_type());
+}
+
+at::Tensor uint8_grouped_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                              const at::Tensor& mins, int64_t N, const std::string& isa) {
+  const bool wide = use_avx512(isa);
+  const int64_t tiles = tiles_of(codes, N, kInt8TileBytes, "cpu_gemv.pack_uint8_grouped"), blocks = codes.size(1);
+  check_weight(codes, at::kByte, {tiles, blocks, kInt8TileBytes}, "codes");
+  TORCH_CHECK(scales.dim() == 3 && scales.size(0) == tiles && scales.size(2) == kTileRows &&
+                  (scales.size(1) == blocks || scales.size(1) == 2 * blocks),
+              "scales must be [N/16, K/16 or K/32, 16] (cpu_gemv.pack_uint8_grouped), got ", scales.sizes());
+  check_weight(scales, at::kFloat, scales.sizes(), "scales");
+  check_weight(mins, at::kFloat, scales.sizes(), "mins");
+  const int64_t group = blocks * kBlock / scales.size(1);
+  const Widened in = widen(x, blocks * kBlock, group);
+  at::Tensor out = at::empty({x.size(0), N}, x.options().dtype(at::kFloat));
+  const uint8_t* c = codes.data_ptr<uint8_t>();
+  const float *s = scales.data_ptr<float>(), *m = mins.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, tiles, kGrainTiles, [&](int64_t t0, int64_t t1) {
+    if (wide) uint8_grouped_tiles_avx512(c, s, m, group, in.rows, t0, t1, N, o);
+    else uint8_grouped_tiles_avx2(c, s, m, group, in.rows, t0, t1, N, o);
   });
   return out.to(x.scalar_type());
 }
@@ -143,6 +168,8 @@ TORCH_LIBRARY(fasterllm_cpu, m) {
   m.def("int4_gemv(Tensor x, Tensor codes, Tensor scales, Tensor mins, int N, str isa) -> Tensor",
         &fasterllm_cpu::int4_gemv);
   m.def("int8_gemv(Tensor x, Tensor codes, Tensor scales, int N, str isa) -> Tensor", &fasterllm_cpu::int8_gemv);
+  m.def("uint8_grouped_gemv(Tensor x, Tensor codes, Tensor scales, Tensor mins, int N, str isa) -> Tensor",
+        &fasterllm_cpu::uint8_grouped_gemv);
   m.def("add_rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)",
         &fasterllm_cpu::add_rms_norm_op);
 }
