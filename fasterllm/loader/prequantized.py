@@ -8,7 +8,11 @@ Storage, per projection (input width K, output width N, G groups of inputs), wei
   GPTQ  qweight int32 [K / 8, N]: input k = 8 i + j in bits 4 j .. 4 j + 3 of row i;
         qzeros  int32 [G, N / 8]: output n = 8 i + j in bits 4 j of column i, stored minus one in the "gptq" (v1)
                 checkpoint format, as it is in "gptq_v2";
-        scales  fp16 [G, N];  g_idx int32 [K]: each input's group (act-order checkpoints reorder them: refused).
+        scales  fp16 [G, N];  g_idx int32 [K]: each input's group. Act-order checkpoints (desc_act) quantized the
+                inputs in another order, so their groups are scattered over the inputs: the loader sorts the inputs by
+                group (a stable argsort, `order`), each group's inputs then contiguous, and yields the codes of the
+                sorted inputs with <module>.qorder (int64 [K]: the stored input of each sorted one); the layer then
+                multiplies x[..., order] (layers/quantization/stored.py). In group order, order is the identity.
   AWQ   qweight int32 [K, N / 8] and qzeros int32 [G, N / 8]: outputs packed 8 to a word, output 8 i + ORDER[j]
         in bits 4 j of column i (ORDER = 0 2 4 6 1 3 5 7); scales fp16 [G, N].
 The other tensors (embeddings, norms, the output head) are stored float and load as they are.
@@ -26,8 +30,8 @@ from fasterllm.layers.quantization.int4 import GROUP_SIZE as OUR_GROUP
 from fasterllm.loader.compressed_tensors import CompressedTensorsCheckpoint, unpack_nibbles
 from fasterllm.loader.hf_checkpoint import iter_safetensors, read_json
 
-SUPPORTED = ("GPTQ and AWQ checkpoints of 4-bit codes with group_size a multiple of 32 (GPTQ: or -1), GPTQ without "
-             "desc_act reordering")
+SUPPORTED = ("GPTQ and AWQ checkpoints of 4-bit codes with group_size a multiple of 32 (GPTQ: or -1; with or without "
+             "desc_act)")
 _AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AWQ's nibble j of a word holds output 8 i + _AWQ_ORDER[j]
 
 
@@ -55,6 +59,11 @@ class QuantizedCheckpoint:
     def name(self) -> str:
         return self.method.upper()
 
+    @property
+    def input_order(self) -> bool:
+        """Whether each projection comes with .qorder (GPTQ's g_idx may order its inputs by activation)."""
+        return self.method == "gptq"
+
     @staticmethod
     def of(raw: dict, model_dir: Path) -> QuantizedCheckpoint:
         """A GPTQ or AWQ quantization_config's settings; one it does not run is a ValueError naming it."""
@@ -71,14 +80,15 @@ class QuantizedCheckpoint:
         if method == "awq" and (raw.get("version", "gemm").lower() != "gemm" or raw.get("zero_point") is False):
             raise ValueError(f"{model_dir} is an AWQ checkpoint of version={raw.get('version')!r}, zero_point="
                              f"{raw.get('zero_point')!r}; supported: AutoAWQ's GEMM packing with zero points")
-        # GPTQ desc_act: its g_idx may still be in group order; _gptq_codes checks each projection's
+        # GPTQ desc_act (act-order) or not: each projection's g_idx says its inputs' groups (_gptq_codes)
         zero_offset = 1 if method == "gptq" and raw.get("checkpoint_format", "gptq") == "gptq" else 0
         return QuantizedCheckpoint(method, group_size, zero_offset)
 
     def weights(self, model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
         """(Hugging Face name, tensor) for every weight: a quantized projection as three row-indexed tensors,
         <module>.qcodes uint8 [N, K], .qscales and .qmins fp32 [N, K / 32] (what layers/quantization/gguf.py's
-        holders take), the rest as stored."""
+        holders take), GPTQ's with .qorder int64 [K] (the stored input each of the K sorted ones is), the rest as
+        stored."""
         packed: dict[str, dict[str, torch.Tensor]] = {}
         for name, tensor in iter_safetensors(model_dir):
             module, _, leaf = name.rpartition(".")
@@ -91,13 +101,17 @@ class QuantizedCheckpoint:
             if missing:
                 raise ValueError(f"{self.method.upper()} projection {module!r} lacks {sorted(missing)}; the "
                                  "checkpoint is incomplete")
-            codes, scales, minimums = self.unpack(module, parts)
+            codes, scales, minimums, order = self.unpack(module, parts)
             yield f"{module}.qcodes", codes
             yield f"{module}.qscales", scales
             yield f"{module}.qmins", minimums
+            if self.input_order:
+                yield f"{module}.qorder", order
 
-    def unpack(self, module: str, parts: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One projection's packed tensors -> (codes uint8 [N, K], scales [N, K / 32], minimums [N, K / 32])."""
+    def unpack(self, module: str, parts: dict[str, torch.Tensor]
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One projection's packed tensors -> (codes uint8 [N, K], scales [N, K / 32], minimums [N, K / 32], order
+        int64 [K]): column k of the codes is stored input order[k] (the identity but for GPTQ's act-order)."""
         qweight, scales = parts["qweight"], parts["scales"].float()
         gptq = self.method == "gptq"
         inputs, outputs = (qweight.shape[0] * 8 if gptq else qweight.shape[0]), scales.shape[1]
@@ -108,8 +122,11 @@ class QuantizedCheckpoint:
             raise ValueError(f"{self.method.upper()} projection {module!r}: qweight {tuple(parts['qweight'].shape)}, "
                              f"qzeros {tuple(parts['qzeros'].shape)} and scales {tuple(scales.shape)} do not fit "
                              f"group_size={self.group_size}; the checkpoint and its quantization_config disagree")
+        order = torch.arange(inputs)
         if gptq:
-            codes = self._gptq_codes(module, parts, inputs, outputs, group)
+            order = _gptq_input_order(module, parts.get("g_idx"), inputs, group)
+            words = parts["qweight"]  # [K / 8, N]: the 8 nibbles of a word are 8 consecutive inputs
+            codes = unpack_nibbles(words).transpose(1, 2).reshape(inputs, outputs)[order]
             zeros = unpack_nibbles(parts["qzeros"]).reshape(inputs // group, outputs)
         else:
             codes, zeros = _awq_unpack(qweight), _awq_unpack(parts["qzeros"])
@@ -117,17 +134,21 @@ class QuantizedCheckpoint:
         per_ours = group // OUR_GROUP
         our_scales = scales.t().repeat_interleave(per_ours, dim=1).contiguous()
         minimums = (-zeros * scales).t().repeat_interleave(per_ours, dim=1).contiguous()
-        return codes.t().contiguous().to(torch.uint8), our_scales, minimums
+        return codes.t().contiguous().to(torch.uint8), our_scales, minimums, order
 
-    @staticmethod
-    def _gptq_codes(module: str, parts: dict[str, torch.Tensor], inputs: int, outputs: int,
-                    group: int) -> torch.Tensor:
-        g_idx = parts.get("g_idx")
-        if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(inputs) // group):
-            raise ValueError(f"GPTQ projection {module!r} orders its inputs by activation (desc_act, a g_idx out of "
-                             f"group order), which is not supported; supported: {SUPPORTED}")
-        words = parts["qweight"]  # [K / 8, N]: the 8 nibbles of a word are 8 consecutive inputs
-        return unpack_nibbles(words).transpose(1, 2).reshape(inputs, outputs)
+
+def _gptq_input_order(module: str, g_idx: torch.Tensor | None, inputs: int, group: int) -> torch.Tensor:
+    """The stored inputs sorted by group (stable: the identity where g_idx is in group order, or absent), checked to
+    make groups of `group` inputs each: sorted input p is then in group p // group."""
+    if g_idx is None:
+        return torch.arange(inputs)
+    groups, g_idx = inputs // group, g_idx.long().reshape(-1)
+    if g_idx.numel() != inputs or g_idx.min() < 0 or g_idx.max() >= groups or \
+            (torch.bincount(g_idx, minlength=groups) != group).any():
+        span = f"{int(g_idx.min())}..{int(g_idx.max())}" if g_idx.numel() else "none"
+        raise ValueError(f"GPTQ projection {module!r}: g_idx ({g_idx.numel()} entries, groups {span}) does not put {group} of its {inputs} inputs in each of its "
+                         f"{groups} groups (group_size={group}); the checkpoint and its quantization_config disagree")
+    return torch.argsort(g_idx, stable=True)
 
 
 def _awq_unpack(words: torch.Tensor) -> torch.Tensor:

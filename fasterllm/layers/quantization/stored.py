@@ -5,6 +5,11 @@ codes per output channel), held by StoredCodesLinear.
 
 The holders' tensors are indexed by output row, so the model's ordinary load_weights fuses Q/K/V and gate/up on them
 as on a float weight. The output head is not held: these checkpoints store it float.
+
+A GPTQ act-order checkpoint's codes come with their input order (qorder, indexed by input: loader/prequantized.py sorts
+the inputs by group): its layer is InputOrderedLinear, the device's int4 layer behind one index_select of the
+activation's columns, so no int4 layer (CPU torch or C++, GPU Triton or tinygemm) needs to know of it. Projections
+fused by a model share their input, so their orders must agree (the model's loader checks: INPUT_INDEXED).
 """
 from __future__ import annotations
 
@@ -12,9 +17,11 @@ import torch
 from torch import nn
 
 from fasterllm.layers.linear import replace_linears
-from fasterllm.layers.quantization.gguf import prepare_gguf_linears, repack_gguf_linears
+from fasterllm.layers.quantization.gguf import GGUFQ4Linear, prepare_gguf_linears, repack_gguf_linears
 
 CODE_DTYPES = {"int8": torch.int8, "w8a8": torch.int8, "fp8": torch.float8_e4m3fn}
+# a held projection's tensors indexed by its input, not its output rows: one for all the projections a model fuses
+INPUT_INDEXED = ("qorder",)
 
 
 class StoredCodesLinear(nn.Module):
@@ -34,9 +41,41 @@ class StoredCodesLinear(nn.Module):
                            "first forward")
 
 
-def prepare_stored_linears(model: nn.Module, layout: str) -> None:
-    """Before load_weights: the decoder layers' projections take the codes of layout."""
-    if layout == "int4":
+class OrderedQ4Linear(GGUFQ4Linear):
+    """GGUFQ4Linear's holder with the codes' input order too: qorder int64 [K], the stored input each column of the
+    codes is."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__(linear)
+        self.qorder = nn.Parameter(torch.empty(linear.in_features, dtype=torch.int64, device=linear.weight.device),
+                                   requires_grad=False)
+
+
+class InputOrderedLinear(nn.Module):
+    """A linear over inputs in another order: layer(x[..., order]), layer holding the weight's columns in that order."""
+
+    def __init__(self, layer: nn.Module, order: torch.Tensor):
+        super().__init__()
+        self.layer, self.out_features = layer, layer.out_features
+        self.register_buffer("order", order.to(torch.int64), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x.index_select(-1, self.order))
+
+
+def with_input_order(layer: nn.Module, order: torch.Tensor) -> nn.Module:
+    """layer, behind InputOrderedLinear unless order is the identity (a checkpoint in group order)."""
+    if torch.equal(order, torch.arange(order.numel(), device=order.device)):
+        return layer
+    return InputOrderedLinear(layer, order)
+
+
+def prepare_stored_linears(model: nn.Module, layout: str, input_order: bool = False) -> None:
+    """Before load_weights: the decoder layers' projections take the codes of layout (input_order: int4 codes with
+    their input order, qorder)."""
+    if layout == "int4" and input_order:
+        replace_linears(model.layers, OrderedQ4Linear)
+    elif layout == "int4":
         prepare_gguf_linears(model)
     else:
         replace_linears(model.layers, lambda linear: StoredCodesLinear(linear, CODE_DTYPES[layout]))
@@ -44,8 +83,11 @@ def prepare_stored_linears(model: nn.Module, layout: str) -> None:
 
 def repack_stored_linears(model: nn.Module, layout: str, make) -> None:
     """Each held projection as make(...): int4 holders give (codes, scales, minimums, bias, dtype), code holders
-    (qweight, scales, bias, dtype)."""
+    (qweight, scales, bias, dtype); a projection with its input order behind InputOrderedLinear."""
     if layout == "int4":
+        replace_linears(model, lambda held: with_input_order(make(held.qcodes, held.qscales, held.qmins, held.bias,
+                                                                  held.dtype), held.qorder.data),
+                        kind=OrderedQ4Linear)
         repack_gguf_linears(model, make)
     else:
         replace_linears(model, lambda held: make(held.qweight.data, held.qscales.data, held.bias, held.dtype),
