@@ -2,11 +2,15 @@
 packing). Each quantized projection's packed 4-bit codes, fp16 scales and zero points become the int4 layer's codes,
 scales and minimums (layers/quantization/int4.py, groups of 32 inputs), with no rounding: a group of 64 or 128
 inputs, or a whole row (group_size -1), is several of ours with the same scale, and weight = scale * (code - zero)
-= code * scale + minimum with minimum = -zero * scale, exact in fp32.
+= code * scale + minimum with minimum = -zero * scale, exact in fp32. 8-bit GPTQ per output channel (group_size -1),
+symmetric (every zero point 128), becomes the int8 layer's codes (code - 128, as int8) and scales, as exact; 8-bit
+groups have no layer yet (a per-group scale and zero point: refused).
 
 Storage, per projection (input width K, output width N, G groups of inputs), weight[n, k] from group g of input k:
-  GPTQ  qweight int32 [K / 8, N]: input k = 8 i + j in bits 4 j .. 4 j + 3 of row i;
-        qzeros  int32 [G, N / 8]: output n = 8 i + j in bits 4 j of column i, stored minus one in the "gptq" (v1)
+  GPTQ  qweight int32 [K / 8, N]: input k = 8 i + j in bits 4 j .. 4 j + 3 of row i (8-bit: [K / 4, N], input
+                4 i + j in bits 8 j .. 8 j + 7);
+        qzeros  int32 [G, N / 8]: output n = 8 i + j in bits 4 j of column i (8-bit: [G, N / 4], output 4 i + j
+                in bits 8 j), stored minus one in the "gptq" (v1)
                 checkpoint format, as it is in "gptq_v2";
         scales  fp16 [G, N];  g_idx int32 [K]: each input's group. Act-order checkpoints (desc_act) quantized the
                 inputs in another order, so their groups are scattered over the inputs: the loader sorts the inputs by
@@ -31,8 +35,11 @@ from fasterllm.loader.compressed_tensors import CompressedTensorsCheckpoint, unp
 from fasterllm.loader.hf_checkpoint import iter_safetensors, read_json
 
 SUPPORTED = ("GPTQ and AWQ checkpoints of 4-bit codes with group_size a multiple of 32 (GPTQ: or -1; with or without "
-             "desc_act)")
+             "desc_act), and GPTQ checkpoints of 8-bit codes per output channel and symmetric (group_size -1, sym "
+             "true)")
 _AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AWQ's nibble j of a word holds output 8 i + _AWQ_ORDER[j]
+_BYTE_SHIFTS = torch.arange(0, 32, 8, dtype=torch.int32)
+_INT8_ZERO = 128  # 8-bit GPTQ's symmetric zero point: code - 128 is the int8 value
 
 
 def stored_quantization(model_dir: Path) -> StoredQuantization | None:
@@ -53,16 +60,22 @@ class QuantizedCheckpoint:
     method: str  # "gptq" or "awq"
     group_size: int  # -1: one group per row
     zero_offset: int  # added to a stored zero point: 1 in GPTQ's v1 format
-    layout = "int4"  # the layer its projections become
+    bits: int = 4  # 4, or 8 (GPTQ per output channel)
 
     @property
     def name(self) -> str:
-        return self.method.upper()
+        return self.method.upper() if self.bits == 4 else f"{self.method.upper()} {self.bits}-bit"
+
+    @property
+    def layout(self) -> str:
+        """The layer its projections become: int4, or int8 for 8-bit GPTQ (per channel)."""
+        return "int4" if self.bits == 4 else "int8"
 
     @property
     def input_order(self) -> bool:
-        """Whether each projection comes with .qorder (GPTQ's g_idx may order its inputs by activation)."""
-        return self.method == "gptq"
+        """Whether each projection comes with .qorder (GPTQ's g_idx may order its inputs by activation; 8-bit GPTQ
+        runs per channel, one group, whose order is the stored one)."""
+        return self.method == "gptq" and self.bits == 4
 
     @staticmethod
     def of(raw: dict, model_dir: Path) -> QuantizedCheckpoint:
@@ -74,20 +87,28 @@ class QuantizedCheckpoint:
                              f"supported: {SUPPORTED}; or quantize a float checkpoint at load with "
                              "quantization='int4' / 'int8'")
         whole_rows = group_size == -1 and method == "gptq"
+        if method == "gptq" and bits == 8:
+            if not whole_rows or raw.get("sym") is False:
+                raise ValueError(f"{model_dir} is a GPTQ checkpoint of bits=8, group_size={group_size}, sym="
+                                 f"{raw.get('sym')}: 8-bit GPTQ runs as the int8 layer, whose scales are per output "
+                                 f"channel and symmetric (group_size=-1, sym=true); supported: {SUPPORTED}")
+            zero_offset = 1 if raw.get("checkpoint_format", "gptq") == "gptq" else 0
+            return QuantizedCheckpoint(method, group_size, zero_offset, bits)
         if bits != 4 or not (whole_rows or (group_size > 0 and group_size % OUR_GROUP == 0)):
             raise ValueError(f"{model_dir} is a {method.upper()} checkpoint of bits={bits}, group_size={group_size}; "
                              f"supported: {SUPPORTED}")
         if method == "awq" and (raw.get("version", "gemm").lower() != "gemm" or raw.get("zero_point") is False):
             raise ValueError(f"{model_dir} is an AWQ checkpoint of version={raw.get('version')!r}, zero_point="
                              f"{raw.get('zero_point')!r}; supported: AutoAWQ's GEMM packing with zero points")
-        # GPTQ desc_act (act-order) or not: each projection's g_idx says its inputs' groups (_gptq_codes)
+        # GPTQ desc_act (act-order) or not: each projection's g_idx says its inputs' groups (_gptq_input_order)
         zero_offset = 1 if method == "gptq" and raw.get("checkpoint_format", "gptq") == "gptq" else 0
         return QuantizedCheckpoint(method, group_size, zero_offset)
 
     def weights(self, model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
         """(Hugging Face name, tensor) for every weight: a quantized projection as three row-indexed tensors,
         <module>.qcodes uint8 [N, K], .qscales and .qmins fp32 [N, K / 32] (what layers/quantization/gguf.py's
-        holders take), GPTQ's with .qorder int64 [K] (the stored input each of the K sorted ones is), the rest as
+        holders take), GPTQ's with .qorder int64 [K] (the stored input each of the K sorted ones is); 8-bit GPTQ's as
+        .qweight int8 [N, K] and .qscales fp32 [N] (layers/quantization/stored.py's code holders); the rest as
         stored."""
         packed: dict[str, dict[str, torch.Tensor]] = {}
         for name, tensor in iter_safetensors(model_dir):
@@ -101,6 +122,11 @@ class QuantizedCheckpoint:
             if missing:
                 raise ValueError(f"{self.method.upper()} projection {module!r} lacks {sorted(missing)}; the "
                                  "checkpoint is incomplete")
+            if self.bits == 8:
+                codes, row_scales = self.unpack_int8(module, parts)
+                yield f"{module}.qweight", codes
+                yield f"{module}.qscales", row_scales
+                continue
             codes, scales, minimums, order = self.unpack(module, parts)
             yield f"{module}.qcodes", codes
             yield f"{module}.qscales", scales
@@ -135,6 +161,31 @@ class QuantizedCheckpoint:
         our_scales = scales.t().repeat_interleave(per_ours, dim=1).contiguous()
         minimums = (-zeros * scales).t().repeat_interleave(per_ours, dim=1).contiguous()
         return codes.t().contiguous().to(torch.uint8), our_scales, minimums, order
+
+
+    def unpack_int8(self, module: str, parts: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """An 8-bit GPTQ projection per output channel -> (int8 codes [N, K], code - 128; fp32 scales [N])."""
+        words, scales, zero_words = parts["qweight"], parts["scales"].float(), parts["qzeros"]
+        inputs, outputs = words.shape[0] * 4, scales.shape[1]
+        if scales.shape != (1, outputs) or words.shape != (inputs // 4, outputs) or outputs % 4 or \
+                zero_words.shape != (1, outputs // 4):
+            raise ValueError(f"GPTQ projection {module!r}: qweight {tuple(words.shape)}, qzeros "
+                             f"{tuple(zero_words.shape)} and scales {tuple(scales.shape)} do not fit bits=8, "
+                             "group_size=-1; the checkpoint and its quantization_config disagree")
+        _gptq_input_order(module, parts.get("g_idx"), inputs, inputs)  # one group: g_idx all 0
+        zeros = _unpack_bytes(zero_words).reshape(outputs) + self.zero_offset
+        if (zeros != _INT8_ZERO).any():
+            found = sorted(set(zeros.tolist()))[:4]
+            raise ValueError(f"GPTQ projection {module!r} has zero points {found} (after the checkpoint format's "
+                             f"offset {self.zero_offset}), not {_INT8_ZERO} throughout: it is not symmetric, and the "
+                             f"int8 layer runs symmetric codes only; supported: {SUPPORTED}")
+        codes = _unpack_bytes(words).transpose(1, 2).reshape(inputs, outputs) - _INT8_ZERO
+        return codes.t().contiguous().to(torch.int8), scales[0].contiguous()
+
+
+def _unpack_bytes(words: torch.Tensor) -> torch.Tensor:
+    """int32 [R, C] -> [R, C, 4]: byte j of each word, from bits 8 j."""
+    return (words[:, :, None] >> _BYTE_SHIFTS) & 0xFF
 
 
 def _gptq_input_order(module: str, g_idx: torch.Tensor | None, inputs: int, group: int) -> torch.Tensor:

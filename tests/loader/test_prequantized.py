@@ -164,7 +164,11 @@ def test_what_the_support_does_not_cover_is_an_error_naming_it(tmp_path):
     write_quantized(tmp_path, model, 32, False)
     config_path = tmp_path / "config.json"
     config = json.loads(config_path.read_text())
-    for change, message in (({"bits": 8}, "GPTQ checkpoint of bits=8, group_size=32; supported: GPTQ and AWQ checkpoints of 4-bit"),
+    for change, message in (({"bits": 3}, "GPTQ checkpoint of bits=3, group_size=32; supported: GPTQ and AWQ checkpoints of 4-bit"),
+                            ({"bits": 8}, "GPTQ checkpoint of bits=8, group_size=32, sym=False: 8-bit GPTQ runs as the "
+                                          "int8 layer, whose scales are per output channel and symmetric "
+                                          "\\(group_size=-1, sym=true\\)"),
+                            ({"bits": 8, "group_size": -1, "sym": False}, "bits=8, group_size=-1, sym=False: 8-bit"),
                             ({"group_size": 16}, "bits=4, group_size=16; supported"),
                             ({"quant_method": "bitsandbytes"}, "quant_method='bitsandbytes', which is not supported"),
                             ({"quant_method": "awq", "version": "gemv"}, "AWQ checkpoint of version='gemv'")):
@@ -317,3 +321,48 @@ def test_on_the_gpu_an_act_order_checkpoint_runs_as_its_dequantized_weights(tmp_
     ours = torch.tensor([entry[token].logprob for entry, token in zip(out.logprobs, tokens)])
     assert len(tokens) == GREEDY_TOKENS
     torch.testing.assert_close(ours, expected, atol=0.2, rtol=0.02)
+
+
+# ---- GPTQ 8-bit: per output channel, symmetric, as the int8 layer ----------------------------------------------------
+
+@pytest.mark.parametrize("checkpoint_format, act_order", [("gptq", True), ("gptq_v2", False)])
+def test_an_8bit_gptq_checkpoint_runs_as_its_dequantized_weights(tmp_path, cpu_kernels_on, checkpoint_format,
+                                                                 act_order):
+    from safetensors.torch import load_file
+
+    spec = next(s for s in TINY_SPECS if s.name == "llama3_gqa")
+    model = build_tiny_model(spec, tmp_path, **WIDE)
+    codes_of = write_quantized(tmp_path, model, -1, True, checkpoint_format, act_order=act_order, bits=8)
+    stored = load_file(str(tmp_path / "model.safetensors"))
+    unpacked = dict(stored_quantization(tmp_path).weights(tmp_path))
+    for module, codes in codes_of.items():  # the stored codes less 128, and their product with the scales, exactly
+        assert torch.equal(unpacked[f"{module}.qweight"], torch.from_numpy(codes.T - 128).to(torch.int8))
+        weight = unpacked[f"{module}.qweight"].float() * unpacked[f"{module}.qscales"][:, None]
+        assert torch.equal(weight, gptq_dequantize(stored, module, 8, checkpoint_format))
+    llm = LLM(str(tmp_path), dtype="float32", device="cpu", num_kv_blocks=64)
+    qkv = llm.engine.executor.runner.model.layers[0].qkv_proj
+    assert type(qkv).__name__ == "Int8WeightOnlyLinear" and qkv.native is not None
+    assert_runs_as_reference(llm, model, spec.vocab_size, 1e-3, greedy=True)
+
+
+def test_8bit_gptq_that_is_not_symmetric_is_an_error_naming_it(tmp_path):
+    spec = next(s for s in TINY_SPECS if s.name == "llama3_gqa")
+    model = build_tiny_model(spec, tmp_path)
+    write_quantized(tmp_path, model, -1, False, "gptq", bits=8)  # zero points from each row's min and max
+    config_path = tmp_path / "config.json"
+    config = json.loads(config_path.read_text())
+    config["quantization_config"]["sym"] = True  # the config says symmetric, the codes are not
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="GPTQ projection 'model.layers.0.[a-z_]+.[a-z_]+' has zero points "
+                                         "\\[.*\\] \\(after the checkpoint format's offset 1\\), not 128"):
+        LLM(str(tmp_path), device="cpu", num_kv_blocks=16)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_the_gpu_an_8bit_gptq_checkpoint_runs_as_its_dequantized_weights(tmp_path):
+    spec = next(s for s in TINY_SPECS if s.name == "llama3_gqa")
+    model = build_tiny_model(spec, tmp_path, **WIDE)
+    write_quantized(tmp_path, model, -1, True, "gptq", act_order=True, bits=8)
+    llm = LLM(str(tmp_path), dtype="bfloat16", device="cuda", num_kv_blocks=64, gpu_memory_utilization=0.2)
+    assert type(llm.engine.executor.runner.model.layers[0].qkv_proj).__name__ == "Int8GPULinear"
+    assert_prompt_logprobs_match(llm, model, [random_prompt(n, spec.vocab_size, 400 + n) for n in (5, 23)], 0.2)
