@@ -10,8 +10,7 @@ Storage, per projection (input width K, output width N, G groups of inputs), wei
   GPTQ  qweight int32 [K / 8, N]: input k = 8 i + j in bits 4 j .. 4 j + 3 of row i (8-bit: [K / 4, N], input
                 4 i + j in bits 8 j .. 8 j + 7);
         qzeros  int32 [G, N / 8]: output n = 8 i + j in bits 4 j of column i (8-bit: [G, N / 4], output 4 i + j
-                in bits 8 j), stored minus one in the "gptq" (v1)
-                checkpoint format, as it is in "gptq_v2";
+                in bits 8 j), stored minus one in the "gptq" (v1) checkpoint format, as it is in "gptq_v2";
         scales  fp16 [G, N];  g_idx int32 [K]: each input's group. Act-order checkpoints (desc_act) quantized the
                 inputs in another order, so their groups are scattered over the inputs: the loader sorts the inputs by
                 group (a stable argsort, `order`), each group's inputs then contiguous, and yields the codes of the
@@ -162,7 +161,6 @@ class QuantizedCheckpoint:
         minimums = (-zeros * scales).t().repeat_interleave(per_ours, dim=1).contiguous()
         return codes.t().contiguous().to(torch.uint8), our_scales, minimums, order
 
-
     def unpack_int8(self, module: str, parts: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """An 8-bit GPTQ projection per output channel -> (int8 codes [N, K], code - 128; fp32 scales [N])."""
         words, scales, zero_words = parts["qweight"], parts["scales"].float(), parts["qzeros"]
@@ -197,8 +195,9 @@ def _gptq_input_order(module: str, g_idx: torch.Tensor | None, inputs: int, grou
     if g_idx.numel() != inputs or g_idx.min() < 0 or g_idx.max() >= groups or \
             (torch.bincount(g_idx, minlength=groups) != group).any():
         span = f"{int(g_idx.min())}..{int(g_idx.max())}" if g_idx.numel() else "none"
-        raise ValueError(f"GPTQ projection {module!r}: g_idx ({g_idx.numel()} entries, groups {span}) does not put {group} of its {inputs} inputs in each of its "
-                         f"{groups} groups (group_size={group}); the checkpoint and its quantization_config disagree")
+        raise ValueError(f"GPTQ projection {module!r}: g_idx ({g_idx.numel()} entries, groups {span}) does not put "
+                         f"{group} of its {inputs} inputs in each of its {groups} groups; the checkpoint and its "
+                         "quantization_config disagree")
     return torch.argsort(g_idx, stable=True)
 
 

@@ -70,16 +70,16 @@ def load_llama_weights(model: LlamaForCausalLM, weights: Iterable[tuple[str, Wei
             raise ValueError(f"checkpoint tensor {name!r} has shape {shape_of(source)} but the config "
                              f"implies {tuple(dest.shape)} (this rank's part); the checkpoint and its config "
                              "disagree")
-        if shared_part is not None:
+        if shared_part is not None:  # the first part's fills it, the others' must equal it
             first = input_indexed_from.setdefault(target, name)
-            if first != name and not torch.equal(dest, tensor.to(dest.device)):
-                raise ValueError(f"checkpoint tensors {first!r} and {name!r} differ, but {target.rsplit('.', 1)[0]} "
-                                 "fuses these projections of one input, so the order of their inputs (from GPTQ "
-                                 "act-order's g_idx) must agree; quantize the projections of one input with one "
-                                 "g_idx (as GPTQ does: the order comes from the input's Hessian), or with "
-                                 "desc_act=False")
             loaded.add(f"{target}#{shared_part}")
             if first != name:
+                if not torch.equal(dest, tensor.to(dest.device)):
+                    raise ValueError(f"checkpoint tensors {first!r} and {name!r} differ, but "
+                                     f"{target.rsplit('.', 1)[0]} fuses these projections of one input, so the order "
+                                     "of their inputs (from GPTQ act-order's g_idx) must agree; quantize the "
+                                     "projections of one input with one g_idx (as GPTQ does: the order comes from the "
+                                     "input's Hessian), or with desc_act=False")
                 continue
         dest.copy_(tensor)
         if cfg.norm_plus_one and parts[-1] == "weight" and kind.endswith("norm"):

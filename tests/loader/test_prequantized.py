@@ -291,7 +291,7 @@ def test_act_order_that_cannot_run_is_an_error_naming_it(tmp_path):
     tensors["model.layers.0.mlp.down_proj.g_idx"] = torch.zeros(512, dtype=torch.int32)
     save_file(tensors, path)
     with pytest.raises(ValueError, match="'model.layers.0.mlp.down_proj': g_idx \\(512 entries, groups 0..0\\) does "
-                                         "not put 64 of its 512 inputs in each of its 8 groups"):
+                                         "not put 64 of its 512 inputs in each of its 8 groups; the checkpoint"):
         LLM(str(tmp_path), device="cpu", num_kv_blocks=16)
 
 
