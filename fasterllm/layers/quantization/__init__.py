@@ -15,8 +15,8 @@ Methods (all quantized at load from the float weights of any checkpoint, the out
   gguf  a GGUF's own Q4_0/Q4_1/Q4_K blocks repacked as int4 (no re-rounding); the other linears
         (the output head) as int8                                     gguf.py
   gptq, awq, compressed-tensors  a checkpoint's own codes, run by the layer of their layout (STORED_LINEARS: int4,
-        int8, w8a8 or fp8) with no re-rounding; the other linears (the output head) float, as stored
-                                                                     loader/prequantized.py, stored.py
+        int8, w8a8 or fp8) with no re-rounding (GPTQ act-order: the int4 layer behind InputOrderedLinear); the other
+        linears (the output head) float, as stored                  loader/prequantized.py, stored.py
 """
 from __future__ import annotations
 
