@@ -1,4 +1,5 @@
-"""Matrix-vector products for batch-1 decode (Triton): y = x @ W^T, W float, int8 or int4 (dequantized inside).
+"""Matrix-vector products for batch-1 decode (Triton): y = x @ W^T, W float, int8, int4 or grouped 8-bit codes
+(dequantized inside).
 
 One row reads every weight once and does 2 flops per weight: the tensor cores have nothing to do and the speed
 is the speed of streaming the weight bytes. So no tl.dot here (it pads the rows to 16): each program owns
@@ -6,8 +7,9 @@ BLOCK_N output columns and walks their rows of W (contiguous along K) in chunks 
 bytes), widening them in registers, multiplying by the matching slice of x and summing along K. Every output
 column is finished by one program: no split-K workspace, no second launch. The weight layouts are
 quant_weight_only.py's (int8 [N, K] with a scale per row; int4 [N, K/2], k = 2j low nibble and 2j+1 high, an
-fp16 scale and minimum per group of GROUP k): int4 groups are summed first and scaled once per group
-(sum_k (q s + m) x = s sum_k q x + m sum_k x), so the scales are read per group, not per weight.
+fp16 scale and minimum per group of GROUP k; grouped 8-bit [N, K], one code a byte, an fp32 or fp16 scale and
+minimum per group): groups are summed first and scaled once per group (sum_k (q s + m) x = s sum_k q x + m sum_k x),
+so the scales are read per group, not per weight.
 
 The best tile depends on the shape and the GPU, so the first call of each shape on a GPU times a few candidate
 tiles (CUDA events, outside any graph capture) and keeps the fastest; the engine's warm-up before capturing
@@ -38,13 +40,13 @@ def small_int_to_float(u, offset: tl.constexpr):
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, N, K, stride_wn, stride_gn,
-                 INT4: tl.constexpr, GROUP: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 GROUPED_BITS: tl.constexpr, GROUP: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
                  EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
     w_rows = w_ptr + rn.to(tl.int64) * stride_wn
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if INT4:
+    if GROUPED_BITS == 4:
         GROUPS: tl.constexpr = 2 * BLOCK_B // GROUP  # whole groups per chunk: BLOCK_B bytes = 2 * BLOCK_B k
         HALF: tl.constexpr = GROUP // 2  # bytes per group
         g = tl.arange(0, GROUPS)
@@ -65,6 +67,23 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, N, K, stri
             scale = tl.load(scale_ptr + g_offsets, mask=g_mask, other=0.0).to(tl.float32)
             minimum = tl.load(min_ptr + g_offsets, mask=g_mask, other=0.0).to(tl.float32)
             acc += tl.sum(scale * codes_x + minimum * tl.sum(x_even + x_odd, axis=1)[None, :], axis=1)
+    elif GROUPED_BITS == 8:
+        GROUPS_8: tl.constexpr = BLOCK_B // GROUP  # whole groups per chunk of BLOCK_B bytes (= k)
+        g8 = tl.arange(0, GROUPS_8)
+        for k0 in range(0, K, BLOCK_B):
+            kk = k0 + g8[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [GROUPS, GROUP] along the row
+            k_mask = kk < K
+            w_mask = n_mask[:, None, None] if EVEN_K else n_mask[:, None, None] & k_mask[None, :, :]
+            codes = tl.load(w_rows[:, None, None] + kk[None, :, :], mask=w_mask, other=0,
+                            eviction_policy="evict_first")
+            x = tl.load(x_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+            codes_x = tl.sum(small_int_to_float(codes.to(tl.int32), 0) * x[None, :, :], axis=2)  # [BLOCK_N, GROUPS]
+            group = k0 // GROUP + g8
+            g_mask = n_mask[:, None] & (group < K // GROUP)[None, :]
+            g_offsets = rn[:, None].to(tl.int64) * stride_gn + group[None, :]
+            scale = tl.load(scale_ptr + g_offsets, mask=g_mask, other=0.0).to(tl.float32)
+            minimum = tl.load(min_ptr + g_offsets, mask=g_mask, other=0.0).to(tl.float32)
+            acc += tl.sum(scale * codes_x + minimum * tl.sum(x, axis=1)[None, :], axis=1)
     else:
         for k0 in range(0, K, BLOCK_B):
             k = k0 + tl.arange(0, BLOCK_B)
@@ -82,29 +101,31 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, N, K, stri
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-         minimums: torch.Tensor | None = None, group_size: int = 0) -> torch.Tensor:
+         minimums: torch.Tensor | None = None, group_size: int = 0, code_bits: int = 4) -> torch.Tensor:
     """One row x [1, K] (contiguous) times W^T -> [1, N] in x's dtype. W is a float weight [N, K] used as it is
-    (scales None), int8 codes [N, K] with a scale per row, or int4 bytes [N, K/2] with per-group scales and
-    minimums (quant_weight_only.py's layouts)."""
+    (scales None), int8 codes [N, K] with a scale per row, or grouped codes with per-group scales and minimums:
+    int4 bytes [N, K/2] (code_bits 4) or uint8 codes [N, K] (code_bits 8) (quant_weight_only.py's layouts)."""
     k = x.shape[-1]
     n = weight.shape[0]
-    if x.numel() != k or weight.shape[1] * (2 if minimums is not None else 1) != k:
+    grouped_bits = code_bits if minimums is not None else 0
+    per_byte = 2 if grouped_bits == 4 else 1
+    if x.numel() != k or weight.shape[1] * per_byte != k:
         raise ValueError(f"gemv takes one row of K values and a [N, K] weight, got x {tuple(x.shape)} and weight "
                          f"{tuple(weight.shape)}")
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    int4 = minimums is not None
 
     def launch(config: tuple[int, int, int]) -> None:
         block_n, block_b, warps = config
-        if int4:
-            block_b = max(block_b, group_size // 2)  # whole groups per chunk
+        if grouped_bits:
+            block_b = max(block_b, group_size // per_byte)  # whole groups per chunk
         _gemv_kernel[(triton.cdiv(n, block_n),)](
-            x, weight, scales if scales is not None else out, minimums if int4 else out,
-            bias if bias is not None else out, out, n, k, weight.stride(0), scales.stride(0) if int4 else 0,
-            INT4=int4, GROUP=group_size if int4 else 1, HAS_SCALE=scales is not None, HAS_BIAS=bias is not None,
-            EVEN_K=(k // 2 if int4 else k) % block_b == 0, BLOCK_N=block_n, BLOCK_B=block_b, num_warps=warps)
+            x, weight, scales if scales is not None else out, minimums if grouped_bits else out,
+            bias if bias is not None else out, out, n, k, weight.stride(0), scales.stride(0) if grouped_bits else 0,
+            GROUPED_BITS=grouped_bits, GROUP=group_size if grouped_bits else 1, HAS_SCALE=scales is not None,
+            HAS_BIAS=bias is not None, EVEN_K=(k // per_byte) % block_b == 0, BLOCK_N=block_n, BLOCK_B=block_b,
+            num_warps=warps)
 
-    launch(_config_for((n, k, weight.dtype, group_size, x.dtype, x.device), launch))
+    launch(_config_for((n, k, weight.dtype, group_size, grouped_bits, x.dtype, x.device), launch))
     return out
 
 
@@ -136,5 +157,6 @@ def _config_for(key: tuple, launch) -> tuple[int, int, int]:
 
 
 def chosen_tiles() -> dict[tuple, tuple[int, int, int]]:
-    """(N, K, weight dtype, group, x dtype, device) -> the (BLOCK_N, BLOCK_B, num_warps) timed fastest so far."""
+    """(N, K, weight dtype, group, grouped bits, x dtype, device) -> the (BLOCK_N, BLOCK_B, num_warps) timed fastest
+    so far."""
     return dict(_chosen)

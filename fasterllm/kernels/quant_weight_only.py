@@ -1,4 +1,5 @@
-"""Weight-only int8 / int4 matmuls (Triton): y = x @ dequant(W)^T with the weight dequantized inside the kernel.
+"""Weight-only int8 / int4 / grouped 8-bit matmuls (Triton): y = x @ dequant(W)^T with the weight dequantized inside
+the kernel.
 
 Decode is memory-bound: its speed is the speed of reading the weights, so they are read as 1 byte (int8) or
 half a byte (int4) each and widened in registers. Layouts (made by the quantizers below):
@@ -7,6 +8,9 @@ half a byte (int4) each and widened in registers. Layouts (made by the quantizer
         of `group_size` consecutive k, an fp16 scale and minimum [N, K/group]: W = q * scale + minimum
         (asymmetric, the CPU layers' and GGUF Q4_1's convention; fp16 holds GGUF's own scales exactly; tinygemm's
         bf16 scale and zero round them)
+  uint8 grouped (code_bits=8): qweight uint8 [N, K], one code 0..255 a weight; per group of `group_size`
+        consecutive k an fp32 (or fp16) scale and minimum [N, K/group]: W = q * scale + minimum (GGUF's Q8_0, Q5_K and
+        Q6_K blocks as stored: layers/quantization/uint8_grouped.py; fp32 holds their scales exactly)
   int4, tinygemm's layout (bf16 layers on a GPU): int32 [N/8, K/32, 32, 1] (pack_int4_tinygemm), scale and zero
         (code 8's value) per group [K/group, N, 2]: the bytes torch._weight_int4pack_mm reads
 The quantizers are the CPU layers' (layers/quantization/int8.py, int4.py); pack_int4_codes and pack_int4_tinygemm
@@ -42,9 +46,10 @@ class _Tiles:
     programs_per_sm: int
 
 
-# (int4, up to this many rows) -> tiles. Chosen on an H100 by timing 94 int8 and 70 int4 candidates (tile sizes,
-# stages, both operand orders, 1-16 splits) at 16, 32 and 64 rows on the Llama-3-8B projections: each entry is
-# the one whose slowest projection is closest to that projection's best candidate (within 4-24%); RESULTS.md.
+# (int4, up to this many rows) -> tiles (the grouped 8-bit layout takes int8's: as many bytes a tile; not timed on
+# its own yet). Chosen on an H100 by timing 94 int8 and 70 int4 candidates (tile sizes, stages, both operand orders,
+# 1-16 splits) at 16, 32 and 64 rows on the Llama-3-8B projections: each entry is the one whose slowest projection is
+# closest to that projection's best candidate (within 4-24%); RESULTS.md.
 _TILES = {
     (False, 16): _Tiles(False, 64, 256, 3, 4), (False, 32): _Tiles(False, 64, 128, 3, 4),
     (False, 64): _Tiles(False, 128, 128, 3, 2),
@@ -94,22 +99,25 @@ def _k_to_tinygemm_order(tile, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, stride_gg,
-                 GROUP: tl.constexpr, INT4: tl.constexpr, TINYGEMM: tl.constexpr, EVEN: tl.constexpr,
+                 GROUP: tl.constexpr, GROUPED_BITS: tl.constexpr, TINYGEMM: tl.constexpr, EVEN: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, dtype: tl.constexpr):
     """Weight rows rn, columns k0 .. k0 + BLOCK_K (in tinygemm's order for its layout) as a [BLOCK_N, BLOCK_K] tile
-    in dtype, loaded as stored: int8 codes as they are (their row scale comes after the sum), int4 dequantized in
-    fp32 and rounded once, with one scale and minimum (tinygemm: zero, code 8's value) loaded per (row, group)."""
-    if INT4:
-        half = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    in dtype, loaded as stored: int8 codes as they are (GROUPED_BITS 0: their row scale comes after the sum), grouped
+    codes (GROUPED_BITS 4: two a byte, 8: one a byte) dequantized in fp32 and rounded once, with one scale and
+    minimum (tinygemm: zero, code 8's value) loaded per (row, group)."""
+    if GROUPED_BITS:
+        PER_BYTE: tl.constexpr = 8 // GROUPED_BITS  # codes a byte
+        index = k0 // PER_BYTE + tl.arange(0, BLOCK_K // PER_BYTE)  # bytes along the row
         groups = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
         group_offsets = rn[:, None].to(tl.int64) * stride_gn + groups[None, :].to(tl.int64) * stride_gg
-        columns = _byte_offsets(half, TINYGEMM)
+        columns = _byte_offsets(index, TINYGEMM)
         if EVEN:
             packed = tl.load(w_rows + columns[None, :])
             scale = tl.load(group_scale_ptr + group_offsets)
             minimum = tl.load(group_min_ptr + group_offsets)
         else:
-            packed = tl.load(w_rows + columns[None, :], mask=n_mask[:, None] & (half < K // 2)[None, :], other=0)
+            packed = tl.load(w_rows + columns[None, :], mask=n_mask[:, None] & (index < K // PER_BYTE)[None, :],
+                             other=0)
             group_mask = n_mask[:, None] & (groups < K // GROUP)[None, :]
             scale = tl.load(group_scale_ptr + group_offsets, mask=group_mask, other=0.0)
             minimum = tl.load(group_min_ptr + group_offsets, mask=group_mask, other=0.0)
@@ -117,11 +125,15 @@ def _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stri
         minimum = minimum.to(tl.float32)[:, :, None]
         if TINYGEMM:  # stored: the zero (code 8's value)
             minimum -= 8.0 * scale
-        # byte j of a group: k = 2j, 2j + 1
-        codes = tl.reshape(packed, (BLOCK_N, BLOCK_K // GROUP, GROUP // 2)).to(tl.int32)
-        low = (small_int_to_float(codes & 0xF, 0) * scale + minimum).to(dtype)
-        high = (small_int_to_float(codes >> 4, 0) * scale + minimum).to(dtype)
-        return tl.reshape(tl.join(low, high), (BLOCK_N, BLOCK_K))  # (n, group, byte, nibble)
+        # byte j of a group: k = 2j, 2j + 1 (int4) or k = j
+        codes = tl.reshape(packed, (BLOCK_N, BLOCK_K // GROUP, GROUP // PER_BYTE)).to(tl.int32)
+        if GROUPED_BITS == 8:  # code * scale is exact: one rounding, in the addition, as the reference's
+            tile = tl.reshape((small_int_to_float(codes, 0) * scale + minimum).to(dtype), (BLOCK_N, BLOCK_K))
+        else:
+            low = (small_int_to_float(codes & 0xF, 0) * scale + minimum).to(dtype)
+            high = (small_int_to_float(codes >> 4, 0) * scale + minimum).to(dtype)
+            tile = tl.reshape(tl.join(low, high), (BLOCK_N, BLOCK_K))  # (n, group, byte, nibble)
+        return tile
     else:
         kk = k0 + tl.arange(0, BLOCK_K)
         if EVEN:
@@ -136,7 +148,7 @@ def _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stri
 @triton.jit(do_not_specialize=["M"])
 def _weight_only_kernel(x_ptr, w_ptr, group_scale_ptr, group_min_ptr, col_scale_ptr, bias_ptr, out_ptr, M, N, K,
                         stride_xm, stride_wn, stride_gn, stride_gg, k_per_split, GROUP: tl.constexpr,
-                        INT4: tl.constexpr, TINYGEMM: tl.constexpr, EVEN: tl.constexpr, SWAP: tl.constexpr,
+                        GROUPED_BITS: tl.constexpr, TINYGEMM: tl.constexpr, EVEN: tl.constexpr, SWAP: tl.constexpr,
                         DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -152,8 +164,8 @@ def _weight_only_kernel(x_ptr, w_ptr, group_scale_ptr, group_min_ptr, col_scale_
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_start, tl.minimum(K, k_start + k_per_split), BLOCK_K):
-        w = _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, stride_gg, GROUP, INT4,
-                         TINYGEMM, EVEN, BLOCK_N, BLOCK_K, dtype)
+        w = _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, stride_gg, GROUP,
+                         GROUPED_BITS, TINYGEMM, EVEN, BLOCK_N, BLOCK_K, dtype)
         kk = k0 + tl.arange(0, BLOCK_K)
         k_mask = kk < K
         if SWAP:  # x^T [BLOCK_K, BLOCK_M]
@@ -170,7 +182,8 @@ def _weight_only_kernel(x_ptr, w_ptr, group_scale_ptr, group_min_ptr, col_scale_
     offsets = rm[:, None].to(tl.int64) * N + rn[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
     if DIRECT:  # one split: the epilogue here, no second launch
-        out = epilogue(acc, rm, rn, M, N, col_scale_ptr, col_scale_ptr, bias_ptr, False, not INT4, HAS_BIAS)
+        out = epilogue(acc, rm, rn, M, N, col_scale_ptr, col_scale_ptr, bias_ptr, False, GROUPED_BITS == 0,
+                       HAS_BIAS)
         tl.store(out_ptr + offsets, out.to(dtype), mask=mask)
     else:
         tl.store(out_ptr + pid_k * M * N + offsets, acc, mask=mask)
@@ -178,18 +191,18 @@ def _weight_only_kernel(x_ptr, w_ptr, group_scale_ptr, group_min_ptr, col_scale_
 
 @triton.jit
 def _dequantize_kernel(w_ptr, group_scale_ptr, group_min_ptr, out_ptr, N, K, stride_wn, stride_gn, stride_gg,
-                       GROUP: tl.constexpr, INT4: tl.constexpr, TINYGEMM: tl.constexpr, BLOCK_N: tl.constexpr,
+                       GROUP: tl.constexpr, GROUPED_BITS: tl.constexpr, TINYGEMM: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr):
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     n_mask = rn < N
     w_rows = _row_bases(w_ptr, rn, K, stride_wn, TINYGEMM)
-    if INT4:
-        w = _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, stride_gg, GROUP, True,
-                         TINYGEMM, False, BLOCK_N, BLOCK_K, out_ptr.dtype.element_ty)
+    if GROUPED_BITS:
+        w = _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, stride_gg, GROUP,
+                         GROUPED_BITS, TINYGEMM, False, BLOCK_N, BLOCK_K, out_ptr.dtype.element_ty)
     else:  # the row scale folded in: one rounding to the output dtype
         codes = _weight_tile(w_rows, group_scale_ptr, group_min_ptr, rn, n_mask, k0, K, stride_gn, stride_gg, GROUP,
-                             False, False, False, BLOCK_N, BLOCK_K, tl.float32)
+                             0, False, False, BLOCK_N, BLOCK_K, tl.float32)
         scale = tl.load(group_scale_ptr + rn, mask=n_mask, other=0.0)
         w = (codes * scale[:, None]).to(out_ptr.dtype.element_ty)
     if TINYGEMM:
@@ -201,8 +214,8 @@ def _dequantize_kernel(w_ptr, group_scale_ptr, group_min_ptr, out_ptr, N, K, str
 @dataclass(frozen=True)
 class _KernelWeight:
     """A quantized weight [n, k] as the kernels here read it: its bytes, where its per-group scales and minimums
-    (tinygemm: zeros) are ([n, k/group] strides (stride_gn, stride_gg)), and its layout. int8 has no groups: its
-    per-row scales stand in for both and are applied after the sum."""
+    (tinygemm: zeros) are ([n, k/group] strides (stride_gn, stride_gg)), and its layout: grouped_bits 4 or 8 (codes
+    a group), 0 for int8, which has no groups: its per-row scales stand in for both and are applied after the sum."""
     data: torch.Tensor
     group_scales: torch.Tensor
     group_mins: torch.Tensor
@@ -212,19 +225,21 @@ class _KernelWeight:
     stride_gn: int
     stride_gg: int
     group: int
-    int4: bool
+    grouped_bits: int
     tinygemm: bool
 
 
-def _row_major(qweight: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor | None,
-               group_size: int) -> _KernelWeight:
+def _row_major(qweight: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor | None, group_size: int,
+               code_bits: int) -> _KernelWeight:
     if minimums is None:  # int8
         return _KernelWeight(qweight, scales, scales, qweight.shape[0], qweight.shape[1], qweight.stride(0), 0, 0, 1,
-                             False, False)
-    k = qweight.shape[1] * 2
+                             0, False)
+    if code_bits not in (4, 8):
+        raise ValueError(f"code_bits={code_bits}: grouped codes are 4 bits (two a byte) or 8 bits (one a byte)")
+    k = qweight.shape[1] * 8 // code_bits
     _check_group(group_size, k)
     return _KernelWeight(qweight, scales, minimums, qweight.shape[0], k, qweight.stride(0), scales.stride(0), 1,
-                         group_size, True, False)
+                         group_size, code_bits, False)
 
 
 def _tinygemm(packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int) -> _KernelWeight:
@@ -240,15 +255,15 @@ def _tinygemm(packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int) 
                          f"{tuple(scale_zeros.shape)}")
     # [K/group, N, 2]: a group's scale, then its zero; rows (the byte addressing) follow from n and k
     return _KernelWeight(packed.view(torch.uint8), scale_zeros[..., 0], scale_zeros[..., 1], n, k, 0, 2, 2 * n,
-                         group_size, True, True)
+                         group_size, 4, True)
 
 
 def dequantize(qweight: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor | None, group_size: int,
-               dtype: torch.dtype) -> torch.Tensor:
-    """The int8 (minimums None) or int4 layout -> the float weight [N, K] in dtype, in one pass (the large-M
-    path: reads 1 or 0.5 bytes a weight and writes the float once, where int8 codes cast by torch and scaled after
-    the product took two passes and a third over the output)."""
-    return _dequantize(_row_major(qweight, scales, minimums, group_size), dtype)
+               dtype: torch.dtype, code_bits: int = 4) -> torch.Tensor:
+    """The int8 (minimums None), int4 or grouped 8-bit (code_bits=8) layout -> the float weight [N, K] in dtype, in
+    one pass (the large-M path: reads 1 or 0.5 bytes a weight and writes the float once, where int8 codes cast by
+    torch and scaled after the product took two passes and a third over the output)."""
+    return _dequantize(_row_major(qweight, scales, minimums, group_size, code_bits), dtype)
 
 
 def dequantize_tinygemm(packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int,
@@ -262,24 +277,25 @@ def _dequantize(w: _KernelWeight, dtype: torch.dtype) -> torch.Tensor:
     block_n, block_k = 64, max(256, w.group)
     _dequantize_kernel[(triton.cdiv(w.n, block_n), triton.cdiv(w.k, block_k))](
         w.data, w.group_scales, w.group_mins, out, w.n, w.k, w.stride_wn, w.stride_gn, w.stride_gg, GROUP=w.group,
-        INT4=w.int4, TINYGEMM=w.tinygemm, BLOCK_N=block_n, BLOCK_K=block_k)
+        GROUPED_BITS=w.grouped_bits, TINYGEMM=w.tinygemm, BLOCK_N=block_n, BLOCK_K=block_k)
     return out
 
 
 def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
-                       minimums: torch.Tensor | None = None, group_size: int = 0) -> torch.Tensor:
-    """x [M, K] (bf16/fp16/fp32) times a quantized weight (int8 when minimums is None, else int4) -> [M, N]."""
-    int4 = minimums is not None
+                       minimums: torch.Tensor | None = None, group_size: int = 0, code_bits: int = 4) -> torch.Tensor:
+    """x [M, K] (bf16/fp16/fp32) times a quantized weight -> [M, N]: int8 when minimums is None, else grouped codes
+    of code_bits (4: int4 bytes [N, K/2]; 8: uint8 codes [N, K])."""
+    grouped = minimums is not None
     m, k = x.shape
-    if x.stride(-1) != 1 or qweight.shape[1] * (2 if int4 else 1) != k:
+    w = _row_major(qweight, scales, minimums, group_size, code_bits)
+    if x.stride(-1) != 1 or w.k != k:
         raise ValueError(f"x {tuple(x.shape)} (contiguous last dim) does not fit the weight "
-                         f"{tuple(qweight.shape)}{' (two int4 per byte)' if int4 else ''}")
-    w = _row_major(qweight, scales, minimums, group_size)
+                         f"{tuple(qweight.shape)}{' (two int4 per byte)' if grouped and code_bits == 4 else ''}")
     if m > FUSED_MAX_ROWS:  # prefill: compute-bound, cuBLAS on a dequantized copy
         return F.linear(x, _dequantize(w, x.dtype), bias)
     if m == 1:  # batch-1 decode: a matrix-vector product streaming the weight bytes
-        return gemv(x, qweight, scales, bias, minimums, group_size)
-    return _matmul_tiles(x, w, None if int4 else scales, bias)
+        return gemv(x, qweight, scales, bias, minimums, group_size, code_bits)
+    return _matmul_tiles(x, w, None if grouped else scales, bias)
 
 
 def tinygemm_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int,
@@ -316,8 +332,8 @@ def _matmul_tiles(x: torch.Tensor, w: _KernelWeight, col_scales: torch.Tensor | 
     if m == 0:  # before planning: no tiles to split
         return out
     block_m = max(16, triton.next_power_of_2(m))  # tl.dot takes 16 rows or more; padding rows are masked
-    tiles = _TILES[w.int4, block_m]
-    # whole int4 groups per tile
+    tiles = _TILES[w.grouped_bits == 4, block_m]
+    # whole groups per tile
     plan = plan_split_k(m, w.n, k, block_m, tiles.block_n, max(tiles.block_k, w.group), tiles.programs_per_sm,
                         x.device)
     direct = plan.splits == 1
@@ -325,7 +341,7 @@ def _matmul_tiles(x: torch.Tensor, w: _KernelWeight, col_scales: torch.Tensor | 
     _weight_only_kernel[plan.grid(m, w.n)](
         x, w.data, w.group_scales, w.group_mins, col_scales if col_scales is not None else out,
         bias if bias is not None else out, target, m, w.n, k, x.stride(0), w.stride_wn, w.stride_gn, w.stride_gg,
-        plan.k_per_split, GROUP=w.group, INT4=w.int4, TINYGEMM=w.tinygemm,
+        plan.k_per_split, GROUP=w.group, GROUPED_BITS=w.grouped_bits, TINYGEMM=w.tinygemm,
         EVEN=w.n % plan.block_n == 0 and k % plan.block_k == 0, SWAP=tiles.swap, DIRECT=direct,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, num_warps=4,
@@ -373,12 +389,12 @@ def pack_int4_tinygemm(codes: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize_reference(qweight: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor | None = None,
-                         group_size: int = 0) -> torch.Tensor:
+                         group_size: int = 0, code_bits: int = 4) -> torch.Tensor:
     """The fp32 weight [N, K] a quantized layout stands for (torch, the reference)."""
     if minimums is None:
         return qweight.float() * scales.float()[:, None]
     n = qweight.shape[0]
-    q = torch.stack([qweight & 0xF, qweight >> 4], dim=-1).view(n, -1).float()
+    q = qweight.float() if code_bits == 8 else torch.stack([qweight & 0xF, qweight >> 4], dim=-1).view(n, -1).float()
     expand = lambda t: t.float().repeat_interleave(group_size, dim=1)  # noqa: E731
     return q * expand(scales) + expand(minimums)
 
@@ -392,6 +408,6 @@ def tinygemm_reference(codes: torch.Tensor, scale_zeros: torch.Tensor, group_siz
 
 def weight_only_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                                  bias: torch.Tensor | None = None, minimums: torch.Tensor | None = None,
-                                 group_size: int = 0) -> torch.Tensor:
-    out = x.float() @ dequantize_reference(qweight, scales, minimums, group_size).t()
+                                 group_size: int = 0, code_bits: int = 4) -> torch.Tensor:
+    out = x.float() @ dequantize_reference(qweight, scales, minimums, group_size, code_bits).t()
     return (out if bias is None else out + bias.float()).to(x.dtype)

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from fasterllm.config import PREQUANTIZED_METHODS, ModelConfig
+from fasterllm.layers.quantization.gguf import BlockLayout
 from fasterllm.loader.gguf_checkpoint import GGUFFile
 from fasterllm.loader.prequantized import StoredQuantization, stored_quantization
 from fasterllm.loader.hf_checkpoint import iter_safetensors, load_hf_config
@@ -29,10 +30,11 @@ class Checkpoint:
     weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]  # Hugging Face names
     # the same stream as WeightSources that read only the part asked for (safetensors slices; a GGUF's tensors)
     weight_parts: Callable[[], Iterator[tuple[str, WeightSource]]]
-    # a GGUF with projections stored in 4-bit blocks (Q4_0 / Q4_1 / Q4_K): the same stream with those kept as blocks
-    # (quantization='gguf'), and which projections they are ("layers.3.qkv_proj")
-    q4_block_weights: Callable[[], Iterator[tuple[str, torch.Tensor]]] | None = None
-    q4_block_modules: frozenset[str] = frozenset()
+    # a GGUF with projections stored in blocks that run as stored (Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K / Q8_0): the same
+    # stream with those kept as blocks (quantization='gguf'), and which projections they are ("layers.3.qkv_proj")
+    # with the layout each runs as
+    native_block_weights: Callable[[], Iterator[tuple[str, torch.Tensor]]] | None = None
+    native_block_layouts: dict[str, BlockLayout] = field(default_factory=dict)
     # how its weights are stored, when pre-quantized (loader/prequantized.py: its method, one of PREQUANTIZED_METHODS;
     # its layout, the layer its codes run as; its name for messages): `weights` then yields its projections' codes
     # and scales. None: float
@@ -56,13 +58,14 @@ class Checkpoint:
                              f"quantization={requested!r} cannot apply to it: leave quantization unset")
         return self.stored.method
 
-    def require_q4_block_weights(self) -> Callable[[], Iterator[tuple[str, torch.Tensor]]]:
-        if self.q4_block_weights is None:
-            kind = "GGUF file with no projection in 4-bit blocks" if self.source.format == "gguf" else \
-                f"{self.source.format} checkpoint, not a GGUF file"
-            raise ValueError(f"quantization='gguf' runs Q4_0/Q4_1/Q4_K GGUF blocks as stored, but {self.source.path} is "
-                             f"a {kind}; use quantization='int4' (or 'int8') to quantize it at load instead")
-        return self.q4_block_weights
+    def require_native_block_weights(self) -> Callable[[], Iterator[tuple[str, torch.Tensor]]]:
+        if self.native_block_weights is None:
+            kind = ("GGUF file with no projection in Q4_0/Q4_1/Q4_K/Q5_K/Q6_K/Q8_0 blocks"
+                    if self.source.format == "gguf" else f"{self.source.format} checkpoint, not a GGUF file")
+            raise ValueError(f"quantization='gguf' runs Q4_0/Q4_1/Q4_K/Q5_K/Q6_K/Q8_0 GGUF blocks as stored, but "
+                             f"{self.source.path} is a {kind}; use quantization='int4' (or 'int8') to quantize it at "
+                             "load instead")
+        return self.native_block_weights
 
 
 def open_checkpoint(model: str | None, tokenizer: str | None = None) -> Checkpoint:
@@ -72,9 +75,9 @@ def open_checkpoint(model: str | None, tokenizer: str | None = None) -> Checkpoi
         config = gguf_file.model_config()
         tok = (load_gguf_tokenizer(gguf_file.metadata, config.eos_token_ids) if tokenizer is None
                else load_hf_tokenizer(resolve_model(tokenizer).path, config.eos_token_ids))
-        modules = gguf_file.q4_projections()
-        q4_blocks = (lambda: gguf_file.iter_weights(keep_q4_blocks=True)) if modules else None
-        return Checkpoint(source, config, tok, gguf_file.iter_weights, gguf_file.iter_weights, q4_blocks, modules)
+        layouts = gguf_file.native_projections()
+        blocks = (lambda: gguf_file.iter_weights(keep_native_blocks=True)) if layouts else None
+        return Checkpoint(source, config, tok, gguf_file.iter_weights, gguf_file.iter_weights, blocks, layouts)
     config = load_hf_config(source.path)  # an unsupported architecture is the first thing it reports
     tok_dir = source.path if tokenizer is None else Path(resolve_model(tokenizer).path)
     tok = load_hf_tokenizer(tok_dir, config.eos_token_ids)

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from fasterllm.config import ModelConfig
-from fasterllm.loader.gguf_blocks import Q4_TYPES, dequantize_q4_blocks, unpack_q4_blocks
+from fasterllm.layers.quantization.gguf import BlockLayout
+from fasterllm.loader.gguf_blocks import NATIVE_GROUP_SIZES, block_layout, dequantize_blocks, unpack_blocks
 from fasterllm.loader.gguf_families import EXPERT_NAMES, GGUF_FAMILIES, MERGED_EXPERTS, MIXTRAL
 
 _TENSOR_NAMES = {
@@ -174,30 +175,38 @@ class GGUFFile:
         return tuple(int(d) for d in reversed(self._tensors[name].shape))
 
     @functools.cached_property
-    def _q4_groups(self) -> dict[str, tuple[str, ...]]:
-        """Our decoder-layer projection ("layers.3.qkv_proj") -> its GGUF tensors, for those whose every part is
-        stored as 4-bit blocks (Q4_0 / Q4_1 / Q4_K). A Q4_K_M file keeps some attn_v and ffn_down tensors in Q6_K;
-        the projections holding them do not qualify. Experts are not projections: they are dequantized."""
+    def _native_groups(self) -> dict[str, tuple[tuple[str, ...], BlockLayout]]:
+        """Our decoder-layer projection ("layers.3.qkv_proj"), or the output head ("lm_head"), -> its GGUF tensors and
+        the layout they run as, for those whose every part is stored in a type that runs as stored
+        (gguf_blocks.NATIVE_GROUP_SIZES: Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0). A projection with a part in another
+        type (F16, Q2_K, Q3_K, Q5_0, IQ types) does not qualify, nor does a head tied to the embedding table (no
+        output.weight). Experts are not projections: they are dequantized."""
         types = {t.name: t.tensor_type.name for t in self.reader.tensors}
         layers = {int(name.split(".")[1]) for name in types if name.startswith("blk.")}
         groups = {}
         for i in sorted(layers):
             for projection, parts in {**_PROJECTION_PARTS, **self.family.projections}.items():
                 names = tuple(f"blk.{i}.{part}.weight" for part in parts)
-                if all(types.get(name) in Q4_TYPES for name in names):
-                    groups[f"layers.{i}.{projection}"] = names
+                layout = block_layout(tuple(types.get(name, "absent") for name in names))
+                if layout is not None:
+                    groups[f"layers.{i}.{projection}"] = names, layout
+        head = block_layout((types.get("output.weight", "absent"),))  # Q4_K_M files store it in Q6_K
+        if head is not None:
+            groups["lm_head"] = ("output.weight",), head
         return groups
 
-    def q4_projections(self) -> frozenset[str]:
-        """The projections that run as the file stores them (quantization='gguf')."""
-        return frozenset(self._q4_groups)
+    def native_projections(self) -> dict[str, BlockLayout]:
+        """The projections, and the output head ("lm_head"), that run as the file stores them (quantization='gguf'),
+        and the layout each runs as."""
+        return {projection: layout for projection, (_, layout) in self._native_groups.items()}
 
-    def iter_weights(self, keep_q4_blocks: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_weights(self, keep_native_blocks: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """(Hugging Face name, float32 tensor) for every weight, with what llama.cpp's converter did undone: Q/K rows
         permuted back, Gemma's (1 + weight) norms back to weight, merged experts split per expert.
-        keep_q4_blocks: a part of one of q4_projections() comes as three row-indexed tensors instead, <module>.qcodes,
-        .qscales and .qmins (loader/gguf_blocks.py)."""
-        kept = {name for names in self._q4_groups.values() for name in names} if keep_q4_blocks else set()
+        keep_native_blocks: a part of one of native_projections() comes as three row-indexed tensors instead,
+        <module>.qcodes, .qscales and .qmins in its projection's group size (loader/gguf_blocks.py)."""
+        kept = {name: layout.group_size for names, layout in self._native_groups.values() for name in names} \
+            if keep_native_blocks else {}
         cfg_heads = self.required(f"{self.arch}.attention.head_count")
         kv_heads = self.metadata.get(f"{self.arch}.attention.head_count_kv", cfg_heads)
         family = self.family
@@ -207,12 +216,12 @@ class GGUFFile:
             name = self._hf_name(tensor.name)
             shape = self._shape(tensor.name)
             if tensor.name in kept:
-                parts = unpack_q4_blocks(tensor.data, tensor.tensor_type.name, shape)
+                parts = unpack_blocks(tensor.data, tensor.tensor_type.name, shape, kept[tensor.name])
                 named = [(name.replace(".weight", suffix), part)
                          for suffix, part in zip((".qcodes", ".qscales", ".qmins"), parts)]
-            elif tensor.tensor_type.name in Q4_TYPES:  # experts too: [experts * rows, cols] blocks, reshaped
+            elif tensor.tensor_type.name in NATIVE_GROUP_SIZES:  # experts too: [experts * rows, cols], reshaped
                 flat = (math.prod(shape[:-1]), shape[-1])
-                named = [(name, dequantize_q4_blocks(tensor.data, tensor.tensor_type.name, flat).view(shape))]
+                named = [(name, dequantize_blocks(tensor.data, tensor.tensor_type.name, flat).view(shape))]
             else:
                 named = [(name, torch.from_numpy(self._dequantize(tensor).copy()))]
             module = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
@@ -249,8 +258,8 @@ class GGUFFile:
             values = quants.dequantize(tensor.data, tensor.tensor_type)
         except NotImplementedError as exc:
             raise ValueError(f"GGUF tensor {tensor.name!r} in {self.path.name} has type {tensor.tensor_type.name}, "
-                             "which this gguf package cannot dequantize; convert the file to F16, Q8_0, Q4_0, "
-                             "Q4_1 or Q4_K (llama.cpp's llama-quantize)") from exc
+                             "which this gguf package cannot dequantize; convert the file to F16, Q8_0, Q6_K, "
+                             "Q5_K, Q4_K, Q4_0 or Q4_1 (llama.cpp's llama-quantize)") from exc
         # GGUF lists dimensions innermost first; torch wants them outermost first
         return values.reshape(self._shape(tensor.name)).astype(np.float32, copy=False)
 

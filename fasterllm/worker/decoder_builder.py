@@ -38,9 +38,9 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
     model = cls(config, max_model_len, device, dtype) if tp.size == 1 else cls(config, max_model_len, device, dtype, tp)
     if load_format == "dummy":
         fill_dummy_weights(model)
-    elif quantization == "gguf":  # the projections take the file's Q4 blocks as stored
-        weights = checkpoint.require_q4_block_weights()
-        prepare_gguf_linears(model, checkpoint.q4_block_modules)
+    elif quantization == "gguf":  # the projections take the file's blocks as stored
+        weights = checkpoint.require_native_block_weights()
+        prepare_gguf_linears(model, checkpoint.native_block_layouts)
         model.load_weights(weights())
     elif quantization in PREQUANTIZED_METHODS:  # the same, from a pre-quantized checkpoint's codes
         prepare_stored_linears(model, checkpoint.stored_layout, checkpoint.stored.input_order)

@@ -211,3 +211,84 @@ def test_tinygemm_layout_llama_8b_shapes(m, n, k):
     got = tinygemm_matmul(x, packed, scale_zeros, GROUP_SIZE)
     torch.testing.assert_close(got.float(), expected, atol=TOLERANCE[torch.bfloat16] * expected.abs().max().item(),
                                rtol=0)
+
+
+def uint8_grouped(n, k, group, seed=0):
+    """Random 8-bit codes with fp32 scales of full mantissas (as Q6_K's d * sc: no fp16 holds them) and minimums."""
+    torch.manual_seed(seed)
+    codes = torch.randint(0, 256, (n, k), dtype=torch.uint8, device=DEVICE)
+    scales = torch.rand(n, k // group, device=DEVICE) * 1e-3
+    minimums = -128 * scales + torch.randn(n, k // group, device=DEVICE) * 0.01
+    return codes, scales, minimums
+
+
+def check_uint8_grouped(m, n, k, group, dtype, with_bias=True):
+    codes, scales, minimums = uint8_grouped(n, k, group)
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    bias = torch.randn(n, device=DEVICE).to(dtype) if with_bias else None
+    got = weight_only_matmul(x, codes, scales, bias, minimums, group, code_bits=8)
+    expected = weight_only_matmul_reference(x, codes, scales, bias, minimums, group, code_bits=8)
+    assert got.shape == (m, n) and got.dtype == dtype and torch.isfinite(got).all()
+    scale = expected.float().abs().max().item()
+    torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE[dtype] * scale, rtol=0)
+    # codes read one a byte: the reference over 4-bit reading of the same bytes is far off
+    assert (got.float() - weight_only_matmul_reference(x, codes[:, : k // 2], scales, bias, minimums, group).float()
+            ).abs().max() > 10 * TOLERANCE[dtype] * scale
+
+
+@pytest.mark.parametrize("group", [16, 32])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 5, 33, FUSED_MAX_ROWS + 1])  # gemv.py, both tile buckets, dequantize + matmul
+def test_uint8_grouped_matches_dequantized_reference(group, dtype, m):
+    check_uint8_grouped(m, 72, 576, group, dtype)  # a partial K block and a partial N block
+
+
+@pytest.mark.parametrize("group", [16, 32])
+@pytest.mark.parametrize("m", [1, 2, 17, 64])
+def test_uint8_grouped_whole_tiles_take_the_unmasked_loads(group, m):
+    check_uint8_grouped(m, 128, 2048 if m == 1 else 512, group, torch.float32, with_bias=m != 2)
+
+
+@pytest.mark.parametrize("group", [16, 32])
+def test_uint8_grouped_dequantize_kernel_is_exact(group):
+    codes, scales, minimums = uint8_grouped(70, 320, group)
+    reference = dequantize_reference(codes, scales, minimums, group, code_bits=8)
+    assert torch.equal(dequantize(codes, scales, minimums, group, torch.float32, code_bits=8), reference)
+    half_scales, half_minimums = scales.half(), minimums.half()  # what the GPU layer keeps where fp16 is exact
+    assert torch.equal(dequantize(codes, half_scales, half_minimums, group, torch.float32, code_bits=8),
+                       dequantize_reference(codes, half_scales, half_minimums, group, code_bits=8))
+
+
+def test_uint8_grouped_refuses_other_code_widths_and_shapes():
+    codes, scales, minimums = uint8_grouped(64, 256, 16)
+    with pytest.raises(ValueError, match="code_bits=6: grouped codes are 4 bits"):
+        weight_only_matmul(torch.randn(2, 256, device=DEVICE), codes, scales, None, minimums, 16, code_bits=6)
+    with pytest.raises(ValueError, match="does not fit the weight"):
+        weight_only_matmul(torch.randn(2, 512, device=DEVICE), codes, scales, None, minimums, 16, code_bits=8)
+
+
+@gpu_only
+@pytest.mark.parametrize("group", [16, 32])
+@pytest.mark.parametrize("m", [1, 16, 64, 256])
+@pytest.mark.parametrize("n, k", [(4096, 4096), (2 * 14336, 4096), (4096, 14336)])
+def test_uint8_grouped_llama_8b_shapes(group, m, n, k):
+    check_uint8_grouped(m, n, k, group, torch.bfloat16)
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_uint8_grouped_gpu_layer_keeps_scales_exact(dtype):
+    """Q8_0-like scales (fp16 d, minimum -128 d) are kept in fp16, Q6_K-like ones in fp32: the layer's product is
+    the reference's over the exact weight either way."""
+    from fasterllm.layers.quantization.gpu import Uint8GroupedGPULinear
+
+    codes, scales, minimums = uint8_grouped(512, 1024, 32)
+    d = scales.half().float()
+    for held_scales, held_minimums, kept in ((d, -128 * d, torch.float16), (scales, minimums, torch.float32)):
+        layer = Uint8GroupedGPULinear(codes, held_scales, held_minimums, None, dtype)
+        assert layer.scales.dtype == layer.minimums.dtype == kept
+        for m in (1, 7, 100):
+            x = torch.randn(m, 1024, device=DEVICE).to(dtype)
+            expected = weight_only_matmul_reference(x, codes, held_scales, None, held_minimums, 32, code_bits=8)
+            torch.testing.assert_close(layer(x).float(), expected.float(),
+                                       atol=TOLERANCE[dtype] * expected.float().abs().max().item(), rtol=0)

@@ -291,7 +291,7 @@ def test_quantization_gguf_keeps_fused_and_attention_blocks_and_dequantizes_expe
     arch, model = tiny_model(case)
     path = tmp_path / f"{case}.gguf"
     write_gguf(path, arch, model, GGMLQuantizationType.Q4_0)
-    assert {"layers.0.qkv_proj", "layers.0.o_proj"} <= GGUFFile(path).q4_projections()
+    assert {"layers.0.qkv_proj", "layers.0.o_proj"} <= GGUFFile(path).native_projections().keys()
     llm = LLM(str(path), quantization="gguf", dtype="float32", cpu_kv_cache_gib=0.01)
     layer = llm.engine.executor.runner.model.layers[0]
     assert type(layer.qkv_proj).__name__ == "Int4WeightOnlyLinear"

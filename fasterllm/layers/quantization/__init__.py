@@ -12,8 +12,9 @@ Methods (all quantized at load from the float weights of any checkpoint, the out
   w8a8  INT8 weights per channel + dynamic INT8 per-token activations w8a8.py
         (down_proj and the output head: weight-only INT8, see KEPT_INT8)
   fp8   e4m3 weights + dynamic per-token activations (Hopper GPUs)   no CPU path
-  gguf  a GGUF's own Q4_0/Q4_1/Q4_K blocks repacked as int4 (no re-rounding); the other linears
-        (the output head) as int8                                     gguf.py
+  gguf  a GGUF's own blocks, no re-rounding: Q4_0/Q4_1/Q4_K projections as int4, Q5_K/Q6_K/Q8_0 and mixed
+        ones as uint8_grouped (8-bit codes, groups of 16 or 32); the other linears (the output head, projections
+        in other types) as int8                                      gguf.py, uint8_grouped.py
   gptq, awq, compressed-tensors  a checkpoint's own codes, run by the layer of their layout (STORED_LINEARS: int4,
         int8, w8a8 or fp8) with no re-rounding (GPTQ act-order: the int4 layer behind InputOrderedLinear); the other
         linears (the output head) float, as stored                  loader/prequantized.py, stored.py
@@ -31,6 +32,7 @@ from fasterllm.layers.quantization.gguf import repack_gguf_linears
 from fasterllm.layers.quantization.stored import repack_stored_linears
 from fasterllm.layers.quantization.int4 import Int4WeightOnlyLinear
 from fasterllm.layers.quantization.int8 import Int8WeightOnlyLinear
+from fasterllm.layers.quantization.uint8_grouped import Uint8GroupedLinear
 from fasterllm.layers.quantization.w8a8 import W8A8Linear
 
 LinearFactory = Callable[[torch.Tensor, "torch.Tensor | None"], nn.Module]
@@ -48,12 +50,15 @@ QUANTIZED_LINEARS: dict[str, dict[str, LinearFactory]] = {
     "w8a8": {"cpu": W8A8Linear.from_float, "cuda": lambda w, b: _gpu().W8A8GPULinear.from_float(w, b)},
     "fp8": {"cuda": lambda w, b: _gpu().FP8Linear.from_float(w, b)},
 }
-QUANTIZED_LINEARS["gguf"] = QUANTIZED_LINEARS["int8"]  # the linears a GGUF does not store as Q4 blocks (the head)
-# the layer a stored layout's codes are repacked into, per device: int4 from (codes, scales, minimums, bias, dtype),
-# the others from (qweight, scales, bias, dtype)
+QUANTIZED_LINEARS["gguf"] = QUANTIZED_LINEARS["int8"]  # the linears a GGUF stores in other types (the head)
+# the layer a stored layout's codes are repacked into, per device: int4 and uint8_grouped from (codes, scales,
+# minimums, bias, dtype), the others from (qweight, scales, bias, dtype)
 STORED_LINEARS: dict[str, dict[str, Callable[..., nn.Module]]] = {
     "int4": {"cpu": lambda codes, scales, minimums, bias, dtype: Int4WeightOnlyLinear(codes, scales, minimums, bias),
              "cuda": lambda *blocks: _gpu().Int4GPULinear(*blocks)},
+    "uint8_grouped": {"cpu": lambda codes, scales, minimums, bias, dtype: Uint8GroupedLinear(codes, scales, minimums,
+                                                                                            bias),
+                      "cuda": lambda *blocks: _gpu().Uint8GroupedGPULinear(*blocks)},
     "int8": {"cpu": lambda qweight, scales, bias, dtype: Int8WeightOnlyLinear(qweight, scales, bias),
              "cuda": lambda *codes: _gpu().Int8GPULinear(*codes)},
     "w8a8": {"cpu": lambda qweight, scales, bias, dtype: W8A8Linear(qweight, scales, bias),
@@ -97,7 +102,8 @@ def quantize_model(model: nn.Module, method: str, device: torch.device, stored_l
     checked that the method runs there and made a tied head a Linear of its own); a pre-quantized checkpoint's held
     codes (stored_layout) with the layer that runs them."""
     if method == "gguf":
-        repack_gguf_linears(model, STORED_LINEARS["int4"][device.type])
+        repack_gguf_linears(model, {layout: STORED_LINEARS[layout][device.type]
+                                    for layout in ("int4", "uint8_grouped")})
     if method in PREQUANTIZED_METHODS:  # the other linears (the head) run float, as stored
         repack_stored_linears(model, stored_layout, STORED_LINEARS[stored_layout][device.type])
         if device.type == "cuda" and stored_layout in ("w8a8", "fp8"):

@@ -1,55 +1,83 @@
-"""Linears that load a GGUF's Q4_0 / Q4_1 / Q4_K blocks as they are stored, then run as int4. A GPTQ, AWQ or
-compressed-tensors W4A16 checkpoint's codes take the same path (loader/prequantized.py and compressed_tensors.py unpack
-them into the same three tensors).
+"""Linears that load a GGUF's blocks as they are stored, then run as the layer of their layout: Q4_0 / Q4_1 / Q4_K
+projections as int4 (4-bit codes), Q5_K / Q6_K / Q8_0 ones and those that mix types as uint8_grouped (8-bit codes,
+uint8_grouped.py), each with no re-rounding. A GPTQ, AWQ or compressed-tensors W4A16 checkpoint's codes take the
+same path as int4 (loader/prequantized.py and compressed_tensors.py unpack them into the same three tensors).
 
-Before loading, every projection stored so becomes a GGUFQ4Linear whose parameters (qcodes, qscales, qmins)
+Before loading, every projection stored so becomes a GroupedCodesLinear whose parameters (qcodes, qscales, qmins)
 receive the unpacked blocks (loader/gguf_blocks.py) through the model's ordinary load_weights:
 each is indexed by output row, so fusing Q/K/V or gate/up and undoing llama.cpp's Q/K row order
-act on them as on a float weight. After loading they repack into Int4WeightOnlyLinear: the codes
-are kept; fp16 scales and minimums are exact in fp32 and round once to bf16 where the kernel computes in bf16
-(on the CPU always, on a GPU in a bf16 run).
+act on them as on a float weight. One fused projection runs one layout: a mix of 4-bit and wider parts (Q4_K_M
+keeps q and k in Q4_K and v in Q6_K) holds its 4-bit codes as 8-bit ones (a code 0..15 is a code 0..255) in the
+smallest group of its parts (a 32-group's scale repeated over two 16-groups), rather than being split into one
+layer a part: one matmul, as for every other fused projection. After loading they repack into the layer of their
+layout: the codes are kept; scales and minimums are exact in fp32 (an fp16 times a small integer) and stay fp32 in
+the 8-bit layer; the int4 layer rounds them once to bf16 where its kernel computes in bf16 (on the CPU with torch's
+kernel, on a GPU in a bf16 run) and to fp16 on a GPU otherwise.
 """
 from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from fasterllm.layers.linear import replace_linears
-from fasterllm.layers.quantization.int4 import GROUP_SIZE
 
 
-class GGUFQ4Linear(nn.Module):
-    """Holds a projection's GGUF blocks (or GPTQ / AWQ codes) while the checkpoint loads; not meant to run."""
+@dataclass(frozen=True)
+class BlockLayout:
+    """The layer a projection's grouped codes run as: "int4" (codes 0..15, groups of 32: int4.py) or
+    "uint8_grouped" (codes 0..255, groups of group_size: uint8_grouped.py)."""
+    layout: str
+    group_size: int
 
-    def __init__(self, linear: nn.Linear):
+
+INT4_GROUPS = BlockLayout("int4", 32)  # GPTQ / AWQ / compressed-tensors W4A16 codes: their loaders' groups of 32
+
+
+class GroupedCodesLinear(nn.Module):
+    """Holds a projection's codes, per-group scales and minimums (GGUF blocks, or GPTQ / AWQ codes) while the
+    checkpoint loads, and the layout they run as; not meant to run."""
+
+    def __init__(self, linear: nn.Linear, layout: BlockLayout):
         super().__init__()
         rows, cols = linear.out_features, linear.in_features
+        if cols % layout.group_size:
+            raise ValueError(f"a projection of {cols} inputs cannot hold groups of {layout.group_size} weights")
         device = linear.weight.device
         self.dtype = linear.weight.dtype
+        self.layout = layout.layout
         self.qcodes = nn.Parameter(torch.empty(rows, cols, dtype=torch.uint8, device=device), requires_grad=False)
-        groups = (rows, cols // GROUP_SIZE)
+        groups = (rows, cols // layout.group_size)
         self.qscales = nn.Parameter(torch.empty(groups, device=device), requires_grad=False)
         self.qmins = nn.Parameter(torch.empty(groups, device=device), requires_grad=False)
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError("GGUFQ4Linear holds blocks during loading only; quantize_model(model, 'gguf', ...) "
+        raise RuntimeError("GroupedCodesLinear holds blocks during loading only; quantize_model(model, 'gguf', ...) "
                            "repacks it before the first forward")
 
 
-def prepare_gguf_linears(model: nn.Module, modules: frozenset[str] | None = None) -> None:
-    """Before load_weights: the projections of the decoder layers take 4-bit blocks (modules: only those named, as
-    "layers.3.qkv_proj"; None: all); the others and the output head (often other GGUF types) keep float weights."""
-    if modules is None:
-        replace_linears(model.layers, GGUFQ4Linear)
+def prepare_gguf_linears(model: nn.Module, layouts: Mapping[str, BlockLayout] | None = None) -> None:
+    """Before load_weights: the projections of the decoder layers take grouped codes (layouts: only those named, as
+    "layers.3.qkv_proj", each in its layout, and the output head if "lm_head" is named; None: every projection, as
+    int4); the others (often other GGUF types) keep float weights."""
+    if layouts is None:
+        replace_linears(model.layers, lambda linear: GroupedCodesLinear(linear, INT4_GROUPS))
         return
     for index, layer in enumerate(model.layers):
         for name, child in list(layer.named_children()):
-            if isinstance(child, nn.Linear) and f"layers.{index}.{name}" in modules:
-                setattr(layer, name, GGUFQ4Linear(child))
+            layout = layouts.get(f"layers.{index}.{name}")
+            if isinstance(child, nn.Linear) and layout is not None:
+                setattr(layer, name, GroupedCodesLinear(child, layout))
+    if "lm_head" in layouts and isinstance(getattr(model, "lm_head", None), nn.Linear):  # not tied
+        model.lm_head = GroupedCodesLinear(model.lm_head, layouts["lm_head"])
 
 
-def repack_gguf_linears(model: nn.Module, int4_linear) -> None:
-    """Each held projection as int4_linear (the device's int4 layer) over the same codes."""
-    replace_linears(model, lambda held: int4_linear(held.qcodes, held.qscales, held.qmins, held.bias, held.dtype),
-                    kind=GGUFQ4Linear)
+def repack_gguf_linears(model: nn.Module, layers: Mapping[str, Callable[..., nn.Module]]) -> None:
+    """Each held projection as layers[its layout] (the device's layer of that layout) over the same codes:
+    (codes, scales, minimums, bias, dtype)."""
+    replace_linears(model, lambda held: layers[held.layout](held.qcodes.data, held.qscales.data, held.qmins.data,
+                                                             held.bias, held.dtype),
+                    kind=GroupedCodesLinear)

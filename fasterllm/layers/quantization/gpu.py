@@ -1,10 +1,13 @@
-"""Quantized linear layers on an NVIDIA GPU: int8 / int4 weight-only, W8A8 and FP8, each built from a float weight.
+"""Quantized linear layers on an NVIDIA GPU: int8 / int4 weight-only, W8A8 and FP8, each built from a float weight,
+and grouped 8-bit codes (a GGUF's Q8_0 / Q5_K / Q6_K blocks as stored).
 
   int8  Int8GPULinear   int8 weights per output channel, read and widened inside Triton kernels
                         (kernels/quant_weight_only.py: one row, 2-64 rows, prefill)
   int4  Int4GPULinear   4-bit codes (groups of 32, scale + minimum, the CPU layer's and GGUF Q4_1's convention),
                         two per byte, dequantized inside the same kernels; bf16 layers (NVIDIA, 8.0+) keep
                         tinygemm's byte order and bf16 scale + zero, and 1-4 rows run torch's int4 kernel
+  uint8_grouped  Uint8GroupedGPULinear  8-bit codes (0..255), one a byte, with a scale and minimum per group of 16
+                        or 32 (uint8_grouped.py's layout), dequantized inside the same kernels
   w8a8  W8A8GPULinear   int8 weights per channel x int8 activations per token, int32 sums on the tensor cores,
                         dequantization in the GEMM's epilogue (kernels/quant_w8a8.py)
   fp8   FP8Linear       e4m3 weights per channel x e4m3 activations per token (Hopper, compute capability
@@ -28,6 +31,7 @@ from fasterllm.layers.linear import FlatLinear
 from fasterllm.layers.quantization.fused_activation import QuantizedRows
 from fasterllm.layers.quantization.int4 import GROUP_SIZE, quantize_int4_grouped, scales_and_zeros
 from fasterllm.layers.quantization.int8 import quantize_int8_per_channel
+from fasterllm.layers.quantization.uint8_grouped import check_grouped_codes
 
 _SCALED_MM_MULTIPLE = 16  # torch._scaled_mm: K and N must be multiples of 16 (M is free)
 
@@ -79,6 +83,33 @@ class Int4GPULinear(FlatLinear):
         if self.tinygemm:
             return tinygemm_matmul(x, self.qweight, self.scale_zeros, GROUP_SIZE, self.bias)
         return weight_only_matmul(x, self.qweight, self.scales, self.bias, self.minimums, GROUP_SIZE)
+
+
+class Uint8GroupedGPULinear(FlatLinear):
+    """Built from codes uint8 [N, K] (0..255), per-group scales and minimums [N, K/group] (codes * scale + minimum),
+    the CPU Uint8GroupedLinear's arguments (a GGUF's Q8_0 / Q5_K / Q6_K blocks as stored). Scales and minimums are
+    kept in fp16 where that holds every one exactly (Q8_0's d and -128 d), else in fp32 (Q5_K's and Q6_K's d * sc):
+    no rounding either way. 1 row: gemv.py's kernel; 2-64: the split-K kernel; more: cuBLAS on a dequantized copy."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor,
+                 bias: torch.Tensor | None, dtype: torch.dtype):
+        super().__init__()
+        check_grouped_codes(codes, scales, minimums)
+        self.out_features = codes.shape[0]
+        self.qweight = codes.contiguous()
+        self.group_size = codes.shape[1] // scales.shape[1]
+        self.scales, self.minimums = _exact_half_or_float(scales), _exact_half_or_float(minimums)
+        self.bias = None if bias is None else bias.to(dtype)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return weight_only_matmul(x, self.qweight, self.scales, self.bias, self.minimums, self.group_size,
+                                  code_bits=8)
+
+
+def _exact_half_or_float(values: torch.Tensor) -> torch.Tensor:
+    """values in fp16 if each one survives the round trip (half the bytes a decode reads for them), else fp32."""
+    half = values.half()
+    return half.contiguous() if torch.equal(half.float(), values.float()) else values.float().contiguous()
 
 
 class ActivationQuantizedLinear(FlatLinear):

@@ -1,6 +1,6 @@
-"""GGUF Q4_0/Q4_1/Q4_K blocks kept as stored: unpacked without rounding, Q/K rows reordered like the float
-weights, multiplied by the int4 kernel as their dequantized values; a Q4_K_M-like mix runs its 4-bit projections as
-stored and the rest as int8; refused for other checkpoints."""
+"""GGUF blocks kept as stored (Q4_0/Q4_1/Q4_K as int4, Q5_K/Q6_K/Q8_0 as 8-bit codes): unpacked without rounding,
+Q/K rows reordered like the float weights, multiplied by the int4 kernel as their dequantized values; a mix of Q4_K
+and Q8_0 runs each projection as stored; refused for other checkpoints."""
 import numpy as np
 import pytest
 import torch
@@ -9,14 +9,17 @@ from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fasterllm import LLM, SamplingParams
+from fasterllm.layers.quantization.gguf import BlockLayout
 from fasterllm.layers.quantization.int4 import Int4WeightOnlyLinear
-from fasterllm.loader.gguf_blocks import dequantize_q4_blocks, unpack_q4_blocks
+from fasterllm.loader.gguf_blocks import NATIVE_GROUP_SIZES, block_layout, dequantize_blocks, unpack_blocks
 from fasterllm.loader.gguf_checkpoint import GGUFFile
 from fasterllm.loader.model_source import default_model_path
+from gguf_random_blocks import random_blocks
 
 
 def dequantized(codes, scales, minimums):
-    return codes.float() * scales.repeat_interleave(32, dim=1) + minimums.repeat_interleave(32, dim=1)
+    group = codes.shape[1] // scales.shape[1]
+    return codes.float() * scales.repeat_interleave(group, dim=1) + minimums.repeat_interleave(group, dim=1)
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
@@ -25,10 +28,10 @@ def test_blocks_unpack_to_exactly_what_gguf_dequantizes_and_the_kernel_multiplie
     weight = rng.standard_normal((48, 128)).astype(np.float32)
     raw = quants.quantize(weight, GGMLQuantizationType[kind])
     reference = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType[kind]).reshape(48, 128))
-    codes, scales, minimums = unpack_q4_blocks(raw, kind, (48, 128))
+    codes, scales, minimums = unpack_blocks(raw, kind, (48, 128))
     assert codes.dtype == torch.uint8 and int(codes.max()) <= 15
     assert torch.equal(dequantized(codes, scales, minimums), reference)
-    assert torch.equal(dequantize_q4_blocks(raw, kind, (48, 128)), reference)  # what a float load of the file reads
+    assert torch.equal(dequantize_blocks(raw, kind, (48, 128)), reference)  # what a float load of the file reads
     x = torch.randn(3, 128)
     got = Int4WeightOnlyLinear(codes, scales, minimums, None, native=False)(x)
     # torch's CPU kernel multiplies in bf16: bf16 inputs, scales and zeros (centred at code 8), one bf16 rounding out
@@ -42,22 +45,24 @@ def test_blocks_unpack_to_exactly_what_gguf_dequantizes_and_the_kernel_multiplie
 
 def test_smollm2_blocks_with_qk_rows_reordered_equal_the_float_weights():
     gguf_file = GGUFFile(default_model_path())
-    assert len(gguf_file.q4_projections()) == 4 * 30  # every projection of the 30 layers is Q4_1
+    layouts = gguf_file.native_projections()
+    assert len(layouts) == 4 * 30 and set(layouts.values()) == {block_layout(("Q4_1",))}  # every projection: Q4_1
     wanted = ("model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj", "model.layers.0.mlp.down_proj")
     floats = {name: w for name, w in gguf_file.iter_weights() if name.removesuffix(".weight") in wanted}
-    parts = {name: w for name, w in gguf_file.iter_weights(keep_q4_blocks=True) if name.rsplit(".", 1)[0] in wanted}
+    parts = {name: w for name, w in gguf_file.iter_weights(keep_native_blocks=True) if name.rsplit(".", 1)[0] in wanted}
     for module in wanted:
         blocks = dequantized(parts[f"{module}.qcodes"], parts[f"{module}.qscales"], parts[f"{module}.qmins"])
         torch.testing.assert_close(blocks, floats[f"{module}.weight"], rtol=0, atol=1e-6)
 
 
-def test_gguf_quantization_is_refused_for_a_checkpoint_without_q4_blocks(tmp_path):
+def test_gguf_quantization_is_refused_for_a_checkpoint_that_is_not_gguf(tmp_path):
     config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     LlamaForCausalLM(config).save_pretrained(tmp_path)
     Tokenizer(models.WordLevel({f"w{i}": i for i in range(64)}, unk_token="w0")).save(str(tmp_path / "tokenizer.json"))
-    with pytest.raises(ValueError, match="quantization='gguf' runs Q4_0/Q4_1/Q4_K GGUF blocks as stored, but .* is a hf "
-                                         "checkpoint, not a GGUF file; use quantization='int4'"):
+    with pytest.raises(ValueError, match="quantization='gguf' runs Q4_0/Q4_1/Q4_K/Q5_K/Q6_K/Q8_0 GGUF blocks as "
+                                         "stored, but .* is a hf checkpoint, not a GGUF file; use "
+                                         "quantization='int4'"):
         LLM(str(tmp_path), quantization="gguf", num_kv_blocks=4)
 
 
@@ -88,9 +93,39 @@ def test_q4_k_super_blocks_unpack_to_exactly_what_gguf_dequantizes():
     weight = np.random.default_rng(1).standard_normal((24, 512)).astype(np.float32)
     raw = q4_k_bytes(weight)
     reference = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType.Q4_K).reshape(24, 512))
-    codes, scales, minimums = unpack_q4_blocks(raw, "Q4_K", (24, 512))
+    codes, scales, minimums = unpack_blocks(raw, "Q4_K", (24, 512))
     assert torch.equal(dequantized(codes, scales, minimums), reference)
     assert (reference - torch.from_numpy(weight)).abs().max() < 0.5  # the test's quantizer: about a step of 4 bits
+
+
+CODE_LIMITS = {"Q4_0": 15, "Q4_1": 15, "Q4_K": 15, "Q5_K": 31, "Q6_K": 63, "Q8_0": 255}
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q5_K", "Q6_K", "Q4_K", "Q4_0", "Q4_1"])
+def test_random_blocks_unpack_bit_for_bit_to_what_gguf_dequantizes(kind):
+    """Random bytes (every code, sub-scale and min pattern) with any finite fp16 d: codes * scale + minimum in fp32
+    equals gguf's own dequantize bit for bit, in the type's groups and regrouped by 16 (a Q6_K fusion's)."""
+    rows, cols = 6, 1024
+    raw = random_blocks(kind, rows, cols, np.random.default_rng(list(CODE_LIMITS).index(kind)))
+    reference = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType[kind]).reshape(rows, cols))
+    assert torch.isfinite(reference).all()
+    for group in (NATIVE_GROUP_SIZES[kind], 16):
+        codes, scales, minimums = unpack_blocks(raw, kind, (rows, cols), group)
+        assert codes.dtype == torch.uint8 and codes.shape == (rows, cols) and scales.shape == (rows, cols // group)
+        assert int(codes.max()) == CODE_LIMITS[kind] and int(codes.min()) == 0  # every bit of a code read
+        assert scales.dtype == minimums.dtype == torch.float32
+        # every value equal (a zero's sign aside: gguf's 0 * d is -0.0 where d < 0, our 128 d - 128 d is +0.0)
+        assert torch.equal(dequantized(codes, scales, minimums), reference)
+    assert torch.equal(dequantize_blocks(raw, kind, (rows, cols)), reference)
+
+
+def test_projection_layouts_from_part_types():
+    assert block_layout(("Q4_K", "Q4_K", "Q4_1")) == block_layout(("Q4_0",)) == BlockLayout("int4", 32)
+    assert block_layout(("Q8_0",)) == block_layout(("Q5_K", "Q4_K")) == BlockLayout("uint8_grouped", 32)
+    assert block_layout(("Q4_K", "Q4_K", "Q6_K")) == BlockLayout("uint8_grouped", 16)  # Q4_K_M's attention
+    assert block_layout(("Q4_K", "F16")) is None and block_layout(("Q3_K",)) is None
+    with pytest.raises(ValueError, match="GGUF type Q3_K has no unpacker here"):
+        unpack_blocks(np.zeros((1, 110), np.uint8), "Q3_K", (1, 256))
 
 
 def write_mixed_gguf(path, q8_layers: set[int]) -> None:
@@ -109,7 +144,7 @@ def write_mixed_gguf(path, q8_layers: set[int]) -> None:
     for tensor in reader.tensors:
         shape = [int(d) for d in reversed(tensor.shape)]
         if tensor.name.endswith("ffn_down.weight"):
-            weight = dequantize_q4_blocks(tensor.data, tensor.tensor_type.name, shape).numpy()
+            weight = dequantize_blocks(tensor.data, tensor.tensor_type.name, shape).numpy()
             layer = int(tensor.name.split(".")[1])
             kind = GGMLQuantizationType.Q8_0 if layer in q8_layers else GGMLQuantizationType.Q4_K
             raw = quants.quantize(weight, kind) if layer in q8_layers else q4_k_bytes(weight)
@@ -123,14 +158,17 @@ def write_mixed_gguf(path, q8_layers: set[int]) -> None:
     writer.close()
 
 
-def test_a_q4_k_m_like_file_runs_its_4_bit_projections_as_stored(tmp_path):
+def test_a_file_mixing_q4_k_and_q8_0_runs_every_projection_as_stored(tmp_path):
     path = tmp_path / "smollm2-q4_k-mix.gguf"
     write_mixed_gguf(path, q8_layers={0, 1, 15, 29})
-    assert len(GGUFFile(path).q4_projections()) == 4 * 30 - 4  # the Q8_0 down_proj of four layers does not qualify
+    layouts = GGUFFile(path).native_projections()
+    assert len(layouts) == 4 * 30  # the Q8_0 down_proj of four layers too, as 8-bit codes
+    assert layouts["layers.1.down_proj"] == BlockLayout("uint8_grouped", 32)
+    assert layouts["layers.2.down_proj"] == BlockLayout("int4", 32)
     blocks = LLM(str(path), quantization="gguf", num_kv_blocks=64, max_model_len=256)
     layers = blocks.engine.executor.runner.model.layers
     assert type(layers[2].down_proj).__name__ == "Int4WeightOnlyLinear"  # Q4_K, as stored
-    assert type(layers[1].down_proj).__name__ == "Int8WeightOnlyLinear"  # Q8_0, dequantized then int8 at load
+    assert type(layers[1].down_proj).__name__ == "Uint8GroupedLinear"  # Q8_0, as stored
     assert type(layers[1].qkv_proj).__name__ == "Int4WeightOnlyLinear"
     floats = LLM(str(path), num_kv_blocks=64, max_model_len=256)  # the same file dequantized
     prompt = floats.get_tokenizer().encode("The capital of France is Paris. The capital of Italy is Rome.")

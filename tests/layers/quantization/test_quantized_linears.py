@@ -9,6 +9,7 @@ from fasterllm.config import PREQUANTIZED_METHODS, QUANTIZATION_METHODS
 from fasterllm.layers.quantization import QUANTIZED_LINEARS, STORED_LINEARS, check_supported
 from fasterllm.layers.quantization.int4 import GROUP_SIZE, Int4WeightOnlyLinear, quantize_int4_grouped
 from fasterllm.layers.quantization.int8 import Int8WeightOnlyLinear, quantize_int8_per_channel
+from fasterllm.layers.quantization.uint8_grouped import GROUP_SIZES, Uint8GroupedLinear
 from fasterllm.layers.quantization.w8a8 import W8A8Linear, quantize_per_token
 from fasterllm.loader.compressed_tensors import LAYOUTS
 
@@ -75,9 +76,55 @@ def test_int4_rejects_a_width_its_groups_do_not_divide():
         Int4WeightOnlyLinear.from_float(torch.randn(8, 40), None)
 
 
+def uint8_grouped_weight(n, k, group, seed=0):
+    """Random codes 0..255 with scales and minimums as Q6_K makes them (an fp16 times an int8 sub-scale: 19-bit
+    mantissas, exact in fp32 only), and the fp32 weight they stand for."""
+    generator = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 256, (n, k), dtype=torch.uint8, generator=generator)
+    d = (torch.rand(n, k // 256 if k >= 256 else 1, generator=generator) * 1e-3).half().float()
+    sub = torch.randint(-128, 128, (n, k // group), generator=generator).float()
+    scales = d.repeat_interleave(k // group // d.shape[1], dim=1) * sub
+    minimums = -32 * scales + torch.randn(n, k // group, generator=generator) * 0.01
+    weight = codes.float() * scales.repeat_interleave(group, dim=1) + minimums.repeat_interleave(group, dim=1)
+    return (codes, scales, minimums), weight
+
+
+@pytest.mark.parametrize("group", GROUP_SIZES)
+@pytest.mark.parametrize("rows", [1, 5, 300])
+def test_uint8_grouped_multiplies_exactly_the_weight_its_codes_stand_for(group, rows):
+    """fp32: the same products as F.linear over the fp32 weight (only the order of the sums differs), in blocks of
+    output rows (N larger than one block) as in one; bf16: the weight rounded once to bf16."""
+    torch.manual_seed(0)
+    (codes, scales, minimums), weight = uint8_grouped_weight(1100, 512, group)
+    assert not torch.equal(scales, scales.bfloat16().float())  # bf16 (or fp16) scales would round them
+    bias = torch.randn(1100)
+    layer = Uint8GroupedLinear(codes, scales, minimums, bias)
+    assert layer.rows_per_block < 1100 and layer.group_size == group
+    x = torch.randn(rows, 512)
+    want = x.double() @ weight.double().t() + bias.double()
+    got = layer(x)
+    assert got.dtype == torch.float32 and got.shape == (rows, 1100)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    got = Uint8GroupedLinear(codes, scales, minimums, bias.bfloat16())(x.bfloat16())  # a bf16 model's bias
+    assert got.dtype == torch.bfloat16
+    want = (x.bfloat16().float() @ weight.bfloat16().float().t() + bias.bfloat16().float())
+    torch.testing.assert_close(got.float(), want, rtol=2 ** -7, atol=2 ** -7 * want.abs().max().item())
+    assert not torch.equal(layer(x)[:, :1], layer(x + 1)[:, :1])  # it reads x
+
+
+def test_uint8_grouped_refuses_what_it_cannot_hold():
+    (codes, scales, minimums), _ = uint8_grouped_weight(4, 256, 32)
+    with pytest.raises(ValueError, match="group one of \\(16, 32\\); got torch.uint8 codes \\(4, 256\\), "
+                                         "scales \\(4, 4\\)"):
+        Uint8GroupedLinear(codes, scales[:, :4], minimums[:, :4], None)
+    with pytest.raises(ValueError, match="got torch.int8 codes"):
+        Uint8GroupedLinear(codes.to(torch.int8), scales, minimums, None)
+
+
 def test_every_method_the_cli_and_config_name_has_layers():
     assert set(QUANTIZED_LINEARS) | set(PREQUANTIZED_METHODS) == set(QUANTIZATION_METHODS)
-    assert set(STORED_LINEARS) == {"int4", *LAYOUTS.values()}  # every layout a stored checkpoint may have
+    # every layout a stored checkpoint may have, and the 8-bit codes of a GGUF's Q5_K / Q6_K / Q8_0 blocks
+    assert set(STORED_LINEARS) == {"int4", "uint8_grouped", *LAYOUTS.values()}
 
 
 def test_methods_are_refused_where_they_have_no_kernels():
