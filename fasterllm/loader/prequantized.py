@@ -2,9 +2,10 @@
 packing). Each quantized projection's packed 4-bit codes, fp16 scales and zero points become the int4 layer's codes,
 scales and minimums (layers/quantization/int4.py, groups of 32 inputs), with no rounding: a group of 64 or 128
 inputs, or a whole row (group_size -1), is several of ours with the same scale, and weight = scale * (code - zero)
-= code * scale + minimum with minimum = -zero * scale, exact in fp32. 8-bit GPTQ per output channel (group_size -1),
-symmetric (every zero point 128), becomes the int8 layer's codes (code - 128, as int8) and scales, as exact; 8-bit
-groups have no layer yet (a per-group scale and zero point: refused).
+= code * scale + minimum with minimum = -zero * scale, exact in fp32. 8-bit GPTQ becomes, as exact: per output
+channel and symmetric (group_size -1, every zero point 128), the int8 layer's codes (code - 128, as int8) and scales
+(int8.py: its kernels, C++ on the CPU, are the fastest 8-bit ones); in groups (a multiple of 32), or asymmetric per
+channel, the uint8_grouped layer's codes (0..255), scales and minimums in groups of 32, as the int4 layer's.
 
 Storage, per projection (input width K, output width N, G groups of inputs), weight[n, k] from group g of input k:
   GPTQ  qweight int32 [K / 8, N]: input k = 8 i + j in bits 4 j .. 4 j + 3 of row i (8-bit: [K / 4, N], input
@@ -33,9 +34,8 @@ from fasterllm.layers.quantization.int4 import GROUP_SIZE as OUR_GROUP
 from fasterllm.loader.compressed_tensors import CompressedTensorsCheckpoint, unpack_nibbles
 from fasterllm.loader.hf_checkpoint import iter_safetensors, read_json
 
-SUPPORTED = ("GPTQ and AWQ checkpoints of 4-bit codes with group_size a multiple of 32 (GPTQ: or -1; with or without "
-             "desc_act), and GPTQ checkpoints of 8-bit codes per output channel and symmetric (group_size -1, sym "
-             "true)")
+SUPPORTED = ("GPTQ (4- or 8-bit, with or without desc_act) and AWQ (4-bit) checkpoints with group_size a multiple of 32 "
+             "(GPTQ: or -1)")
 _AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AWQ's nibble j of a word holds output 8 i + _AWQ_ORDER[j]
 _BYTE_SHIFTS = torch.arange(0, 32, 8, dtype=torch.int32)
 _INT8_ZERO = 128  # 8-bit GPTQ's symmetric zero point: code - 128 is the int8 value
@@ -59,22 +59,19 @@ class QuantizedCheckpoint:
     method: str  # "gptq" or "awq"
     group_size: int  # -1: one group per row
     zero_offset: int  # added to a stored zero point: 1 in GPTQ's v1 format
-    bits: int = 4  # 4, or 8 (GPTQ per output channel)
+    bits: int = 4  # 4, or 8 (GPTQ)
+    layout: str = "int4"  # the layer its projections become: int4; 8-bit: int8 (per channel, symmetric), else
+    # uint8_grouped
 
     @property
     def name(self) -> str:
         return self.method.upper() if self.bits == 4 else f"{self.method.upper()} {self.bits}-bit"
 
     @property
-    def layout(self) -> str:
-        """The layer its projections become: int4, or int8 for 8-bit GPTQ (per channel)."""
-        return "int4" if self.bits == 4 else "int8"
-
-    @property
     def input_order(self) -> bool:
-        """Whether each projection comes with .qorder (GPTQ's g_idx may order its inputs by activation; 8-bit GPTQ
-        runs per channel, one group, whose order is the stored one)."""
-        return self.method == "gptq" and self.bits == 4
+        """Whether each projection comes with .qorder (GPTQ's g_idx may order its inputs by activation; the int8
+        layer's per channel, one group, whose order is the stored one)."""
+        return self.method == "gptq" and self.layout != "int8"
 
     @staticmethod
     def of(raw: dict, model_dir: Path) -> QuantizedCheckpoint:
@@ -86,14 +83,8 @@ class QuantizedCheckpoint:
                              f"supported: {SUPPORTED}; or quantize a float checkpoint at load with "
                              "quantization='int4' / 'int8'")
         whole_rows = group_size == -1 and method == "gptq"
-        if method == "gptq" and bits == 8:
-            if not whole_rows or raw.get("sym") is False:
-                raise ValueError(f"{model_dir} is a GPTQ checkpoint of bits=8, group_size={group_size}, sym="
-                                 f"{raw.get('sym')}: 8-bit GPTQ runs as the int8 layer, whose scales are per output "
-                                 f"channel and symmetric (group_size=-1, sym=true); supported: {SUPPORTED}")
-            zero_offset = 1 if raw.get("checkpoint_format", "gptq") == "gptq" else 0
-            return QuantizedCheckpoint(method, group_size, zero_offset, bits)
-        if bits != 4 or not (whole_rows or (group_size > 0 and group_size % OUR_GROUP == 0)):
+        if bits not in ((4, 8) if method == "gptq" else (4,)) or not (
+                whole_rows or (group_size > 0 and group_size % OUR_GROUP == 0)):
             raise ValueError(f"{model_dir} is a {method.upper()} checkpoint of bits={bits}, group_size={group_size}; "
                              f"supported: {SUPPORTED}")
         if method == "awq" and (raw.get("version", "gemm").lower() != "gemm" or raw.get("zero_point") is False):
@@ -101,14 +92,15 @@ class QuantizedCheckpoint:
                              f"{raw.get('zero_point')!r}; supported: AutoAWQ's GEMM packing with zero points")
         # GPTQ desc_act (act-order) or not: each projection's g_idx says its inputs' groups (_gptq_input_order)
         zero_offset = 1 if method == "gptq" and raw.get("checkpoint_format", "gptq") == "gptq" else 0
-        return QuantizedCheckpoint(method, group_size, zero_offset)
+        layout = "int4" if bits == 4 else "int8" if whole_rows and raw.get("sym") is not False else "uint8_grouped"
+        return QuantizedCheckpoint(method, group_size, zero_offset, bits, layout)
 
     def weights(self, model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
         """(Hugging Face name, tensor) for every weight: a quantized projection as three row-indexed tensors,
         <module>.qcodes uint8 [N, K], .qscales and .qmins fp32 [N, K / 32] (what layers/quantization/gguf.py's
-        holders take), GPTQ's with .qorder int64 [K] (the stored input each of the K sorted ones is); 8-bit GPTQ's as
-        .qweight int8 [N, K] and .qscales fp32 [N] (layers/quantization/stored.py's code holders); the rest as
-        stored."""
+        holders take), GPTQ's with .qorder int64 [K] (the stored input each of the K sorted ones is); for the int8
+        layout as .qweight int8 [N, K] and .qscales fp32 [N] (layers/quantization/stored.py's code holders); the rest
+        as stored."""
         packed: dict[str, dict[str, torch.Tensor]] = {}
         for name, tensor in iter_safetensors(model_dir):
             module, _, leaf = name.rpartition(".")
@@ -121,7 +113,7 @@ class QuantizedCheckpoint:
             if missing:
                 raise ValueError(f"{self.method.upper()} projection {module!r} lacks {sorted(missing)}; the "
                                  "checkpoint is incomplete")
-            if self.bits == 8:
+            if self.layout == "int8":
                 codes, row_scales = self.unpack_int8(module, parts)
                 yield f"{module}.qweight", codes
                 yield f"{module}.qscales", row_scales
@@ -138,21 +130,22 @@ class QuantizedCheckpoint:
         """One projection's packed tensors -> (codes uint8 [N, K], scales [N, K / 32], minimums [N, K / 32], order
         int64 [K]): column k of the codes is stored input order[k] (the identity but for GPTQ's act-order)."""
         qweight, scales = parts["qweight"], parts["scales"].float()
-        gptq = self.method == "gptq"
-        inputs, outputs = (qweight.shape[0] * 8 if gptq else qweight.shape[0]), scales.shape[1]
+        gptq, per_word = self.method == "gptq", 32 // self.bits
+        inputs, outputs = (qweight.shape[0] * per_word if gptq else qweight.shape[0]), scales.shape[1]
         group = inputs if self.group_size == -1 else self.group_size
-        packed_shape = (inputs // 8, outputs) if gptq else (inputs, outputs // 8)
-        if inputs % OUR_GROUP or inputs % group or scales.shape[0] != inputs // group or \
-                qweight.shape != packed_shape or parts["qzeros"].shape != (inputs // group, outputs // 8):
+        packed_shape = (inputs // per_word, outputs) if gptq else (inputs, outputs // per_word)
+        if inputs % OUR_GROUP or inputs % group or scales.shape[0] != inputs // group or outputs % per_word or \
+                qweight.shape != packed_shape or parts["qzeros"].shape != (inputs // group, outputs // per_word):
             raise ValueError(f"{self.method.upper()} projection {module!r}: qweight {tuple(parts['qweight'].shape)}, "
                              f"qzeros {tuple(parts['qzeros'].shape)} and scales {tuple(scales.shape)} do not fit "
                              f"group_size={self.group_size}; the checkpoint and its quantization_config disagree")
         order = torch.arange(inputs)
         if gptq:
             order = _gptq_input_order(module, parts.get("g_idx"), inputs, group)
-            words = parts["qweight"]  # [K / 8, N]: the 8 nibbles of a word are 8 consecutive inputs
-            codes = unpack_nibbles(words).transpose(1, 2).reshape(inputs, outputs)[order]
-            zeros = unpack_nibbles(parts["qzeros"]).reshape(inputs // group, outputs)
+            unpack = unpack_nibbles if self.bits == 4 else _unpack_bytes
+            words = parts["qweight"]  # [K / per_word, N]: the codes of a word are consecutive inputs
+            codes = unpack(words).transpose(1, 2).reshape(inputs, outputs)[order]
+            zeros = unpack(parts["qzeros"]).reshape(inputs // group, outputs)
         else:
             codes, zeros = _awq_unpack(qweight), _awq_unpack(parts["qzeros"])
         zeros = zeros.float() + self.zero_offset
@@ -175,8 +168,9 @@ class QuantizedCheckpoint:
         if (zeros != _INT8_ZERO).any():
             found = sorted(set(zeros.tolist()))[:4]
             raise ValueError(f"GPTQ projection {module!r} has zero points {found} (after the checkpoint format's "
-                             f"offset {self.zero_offset}), not {_INT8_ZERO} throughout: it is not symmetric, and the "
-                             f"int8 layer runs symmetric codes only; supported: {SUPPORTED}")
+                             f"offset {self.zero_offset}), not {_INT8_ZERO} throughout, but its quantization_config "
+                             "does not say sym=false, so it was to run as the int8 layer (symmetric codes); the "
+                             "checkpoint and its config disagree: with sym=false it runs as uint8_grouped")
         codes = _unpack_bytes(words).transpose(1, 2).reshape(inputs, outputs) - _INT8_ZERO
         return codes.t().contiguous().to(torch.int8), scales[0].contiguous()
 

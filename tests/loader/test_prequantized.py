@@ -164,11 +164,9 @@ def test_what_the_support_does_not_cover_is_an_error_naming_it(tmp_path):
     write_quantized(tmp_path, model, 32, False)
     config_path = tmp_path / "config.json"
     config = json.loads(config_path.read_text())
-    for change, message in (({"bits": 3}, "GPTQ checkpoint of bits=3, group_size=32; supported: GPTQ and AWQ checkpoints of 4-bit"),
-                            ({"bits": 8}, "GPTQ checkpoint of bits=8, group_size=32, sym=False: 8-bit GPTQ runs as the "
-                                          "int8 layer, whose scales are per output channel and symmetric "
-                                          "\\(group_size=-1, sym=true\\)"),
-                            ({"bits": 8, "group_size": -1, "sym": False}, "bits=8, group_size=-1, sym=False: 8-bit"),
+    for change, message in (({"bits": 3}, "GPTQ checkpoint of bits=3, group_size=32; supported: GPTQ \\(4- or 8-bit"),
+                            ({"bits": 8, "group_size": 16}, "GPTQ checkpoint of bits=8, group_size=16; supported"),
+                            ({"quant_method": "awq", "bits": 8}, "AWQ checkpoint of bits=8, group_size=32; supported"),
                             ({"group_size": 16}, "bits=4, group_size=16; supported"),
                             ({"quant_method": "bitsandbytes"}, "quant_method='bitsandbytes', which is not supported"),
                             ({"quant_method": "awq", "version": "gemv"}, "AWQ checkpoint of version='gemv'")):
@@ -323,29 +321,39 @@ def test_on_the_gpu_an_act_order_checkpoint_runs_as_its_dequantized_weights(tmp_
     torch.testing.assert_close(ours, expected, atol=0.2, rtol=0.02)
 
 
-# ---- GPTQ 8-bit: per output channel, symmetric, as the int8 layer ----------------------------------------------------
+# ---- GPTQ 8-bit: per channel and symmetric as the int8 layer, else as uint8_grouped ----------------------------------
 
-@pytest.mark.parametrize("checkpoint_format, act_order", [("gptq", True), ("gptq_v2", False)])
-def test_an_8bit_gptq_checkpoint_runs_as_its_dequantized_weights(tmp_path, cpu_kernels_on, checkpoint_format,
-                                                                 act_order):
+@pytest.mark.parametrize("group_size, sym, checkpoint_format, act_order, layer", [
+    (-1, True, "gptq", True, "Int8WeightOnlyLinear"), (-1, True, "gptq_v2", False, "Int8WeightOnlyLinear"),
+    (-1, False, "gptq", True, "Uint8GroupedLinear"), (32, False, "gptq_v2", True, "Uint8GroupedLinear"),
+    (64, True, "gptq", True, "Uint8GroupedLinear"), (128, False, "gptq", True, "Uint8GroupedLinear"),
+    (128, True, "gptq_v2", False, "Uint8GroupedLinear")])
+def test_an_8bit_gptq_checkpoint_runs_as_its_dequantized_weights(tmp_path, cpu_kernels_on, group_size, sym,
+                                                                 checkpoint_format, act_order, layer):
     from safetensors.torch import load_file
 
     spec = next(s for s in TINY_SPECS if s.name == "llama3_gqa")
     model = build_tiny_model(spec, tmp_path, **WIDE)
-    codes_of = write_quantized(tmp_path, model, -1, True, checkpoint_format, act_order=act_order, bits=8)
+    codes_of = write_quantized(tmp_path, model, group_size, sym, checkpoint_format, act_order=act_order, bits=8)
     stored = load_file(str(tmp_path / "model.safetensors"))
     unpacked = dict(stored_quantization(tmp_path).weights(tmp_path))
-    for module, codes in codes_of.items():  # the stored codes less 128, and their product with the scales, exactly
-        assert torch.equal(unpacked[f"{module}.qweight"], torch.from_numpy(codes.T - 128).to(torch.int8))
-        weight = unpacked[f"{module}.qweight"].float() * unpacked[f"{module}.qscales"][:, None]
+    for module, codes in codes_of.items():  # the loader's codes times scales (plus minimums) are the stored weight
+        if layer == "Int8WeightOnlyLinear":  # the stored codes less 128
+            assert torch.equal(unpacked[f"{module}.qweight"], torch.from_numpy(codes.T - 128).to(torch.int8))
+            weight = unpacked[f"{module}.qweight"].float() * unpacked[f"{module}.qscales"][:, None]
+        else:
+            weight = loaded_weight(unpacked, module)
         assert torch.equal(weight, gptq_dequantize(stored, module, 8, checkpoint_format))
     llm = LLM(str(tmp_path), dtype="float32", device="cpu", num_kv_blocks=64)
     qkv = llm.engine.executor.runner.model.layers[0].qkv_proj
-    assert type(qkv).__name__ == "Int8WeightOnlyLinear" and qkv.native is not None
+    ordered = act_order and group_size != -1  # one group: every order is group order
+    assert type(qkv).__name__ == ("InputOrderedLinear" if ordered else layer)
+    assert type(qkv.layer if ordered else qkv).__name__ == layer
+    # fp32 products (our C++ int8 kernel; uint8_grouped's dequantized fp32 weight): tight, and the same greedy tokens
     assert_runs_as_reference(llm, model, spec.vocab_size, 1e-3, greedy=True)
 
 
-def test_8bit_gptq_that_is_not_symmetric_is_an_error_naming_it(tmp_path):
+def test_8bit_gptq_that_says_symmetric_and_is_not_is_an_error_naming_it(tmp_path):
     spec = next(s for s in TINY_SPECS if s.name == "llama3_gqa")
     model = build_tiny_model(spec, tmp_path)
     write_quantized(tmp_path, model, -1, False, "gptq", bits=8)  # zero points from each row's min and max
@@ -354,15 +362,18 @@ def test_8bit_gptq_that_is_not_symmetric_is_an_error_naming_it(tmp_path):
     config["quantization_config"]["sym"] = True  # the config says symmetric, the codes are not
     config_path.write_text(json.dumps(config))
     with pytest.raises(ValueError, match="GPTQ projection 'model.layers.0.[a-z_]+.[a-z_]+' has zero points "
-                                         "\\[.*\\] \\(after the checkpoint format's offset 1\\), not 128"):
+                                         "\\[.*\\] \\(after the checkpoint format's offset 1\\), not 128 "
+                                         "throughout, but its quantization_config does not say sym=false"):
         LLM(str(tmp_path), device="cpu", num_kv_blocks=16)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_on_the_gpu_an_8bit_gptq_checkpoint_runs_as_its_dequantized_weights(tmp_path):
+@pytest.mark.parametrize("group_size, sym, layer", [(-1, True, "Int8GPULinear"), (128, False, "Uint8GroupedGPULinear")])
+def test_on_the_gpu_an_8bit_gptq_checkpoint_runs_as_its_dequantized_weights(tmp_path, group_size, sym, layer):
     spec = next(s for s in TINY_SPECS if s.name == "llama3_gqa")
     model = build_tiny_model(spec, tmp_path, **WIDE)
-    write_quantized(tmp_path, model, -1, True, "gptq", act_order=True, bits=8)
+    write_quantized(tmp_path, model, group_size, sym, "gptq", act_order=True, bits=8)
     llm = LLM(str(tmp_path), dtype="bfloat16", device="cuda", num_kv_blocks=64, gpu_memory_utilization=0.2)
-    assert type(llm.engine.executor.runner.model.layers[0].qkv_proj).__name__ == "Int8GPULinear"
+    qkv = llm.engine.executor.runner.model.layers[0].qkv_proj
+    assert type(qkv.layer if group_size != -1 else qkv).__name__ == layer
     assert_prompt_logprobs_match(llm, model, [random_prompt(n, spec.vocab_size, 400 + n) for n in (5, 23)], 0.2)
