@@ -4,8 +4,9 @@ scales and minimums (layers/quantization/int4.py, groups of 32 inputs), with no 
 inputs, or a whole row (group_size -1), is several of ours with the same scale, and weight = scale * (code - zero)
 = code * scale + minimum with minimum = -zero * scale, exact in fp32. 8-bit GPTQ becomes, as exact: per output
 channel and symmetric (group_size -1, every zero point 128), the int8 layer's codes (code - 128, as int8) and scales
-(int8.py: its kernels, C++ on the CPU, are the fastest 8-bit ones); in groups (a multiple of 32), or asymmetric per
-channel, the uint8_grouped layer's codes (0..255), scales and minimums in groups of 32, as the int4 layer's.
+(int8.py, whose CPU kernels include our C++ ones, where uint8_grouped's dequantizes on the fly); in groups (a
+multiple of 32), or asymmetric per channel, the uint8_grouped layer's codes (0..255), scales and minimums in groups
+of 32, as the int4 layer's.
 
 Storage, per projection (input width K, output width N, G groups of inputs), weight[n, k] from group g of input k:
   GPTQ  qweight int32 [K / 8, N]: input k = 8 i + j in bits 4 j .. 4 j + 3 of row i (8-bit: [K / 4, N], input
