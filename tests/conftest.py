@@ -54,3 +54,19 @@ def tiny_seq2seq(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny_seq2seq")
     return {family: (root / family, build_tiny_seq2seq(family, root / family, seed=seed))
             for seed, family in enumerate(FAMILIES)}
+
+
+@pytest.fixture
+def cpu_kernels_on(monkeypatch):
+    """Our C++ CPU kernels for this test: FASTERLLM_CPU_KERNELS=auto, unless the run names an ISA already (a run with
+    the AVX2 code forced); skipped where they cannot build or run."""
+    from fasterllm.kernels.native import cpu_extension
+
+    if os.environ.get(cpu_extension.ISA_ENV) not in cpu_extension.ISA_FLAGS:
+        monkeypatch.setenv(cpu_extension.ISA_ENV, "auto")
+    cpu_extension.kernel_isa.cache_clear()
+    if not cpu_extension.available():
+        pytest.skip("no C++ CPU extension here (no compiler, or no AVX2)")
+    yield
+    monkeypatch.undo()
+    cpu_extension.kernel_isa.cache_clear()

@@ -44,6 +44,7 @@ class CompressedTensorsCheckpoint:
     scheme: str  # a key of LAYOUTS
     group_size: int  # W4A16: inputs per scale; 0: one per output channel
     method = "compressed-tensors"
+    input_order = False  # its projections' inputs in stored order (act-order is refused)
 
     @property
     def layout(self) -> str:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fasterllm.config import ModelConfig
+from fasterllm.layers.quantization.stored import INPUT_INDEXED
 from fasterllm.loader.weight_parts import WeightSource, read_part, read_whole, shape_of
 
 if TYPE_CHECKING:
@@ -41,9 +42,9 @@ def load_llama_weights(model: LlamaForCausalLM, weights: Iterable[tuple[str, Wei
             expected.update(f"{pname}#{start}" for start in starts)
         else:
             expected.add(pname)
-    loaded = set()
+    loaded, input_indexed_from = set(), {}  # fused projection's input-indexed tensor -> the name that filled it
     for name, source in _unfused(weights, cfg):
-        target, rows = _our_name(name), None
+        target, rows, shared_part = _our_name(name), None, None
         if target.endswith(".rotary_emb.inv_freq") or (target == "lm_head.weight" and model.lm_head is None):
             continue  # a RoPE table we compute, or a copy of the tied embedding
         expert_part = _expert_target(target, cfg, sizes)
@@ -56,7 +57,11 @@ def load_llama_weights(model: LlamaForCausalLM, weights: Iterable[tuple[str, Wei
         kind = parts[-2] if len(parts) >= 2 else ""
         if kind in fused:
             new, start, size = fused[kind]
-            target, rows = ".".join(parts[:-2] + [new, parts[-1]]), (start, size)
+            target = ".".join(parts[:-2] + [new, parts[-1]])
+            if parts[-1] in INPUT_INDEXED:  # one for the fused projection: each part's must be the same
+                shared_part = start
+            else:
+                rows = (start, size)
         if target not in params:
             raise ValueError(f"checkpoint tensor {name!r} does not belong to a {cfg.architecture} "
                              "with this config; the checkpoint and its config disagree")
@@ -70,10 +75,22 @@ def load_llama_weights(model: LlamaForCausalLM, weights: Iterable[tuple[str, Wei
             raise ValueError(f"checkpoint tensor {name!r} has shape {shape_of(source)} but the config "
                              f"implies {tuple(dest.shape)} (this rank's part); the checkpoint and its config "
                              "disagree")
+        if shared_part is not None:  # the first part's fills it, the others' must equal it
+            first = input_indexed_from.setdefault(target, name)
+            loaded.add(f"{target}#{shared_part}")
+            if first != name:
+                if not torch.equal(dest, tensor.to(dest.device)):
+                    raise ValueError(f"checkpoint tensors {first!r} and {name!r} differ, but "
+                                     f"{target.rsplit('.', 1)[0]} fuses these projections of one input, so the order "
+                                     "of their inputs (from GPTQ act-order's g_idx) must agree; quantize the "
+                                     "projections of one input with one g_idx (as GPTQ does: the order comes from the "
+                                     "input's Hessian), or with desc_act=False")
+                continue
         dest.copy_(tensor)
         if cfg.norm_plus_one and parts[-1] == "weight" and kind.endswith("norm"):
             dest.add_(1.0)  # Gemma's norms multiply by (1 + weight): stored so, the norm is the usual one
-        loaded.add(target if rows is None else f"{target}#{rows[0]}")
+        if shared_part is None:
+            loaded.add(target if rows is None else f"{target}#{rows[0]}")
     missing = expected - loaded
     if missing:
         raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}; "
@@ -119,7 +136,9 @@ def _unfused(weights: Iterable[tuple[str, WeightSource]], cfg: ModelConfig
             continue
         tensor, start = read_whole(source), 0
         for piece, size in pieces[parts[-2]]:
-            yield ".".join(parts[:-2] + [piece, parts[-1]]), tensor.narrow(0, start, size)
+            # an input-indexed tensor (a stored-fused projection's input order) is each piece's whole
+            part = tensor if parts[-1] in INPUT_INDEXED else tensor.narrow(0, start, size)
+            yield ".".join(parts[:-2] + [piece, parts[-1]]), part
             start += size
 
 

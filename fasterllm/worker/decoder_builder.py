@@ -43,7 +43,7 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
         prepare_gguf_linears(model, checkpoint.native_block_layouts)
         model.load_weights(weights())
     elif quantization in PREQUANTIZED_METHODS:  # the same, from a pre-quantized checkpoint's codes
-        prepare_stored_linears(model, checkpoint.stored_layout)
+        prepare_stored_linears(model, checkpoint.stored_layout, checkpoint.stored.input_order)
         model.load_weights(checkpoint.weights())
     elif tp.size > 1:
         model.load_weights(checkpoint.weight_parts())

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from fasterllm.kernels.native import cpu_extension, cpu_rms_norm
+from fasterllm.kernels.native import cpu_rms_norm
 from fasterllm.layers import norm
 
 
@@ -26,18 +26,6 @@ def test_rms_norm_equals_transformers(monkeypatch, fused, dtype):
         normed, new_residual = ours(hidden, residual)
         assert torch.equal(new_residual, hidden + residual)
         assert torch.equal(normed, reference(hidden + residual))
-
-
-@pytest.fixture
-def cpu_kernels_on(monkeypatch):
-    """FASTERLLM_CPU_KERNELS=auto for this test (whatever the run sets); skipped where they cannot build or run."""
-    monkeypatch.setenv(cpu_extension.ISA_ENV, "auto")
-    cpu_extension.kernel_isa.cache_clear()
-    if not cpu_extension.available():
-        pytest.skip("no C++ CPU extension here (no compiler, or no AVX2)")
-    yield
-    monkeypatch.undo()
-    cpu_extension.kernel_isa.cache_clear()
 
 
 def test_the_cpu_extension_runs_bf16_within_a_bf16_step_of_transformers(cpu_kernels_on):

@@ -327,12 +327,13 @@ def save_tiny_tokenizer(directory: Path, vocab_size: int) -> None:
                             unk_token="<unk>").save_pretrained(directory)
 
 
-def build_tiny_model(spec: TinySpec, directory: Path, seed: int = 0):
-    """Create, randomize and save a tiny checkpoint (+ tokenizer) in `directory`; return the HF model (eval, fp32)."""
+def build_tiny_model(spec: TinySpec, directory: Path, seed: int = 0, **overrides):
+    """Create, randomize and save a tiny checkpoint (+ tokenizer) in `directory`; return the HF model (eval, fp32).
+    overrides: config fields other than tiny_config's (wider layers)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(spec), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(tiny_config(spec, **overrides), dtype=torch.float32)
     randomize_(model, seed)
     if spec.family == "qwen2":  # the q/k/v biases must be live, not zeros
         for layer in model.model.layers:

@@ -16,8 +16,8 @@ Methods (all quantized at load from the float weights of any checkpoint, the out
         ones as uint8_grouped (8-bit codes, groups of 16 or 32); the other linears (the output head, projections
         in other types) as int8                                      gguf.py, uint8_grouped.py
   gptq, awq, compressed-tensors  a checkpoint's own codes, run by the layer of their layout (STORED_LINEARS: int4,
-        int8, w8a8 or fp8) with no re-rounding; the other linears (the output head) float, as stored
-                                                                     loader/prequantized.py, stored.py
+        uint8_grouped, int8, w8a8 or fp8) with no re-rounding (GPTQ act-order: that layer behind InputOrderedLinear);
+        the other linears (the output head) float, as stored        loader/prequantized.py, stored.py
 A mixture of experts' experts (not Linear layers) become codes per output channel (EXPERT_CODES) under int8, w8a8 and
 int4 (int8 codes: there is no 4-bit expert kernel) and fp8 (e4m3), read as codes by the fused MoE kernels; its
 router stays float. gguf keeps the experts the file stores as it dequantized them.       layers/moe.py
