@@ -96,8 +96,9 @@ def quantize_per_channel(weight: torch.Tensor, codes_dtype: torch.dtype) -> tupl
     for expert in range(weight.shape[0]):
         w = weight[expert].float()
         scales[expert] = w.abs().amax(dim=1).clamp(min=1e-12) / _CODE_MAX[codes_dtype]
-        scaled = w / scales[expert][:, None]
-        codes[expert] = scaled.round().clamp(-127, 127) if codes_dtype == torch.int8 else scaled
+        limit = _CODE_MAX[codes_dtype]  # the absmax's own quotient can round just past it
+        scaled = (w / scales[expert][:, None]).clamp(-limit, limit)
+        codes[expert] = scaled.round() if codes_dtype == torch.int8 else scaled
     return codes, scales
 
 

@@ -158,3 +158,17 @@ def test_quantized_experts_at_a_real_shape(codes_dtype, num_tokens):
     expected = run_experts(x.float(), gate_up.float(), down.float(), weights.float(), experts, SiluAndMul(), scales)
     got = fused_experts(x, gate_up, down, weights, experts, "silu", scales=scales)
     torch.testing.assert_close(got.float(), expected, atol=3e-2, rtol=3e-2)
+
+
+def test_codes_stay_inside_their_format_and_close_to_the_weights():
+    """A channel's absmax over its scale can round just past 127 or 448 (135 of 4,096 channels here reach
+    448.00003): the codes are clamped to the format's range, and codes * scales stay within its rounding."""
+    from fasterllm.layers.moe import quantize_per_channel
+
+    weight = torch.randn(2, 4096, 512, generator=torch.Generator().manual_seed(0))
+    for codes_dtype, limit, rtol in ((torch.int8, 127, 1 / 127), (torch.float8_e4m3fn, 448, 1 / 16)):
+        codes, scales = quantize_per_channel(weight, codes_dtype)
+        values = codes.float()
+        assert torch.isfinite(values).all() and values.abs().amax() == limit
+        error = (values * scales[..., None] - weight).abs()
+        assert (error <= rtol * weight.abs().amax(dim=2, keepdim=True)).all()
