@@ -19,10 +19,17 @@ EXACT_HALF_DTYPES = [torch.float16] + ([torch.bfloat16] if DEVICE.type == "cuda"
 
 
 def reference_layer(hidden, dtype):
-    layer = RMSNorm(hidden, EPS).to(device=DEVICE, dtype=dtype)
+    """An RMSNorm on the CPU: its torch path is the reference (on a GPU the layer itself calls the kernels tested)."""
+    layer = RMSNorm(hidden, EPS).to(dtype=dtype)
     with torch.no_grad():
-        layer.weight.copy_(torch.rand(hidden, device=DEVICE) + 0.5)
+        layer.weight.copy_(torch.rand(hidden) + 0.5)
     return layer
+
+
+def on_cpu(layer, x, residual=None):
+    """layer(x, residual) on CPU copies of the inputs, the outputs back on DEVICE."""
+    with torch.no_grad():
+        return tuple(t.to(DEVICE) for t in layer(x.cpu(), None if residual is None else residual.cpu()))
 
 
 def assert_same_up_to_boundary_flips(got, expected):
@@ -39,16 +46,16 @@ def run(num_tokens, hidden, dtype, with_residual):
     layer = reference_layer(hidden, dtype)
     x = (3 * torch.randn(num_tokens, hidden, device=DEVICE)).to(dtype)
     residual = torch.randn(num_tokens, hidden, device=DEVICE).to(dtype) if with_residual else None
-    with torch.no_grad():
-        expected, expected_residual = layer(x, residual)
+    expected, expected_residual = on_cpu(layer, x, residual)
+    weight = layer.weight.detach().to(DEVICE)
     if with_residual:
-        got, got_residual = fused_add_rms_norm(x, residual, layer.weight, EPS)
+        got, got_residual = fused_add_rms_norm(x, residual, weight, EPS)
         if dtype in EXACT_HALF_DTYPES or dtype == torch.float32:  # one rounding of an exact sum: bit-exact
             assert torch.equal(got_residual, expected_residual)
         else:
             torch.testing.assert_close(got_residual, expected_residual, atol=2 ** -7, rtol=2 ** -7)
     else:
-        got = rms_norm(x, layer.weight, EPS)
+        got = rms_norm(x, weight, EPS)
     assert got.dtype == dtype and got.shape == x.shape
     if dtype in EXACT_HALF_DTYPES:
         assert_same_up_to_boundary_flips(got, expected)
@@ -69,9 +76,8 @@ def test_half_bit_exact_on_a_small_batch(dtype):
     torch.manual_seed(1)
     layer = reference_layer(64, dtype)
     x, residual = (torch.randn(4, 64, device=DEVICE).to(dtype) for _ in range(2))
-    with torch.no_grad():
-        expected = layer(x, residual)[0]
-    assert torch.equal(fused_add_rms_norm(x, residual, layer.weight, EPS)[0], expected)
+    expected = on_cpu(layer, x, residual)[0]
+    assert torch.equal(fused_add_rms_norm(x, residual, layer.weight.detach().to(DEVICE), EPS)[0], expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -83,9 +89,9 @@ def test_sandwich_norms_in_one_launch_match_two_norm_calls(dtype):
     first, second = reference_layer(576, dtype), reference_layer(576, dtype)
     x = (3 * torch.randn(5, 576, device=DEVICE)).to(dtype)
     residual = torch.randn(5, 576, device=DEVICE).to(dtype)
-    with torch.no_grad():
-        expected, expected_residual = second(first(x)[0], residual)
-    got, got_residual = norm_add_rms_norm(x, residual, first.weight, EPS, second.weight, EPS)
+    expected, expected_residual = on_cpu(second, on_cpu(first, x)[0], residual)
+    got, got_residual = norm_add_rms_norm(x, residual, first.weight.detach().to(DEVICE), EPS,
+                                          second.weight.detach().to(DEVICE), EPS)
     assert got.dtype == dtype and got_residual.dtype == dtype
     if dtype in EXACT_HALF_DTYPES:
         assert_same_up_to_boundary_flips(got_residual, expected_residual)
