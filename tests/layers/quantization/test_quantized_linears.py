@@ -92,13 +92,14 @@ def uint8_grouped_weight(n, k, group, seed=0):
 @pytest.mark.parametrize("group", GROUP_SIZES)
 @pytest.mark.parametrize("rows", [1, 5, 300])
 def test_uint8_grouped_multiplies_exactly_the_weight_its_codes_stand_for(group, rows):
-    """fp32: the same products as F.linear over the fp32 weight (only the order of the sums differs), in blocks of
-    output rows (N larger than one block) as in one; bf16: the weight rounded once to bf16."""
+    """torch's path (the C++ kernel's own tests: tests/kernels/test_cpu_gemv.py). fp32: the same products as F.linear
+    over the fp32 weight (only the order of the sums differs), in blocks of output rows (N larger than one block) as
+    in one; bf16: the weight rounded once to bf16."""
     torch.manual_seed(0)
     (codes, scales, minimums), weight = uint8_grouped_weight(2100, 512, group)
     assert not torch.equal(scales, scales.bfloat16().float())  # bf16 (or fp16) scales would round them
     bias = torch.randn(2100)
-    layer = Uint8GroupedLinear(codes, scales, minimums, bias)
+    layer = Uint8GroupedLinear(codes, scales, minimums, bias, native=False)
     assert layer.rows_per_block(rows) < 2100 or rows > 16  # few rows: blocks of rows; many: one block here
     assert layer.group_size == group
     x = torch.randn(rows, 512)
@@ -106,7 +107,7 @@ def test_uint8_grouped_multiplies_exactly_the_weight_its_codes_stand_for(group, 
     got = layer(x)
     assert got.dtype == torch.float32 and got.shape == (rows, 2100)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
-    got = Uint8GroupedLinear(codes, scales, minimums, bias.bfloat16())(x.bfloat16())  # a bf16 model's bias
+    got = Uint8GroupedLinear(codes, scales, minimums, bias.bfloat16(), native=False)(x.bfloat16())  # bf16 bias
     assert got.dtype == torch.bfloat16
     want = (x.bfloat16().float() @ weight.bfloat16().float().t() + bias.bfloat16().float())
     torch.testing.assert_close(got.float(), want, rtol=2 ** -7, atol=2 ** -7 * want.abs().max().item())
