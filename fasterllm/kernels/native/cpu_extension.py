@@ -1,13 +1,13 @@
 """Our C++ CPU extension (cpu/*.cpp: the int4 / int8 / uint8_grouped matrix products of cpu_gemv.py, the fused
 add + RMSNorm of cpu_rms_norm.py): which ISA it runs, and building and loading it.
 
-They are opt-in: FASTERLLM_CPU_KERNELS=auto runs them, the ISA chosen from the CPU's flags ("avx512": avx512f, else
-"avx2": avx2/fma/f16c); "avx512" or "avx2" forces one (tests and benchmarks run the AVX2 code on an AVX-512 machine
-so); unset or "off", the layers keep torch's kernels. They multiply the inputs as they come, in fp32, so a layer's
-output is the exact product of its quantized weights up to fp32 summation: on SmolLM2 closer to the float model than
-torch's kernels, which round inputs and outputs to bf16 (benchmarks/RESULTS.md, "The C++ CPU kernels in fp32"). Not
-yet the default: the test suite has not yet run whole with them on, nor SmolLM2's decode been timed on a quiet
-machine (same section).
+They run by default (FASTERLLM_CPU_KERNELS unset or "auto"), the ISA chosen from the CPU's flags ("avx512":
+avx512f, else "avx2": avx2/fma/f16c); "avx512" or "avx2" forces one (tests and benchmarks run the AVX2 code on an
+AVX-512 machine so); "off" keeps torch's kernels. They multiply the inputs as they come, in fp32, so a layer's output
+is the exact product of its quantized weights up to fp32 summation: on SmolLM2 closer to the float model than
+torch's kernels, which round inputs and outputs to bf16, and SmolLM2's single-stream decode 1.16-1.54x faster with
+int4 / gguf / int8 on a quiet machine, AVX-512 and AVX2 alike (benchmarks/RESULTS.md, "The C++ CPU kernels in fp32"
+and the seventh session's section).
 
 The extension builds with torch.utils.cpp_extension on first use (scripts/setup.sh builds it when a compiler is
 present, ~20 s on 2 cores) into torch's extension cache, which rebuilds when a source changes. Without a compiler,
@@ -38,17 +38,17 @@ def supported_isas() -> list[str]:
 
 @functools.cache
 def kernel_isa() -> str | None:
-    """The ISA the layers run ("avx512" or "avx2"), or None: FASTERLLM_CPU_KERNELS unset or "off", or "auto" on a CPU
+    """The ISA the layers run ("avx512" or "avx2"), or None: FASTERLLM_CPU_KERNELS "off", or unset / "auto" on a CPU
     with neither."""
     supported = supported_isas()
     asked = os.environ.get(ISA_ENV, "").strip().lower()
-    if asked in ("", "off"):
+    if asked == "off":
         return None
-    if asked == "auto":
+    if asked in ("", "auto"):
         return supported[0] if supported else None
     if asked not in ISA_FLAGS:
         raise ValueError(f"{ISA_ENV}={asked!r} is not one of 'auto', 'avx512', 'avx2', 'off'; 'auto' chooses by the "
-                         "CPU's flags, unset runs torch's kernels")
+                         "CPU's flags (as unset does), 'off' runs torch's kernels")
     if asked not in supported:
         missing = sorted(ISA_FLAGS[asked] - cpu_flags())
         raise ValueError(f"{ISA_ENV}={asked!r}, but this CPU lacks {', '.join(missing)}; use one of "

@@ -4,7 +4,7 @@ Each group of 32 weights of a row keeps a scale and a minimum (w ~= code * scale
 of 32 match GGUF's Q4_0/Q4_1 blocks, so those repack into this layer without rounding the codes
 (layers/quantization/gguf.py), and 32 divides every SmolLM2 width (576 is not a multiple of 128).
 
-Two kernels, one chosen per layer at load: our C++ one where FASTERLLM_CPU_KERNELS=auto asks for it and it is built
+Two kernels, one chosen per layer at load: our C++ one where it is built (unless FASTERLLM_CPU_KERNELS=off)
 (kernels/native/cpu_gemv.py: the inputs multiplied as they come with fp32 FMAs, faster than torch's at 1 to 128 rows
 and more accurate: benchmarks/RESULTS.md), else torch's packed `_weight_int4pack_mm_for_cpu` (its layout:
 (code - 8) * scale + zero), which takes bf16 activations whatever the model's dtype (as int8.py's kernel).
@@ -44,7 +44,7 @@ def scales_and_zeros(scales: torch.Tensor, minimums: torch.Tensor, dtype: torch.
 class Int4WeightOnlyLinear(FlatLinear):
     """Built from codes, per-group scales and minimums (codes * scale + minimum): quantized from a
     float weight by from_float, or repacked from GGUF blocks. native: run our C++ kernel (None: where it is
-    opted into and built, cpu_extension.available()); False keeps torch's."""
+    on and built, cpu_extension.available()); False keeps torch's."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor,
                  bias: torch.Tensor | None, native: bool | None = None):

@@ -2,7 +2,7 @@
 
 Decode on the CPU streams every weight once per step, so weights of one byte instead of two are
 read about twice as fast. Scales are symmetric per output row: absmax / 127. Two kernels, one chosen per layer at
-load: our C++ one where FASTERLLM_CPU_KERNELS=auto asks for it, it is built and K is a multiple of 32
+load: our C++ one where it is built and K is a multiple of 32 (unless FASTERLLM_CPU_KERNELS=off)
 (kernels/native/cpu_gemv.py: the codes repacked into its tiles and multiplied by the inputs as they come with fp32
 FMAs), else torch's packed CPU kernel (`_weight_int8pack_mm`), which dequantizes inside the matrix product and takes bf16 activations
 whatever the model's dtype: with fp32 ones it ran 8-15x slower, on AVX-512 and on AVX2 alike (benchmarks/RESULTS.md,
@@ -28,7 +28,7 @@ def quantize_int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch
 
 class Int8WeightOnlyLinear(FlatLinear):
     """Built from int8 codes [N, K] and fp32 scales [N] (a checkpoint's, as stored); from_float quantizes.
-    native: run our C++ kernel (None: where it is opted into, built, and K fits it); False keeps torch's."""
+    native: run our C++ kernel (None: where it is on, built, and K fits it); False keeps torch's."""
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
                  native: bool | None = None):

@@ -14,10 +14,10 @@ Q8_0 and Q5_K projections read 1.25 bytes a weight instead of 1.5 (a sixth less)
 takes groups of 16. The kernels take any power-of-two group (the GPU ones, kernels/quant_weight_only.py, already
 did for int4) or both sizes (the C++ ones).
 
-Two CPU kernels, one chosen per layer at load, as int4.py's: our C++ one where FASTERLLM_CPU_KERNELS=auto asks for it
-and it is built (kernels/native/cpu_gemv.py: the codes in int8's tiles, turned into fp32 in registers and multiplied
-by the inputs as they come with fp32 FMAs, each group's scale and minimum applied once to its sum: the exact product
-up to fp32 summation), else the torch path below.
+Two CPU kernels, one chosen per layer at load, as int4.py's: our C++ one where it is built (unless
+FASTERLLM_CPU_KERNELS=off; kernels/native/cpu_gemv.py: the codes in int8's tiles, turned into fp32 in registers and
+multiplied by the inputs as they come with fp32 FMAs, each group's scale and minimum applied once to its sum: the
+exact product up to fp32 summation), else the torch path below.
 
 The torch path: each call dequantizes the weight to the activation dtype (fp32 products, one rounding to
 x's dtype: exact in an fp32 run, as the float weight is) and multiplies with F.linear, a block of output rows at a
@@ -75,7 +75,7 @@ def check_grouped_codes(codes: torch.Tensor, scales: torch.Tensor, minimums: tor
 
 class Uint8GroupedLinear(FlatLinear):
     """Built from codes uint8 [N, K], fp32 scales and minimums [N, K / group] (group in GROUP_SIZES). native: run our
-    C++ kernel (None: where it is opted into and built, cpu_extension.available(), and K is a multiple of 32);
+    C++ kernel (None: where it is on and built, cpu_extension.available(), and K is a multiple of 32);
     False keeps the torch path."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor, bias: torch.Tensor | None,
