@@ -105,6 +105,8 @@ DECODER_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "LlamaForCaus
                          "MixtralForCausalLM", "OlmoeForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM",
                          "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+# one RMSNorm over all query heads at once (and one over all key heads): their heads cannot split over ranks
+QK_NORM_OVER_HEADS_ARCHITECTURES = ("OlmoeForCausalLM",)
 # the GELU forms of a gated FFN (hidden_act / hidden_activation), besides "silu"
 GATED_GELU_FORMS = {"gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu": "none"}
 

@@ -14,6 +14,7 @@ from fasterllm.config import (
     ENCODER_DECODER_ARCHITECTURES,
     GATED_GELU_FORMS,
     MOE_ARCHITECTURES,
+    QK_NORM_OVER_HEADS_ARCHITECTURES,
     ModelConfig,
     check_architecture,
 )
@@ -81,7 +82,7 @@ def load_hf_config(model_dir: Path) -> ModelConfig | Seq2SeqConfig | T5Config:
         else None,
         mlp_bias=raw.get("mlp_bias", False),
         qk_norm=architectures[0] in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "OlmoeForCausalLM"),
-        qk_norm_over_heads=architectures[0] == "OlmoeForCausalLM",
+        qk_norm_over_heads=architectures[0] in QK_NORM_OVER_HEADS_ARCHITECTURES,
         clip_qkv=raw.get("clip_qkv"),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),

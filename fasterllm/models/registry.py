@@ -9,6 +9,7 @@ from fasterllm.config import (
     ENCODER_MODEL_TYPES,
     MOE_ARCHITECTURES,
     POOLING_MODES,
+    QK_NORM_OVER_HEADS_ARCHITECTURES,
     QUANTIZATION_METHODS,
     STORED_METHODS,
     check_architecture,
@@ -43,7 +44,7 @@ def supported_models() -> list[dict[str, str]]:
             "quantization": generating + (", gguf (Q4_0/Q4_1/Q4_K/Q5_K/Q6_K/Q8_0 blocks)" if name in gguf else "")
             + (" (experts: int8 codes per channel, e4m3 under fp8, float under gguf)" if experts else ""),
             "gguf": "yes" if name in gguf else "no",
-            "tensor_parallel": "yes" if decoder_only else "no",
+            "tensor_parallel": "yes" if decoder_only and name not in QK_NORM_OVER_HEADS_ARCHITECTURES else "no",
             "embeddings": "last-token pooling" if decoder_only else "no",
         })
     for model_type in ENCODER_MODEL_TYPES:
