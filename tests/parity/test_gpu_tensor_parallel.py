@@ -63,6 +63,25 @@ def test_sharded_greedy_agrees_with_one_gpu(checkpoint, one_gpu, size):
             f"prompt {i}: tp={size} {ours} vs one GPU {ref}"
 
 
+MOE_BASE = next(s for s in TINY_SPECS if s.name == "qwen2_moe_shared")
+MOE_SPEC = dataclasses.replace(MOE_BASE, name="qwen2_moe_gpu_tp", num_heads=16, num_kv_heads=4, head_dim=64,
+                               vocab_size=32000, extra={**MOE_BASE.extra, "hidden_size": 1024, "num_hidden_layers": 4,
+                                                        "num_experts": 16, "num_experts_per_tok": 4,
+                                                        "moe_intermediate_size": 256,
+                                                        "shared_expert_intermediate_size": 512})
+
+
+def test_a_mixture_of_experts_sharded_over_2_gpus_agrees_with_one_gpu(tmp_path):
+    """Every expert and the shared expert split along their intermediate size (the fused MoE kernels on each rank's
+    half), the router replicated: greedy bf16 tokens as on one GPU, up to a near tie."""
+    build_tiny_model(MOE_SPEC, tmp_path, seed=5)
+    prompts = [random_prompt(length, MOE_SPEC.vocab_size, seed) for seed, length in enumerate((9, 40, 120))]
+    one, two = (_generate(tmp_path, prompts, tensor_parallel_size=size) for size in (1, 2))
+    for i, ((ours, ours_top), (ref, ref_top)) in enumerate(zip(two, one)):
+        assert near_tie_agreement(ours, [set(t) for t in ours_top], ref, [list(t) for t in ref_top]), \
+            f"prompt {i}: tp=2 {ours} vs one GPU {ref}"
+
+
 def test_cuda_graphs_with_the_all_reduce_inside_equal_eager(checkpoint):
     """One request: its decode steps replay a graph of batch size 1, the same kernels as eager."""
     graphed = _generate(checkpoint, PROMPTS[1:2], tensor_parallel_size=2)
