@@ -37,6 +37,28 @@ inline void store_rows(float* out, const __m256 (&halves)[2], int64_t count) {
 template <int R>
 constexpr int kHalfChains = kChains<R> > 1 ? kChains<R> / 2 : 1;
 
+// the sum of one half-row's accumulator chains
+template <int C>
+inline __m256 chain_sum(const __m256 (&chains)[C]) {
+  __m256 sum = chains[0];
+  for (int i = 1; i < C; ++i) sum = _mm256_add_ps(sum, chains[i]);
+  return sum;
+}
+
+// one group of a grouped tile done: products[r] += scale x (row r's sum of codes x inputs) + minimum x row r's input
+// sum over the group (input_sums[r * stride]), each half of the tile
+template <int R, int C>
+inline void add_group(__m256 (&products)[R][2], const __m256 (&sums)[R][2][C], const float* scales, const float* mins,
+                      const float* input_sums, int64_t stride) {
+  for (int h = 0; h < 2; ++h) {
+    const __m256 s = _mm256_loadu_ps(scales + 8 * h), minimum = _mm256_loadu_ps(mins + 8 * h);
+    for (int r = 0; r < R; ++r) {
+      products[r][h] = _mm256_fmadd_ps(chain_sum(sums[r][h]), s, products[r][h]);
+      products[r][h] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(input_sums[r * stride]), products[r][h]);
+    }
+  }
+}
+
 // out rows m..m+R-1 of one tile: per block, sum_k code x_k in fp32, then x scale, + minimum x the block's input sum
 template <int R>
 void int4_tile(const uint8_t* tile, const float* scales, const float* mins, const FloatRows& x, int64_t m, bool fetch,
@@ -71,16 +93,7 @@ void int4_tile(const uint8_t* tile, const float* scales, const float* mins, cons
         }
       }
     }
-    for (int h = 0; h < 2; ++h) {
-      const __m256 s = _mm256_loadu_ps(scales + b * kTileRows + 8 * h);
-      const __m256 minimum = _mm256_loadu_ps(mins + b * kTileRows + 8 * h);
-      for (int r = 0; r < R; ++r) {
-        __m256 sum = sums[r][h][0];
-        for (int i = 1; i < C; ++i) sum = _mm256_add_ps(sum, sums[r][h][i]);
-        products[r][h] = _mm256_fmadd_ps(sum, s, products[r][h]);
-        products[r][h] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(x.sums[(m + r) * blocks + b]), products[r][h]);
-      }
-    }
+    add_group(products, sums, scales + b * kTileRows, mins + b * kTileRows, x.sums + m * blocks + b, blocks);
   }
   for (int r = 0; r < R; ++r) store_rows(out + (m + r) * N, products[r], count);
 }
@@ -114,11 +127,7 @@ void int8_tile(const int8_t* tile, const float* scales, const FloatRows& x, int6
   }
   for (int r = 0; r < R; ++r) {
     __m256 result[2];
-    for (int h = 0; h < 2; ++h) {
-      __m256 sum = sums[r][h][0];
-      for (int i = 1; i < C; ++i) sum = _mm256_add_ps(sum, sums[r][h][i]);
-      result[h] = _mm256_mul_ps(sum, _mm256_loadu_ps(scales + 8 * h));
-    }
+    for (int h = 0; h < 2; ++h) result[h] = _mm256_mul_ps(chain_sum(sums[r][h]), _mm256_loadu_ps(scales + 8 * h));
     store_rows(out + (m + r) * N, result, count);
   }
 }
@@ -155,16 +164,7 @@ void uint8_grouped_tile(const uint8_t* tile, const float* scales, const float* m
         }
       }
       const int64_t g = (b * kBlock + first) / G;
-      for (int h = 0; h < 2; ++h) {
-        const __m256 s = _mm256_loadu_ps(scales + g * kTileRows + 8 * h);
-        const __m256 minimum = _mm256_loadu_ps(mins + g * kTileRows + 8 * h);
-        for (int r = 0; r < R; ++r) {
-          __m256 sum = sums[r][h][0];
-          for (int i = 1; i < C; ++i) sum = _mm256_add_ps(sum, sums[r][h][i]);
-          products[r][h] = _mm256_fmadd_ps(sum, s, products[r][h]);
-          products[r][h] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(x.sums[(m + r) * groups + g]), products[r][h]);
-        }
-      }
+      add_group(products, sums, scales + g * kTileRows, mins + g * kTileRows, x.sums + m * groups + g, groups);
     }
   }
   for (int r = 0; r < R; ++r) store_rows(out + (m + r) * N, products[r], count);

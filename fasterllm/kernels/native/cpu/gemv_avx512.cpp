@@ -22,6 +22,26 @@ inline void prefetch(const void* from, int64_t bytes) {
     _mm_prefetch(static_cast<const char*>(from) + kPrefetchBytes + line, _MM_HINT_T0);
 }
 
+// the sum of one row's accumulator chains
+template <int C>
+inline __m512 chain_sum(const __m512 (&chains)[C]) {
+  __m512 sum = chains[0];
+  for (int i = 1; i < C; ++i) sum = _mm512_add_ps(sum, chains[i]);
+  return sum;
+}
+
+// one group of a grouped tile done: products[r] += scale x (row r's sum of codes x inputs) + minimum x row r's input
+// sum over the group (input_sums[r * stride])
+template <int R, int C>
+inline void add_group(__m512 (&products)[R], const __m512 (&sums)[R][C], const float* scales, const float* mins,
+                      const float* input_sums, int64_t stride) {
+  const __m512 s = _mm512_loadu_ps(scales), minimum = _mm512_loadu_ps(mins);
+  for (int r = 0; r < R; ++r) {
+    products[r] = _mm512_fmadd_ps(chain_sum(sums[r]), s, products[r]);
+    products[r] = _mm512_fmadd_ps(minimum, _mm512_set1_ps(input_sums[r * stride]), products[r]);
+  }
+}
+
 // out rows m..m+R-1 of one tile: per block, sum_k code x_k in fp32, then x scale, + minimum x the block's input sum
 template <int R>
 void int4_tile(const uint8_t* tile, const float* scales, const float* mins, const FloatRows& x, int64_t m, bool fetch,
@@ -50,13 +70,7 @@ void int4_tile(const uint8_t* tile, const float* scales, const float* mins, cons
           sums[r][p % C] = _mm512_fmadd_ps(w, _mm512_set1_ps(in[r * K + k]), sums[r][p % C]);
       }
     }
-    const __m512 s = _mm512_loadu_ps(scales + b * kTileRows), minimum = _mm512_loadu_ps(mins + b * kTileRows);
-    for (int r = 0; r < R; ++r) {
-      __m512 sum = sums[r][0];
-      for (int i = 1; i < C; ++i) sum = _mm512_add_ps(sum, sums[r][i]);
-      products[r] = _mm512_fmadd_ps(sum, s, products[r]);
-      products[r] = _mm512_fmadd_ps(minimum, _mm512_set1_ps(x.sums[(m + r) * blocks + b]), products[r]);
-    }
+    add_group(products, sums, scales + b * kTileRows, mins + b * kTileRows, x.sums + m * blocks + b, blocks);
   }
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + (m + r) * N, lanes, products[r]);
 }
@@ -83,11 +97,8 @@ void int8_tile(const int8_t* tile, const float* scales, const FloatRows& x, int6
     }
   }
   const __m512 row_scales = _mm512_loadu_ps(scales);
-  for (int r = 0; r < R; ++r) {
-    __m512 sum = sums[r][0];
-    for (int i = 1; i < C; ++i) sum = _mm512_add_ps(sum, sums[r][i]);
-    _mm512_mask_storeu_ps(out + (m + r) * N, lanes, _mm512_mul_ps(sum, row_scales));
-  }
+  for (int r = 0; r < R; ++r)
+    _mm512_mask_storeu_ps(out + (m + r) * N, lanes, _mm512_mul_ps(chain_sum(sums[r]), row_scales));
 }
 
 // out rows m..m+R-1 of one tile of uint8 codes in groups of G: per group, sum_k code x_k in fp32, then x scale, +
@@ -117,13 +128,7 @@ void uint8_grouped_tile(const uint8_t* tile, const float* scales, const float* m
           sums[r][j % C] = _mm512_fmadd_ps(w, _mm512_set1_ps(in[r * K + k]), sums[r][j % C]);
       }
       const int64_t g = (b * kBlock + first) / G;
-      const __m512 s = _mm512_loadu_ps(scales + g * kTileRows), minimum = _mm512_loadu_ps(mins + g * kTileRows);
-      for (int r = 0; r < R; ++r) {
-        __m512 sum = sums[r][0];
-        for (int i = 1; i < C; ++i) sum = _mm512_add_ps(sum, sums[r][i]);
-        products[r] = _mm512_fmadd_ps(sum, s, products[r]);
-        products[r] = _mm512_fmadd_ps(minimum, _mm512_set1_ps(x.sums[(m + r) * groups + g]), products[r]);
-      }
+      add_group(products, sums, scales + g * kTileRows, mins + g * kTileRows, x.sums + m * groups + g, groups);
     }
   }
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + (m + r) * N, lanes, products[r]);

@@ -75,6 +75,15 @@ int64_t tiles_of(const at::Tensor& codes, int64_t N, int64_t tile_bytes, const c
   return tiles;
 }
 
+// out [rows of x, N] in fp32, its tiles split over the threads (run(t0, t1, out) fills tiles t0..t1-1), in x's dtype
+template <typename Run>
+at::Tensor over_tiles(const at::Tensor& x, int64_t N, int64_t tiles, Run&& run) {
+  at::Tensor out = at::empty({x.size(0), N}, x.options().dtype(at::kFloat));
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, tiles, kGrainTiles, [&](int64_t t0, int64_t t1) { run(t0, t1, o); });
+  return out.to(x.scalar_type());
+}
+
 at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
                      int64_t N, const std::string& isa) {
   const bool wide = use_avx512(isa);
@@ -83,15 +92,12 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   check_weight(scales, at::kFloat, {tiles, blocks, kTileRows}, "scales");
   check_weight(mins, at::kFloat, {tiles, blocks, kTileRows}, "mins");
   const Widened in = widen(x, blocks * kBlock, kBlock);
-  at::Tensor out = at::empty({x.size(0), N}, x.options().dtype(at::kFloat));
   const uint8_t* c = codes.data_ptr<uint8_t>();
   const float *s = scales.data_ptr<float>(), *m = mins.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  at::parallel_for(0, tiles, kGrainTiles, [&](int64_t t0, int64_t t1) {
+  return over_tiles(x, N, tiles, [&](int64_t t0, int64_t t1, float* o) {
     if (wide) int4_tiles_avx512(c, s, m, in.rows, t0, t1, N, o);
     else int4_tiles_avx2(c, s, m, in.rows, t0, t1, N, o);
   });
-  return out.to(x.scalar_type());
 }
 
 at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t N,
@@ -101,15 +107,12 @@ at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   check_weight(codes, at::kChar, {tiles, blocks, kInt8TileBytes}, "codes");
   check_weight(scales, at::kFloat, {tiles, kTileRows}, "scales");
   const Widened in = widen(x, blocks * kBlock, 0);
-  at::Tensor out = at::empty({x.size(0), N}, x.options().dtype(at::kFloat));
   const int8_t* w = codes.data_ptr<int8_t>();
   const float* s = scales.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  at::parallel_for(0, tiles, kGrainTiles, [&](int64_t t0, int64_t t1) {
+  return over_tiles(x, N, tiles, [&](int64_t t0, int64_t t1, float* o) {
     if (wide) int8_tiles_avx512(w, s, in.rows, t0, t1, N, o);
     else int8_tiles_avx2(w, s, in.rows, t0, t1, N, o);
   });
-  return out.to(x.scalar_type());
 }
 
 at::Tensor uint8_grouped_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
@@ -124,15 +127,12 @@ at::Tensor uint8_grouped_gemv(const at::Tensor& x, const at::Tensor& codes, cons
   check_weight(mins, at::kFloat, scales.sizes(), "mins");
   const int64_t group = blocks * kBlock / scales.size(1);
   const Widened in = widen(x, blocks * kBlock, group);
-  at::Tensor out = at::empty({x.size(0), N}, x.options().dtype(at::kFloat));
   const uint8_t* c = codes.data_ptr<uint8_t>();
   const float *s = scales.data_ptr<float>(), *m = mins.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  at::parallel_for(0, tiles, kGrainTiles, [&](int64_t t0, int64_t t1) {
+  return over_tiles(x, N, tiles, [&](int64_t t0, int64_t t1, float* o) {
     if (wide) uint8_grouped_tiles_avx512(c, s, m, group, in.rows, t0, t1, N, o);
     else uint8_grouped_tiles_avx2(c, s, m, group, in.rows, t0, t1, N, o);
   });
-  return out.to(x.scalar_type());
 }
 
 std::tuple<at::Tensor, at::Tensor> add_rms_norm_op(const at::Tensor& x, const std::optional<at::Tensor>& residual,
