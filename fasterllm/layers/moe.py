@@ -9,8 +9,8 @@ shared expert) on its share of I (w_gate_up's rows, w_down's columns), as the de
 replicated, every rank routes alike, and the output is this rank's partial sum, summed over ranks by the decoder
 layer's all-reduce as a dense FFN's is.
 
-quantize_experts (quantization='int8', 'w8a8', 'int4': int8 codes; 'fp8': e4m3) keeps each expert's weights as codes
-with an fp32 scale per output channel, symmetric (absmax / 127 or / 448), read as codes by the GPU kernels.
+Quantized (quantization='int8', 'w8a8', 'int4': int8 codes; 'fp8': e4m3; layers/quantization/experts.py), it holds
+each expert's weights as codes with an fp32 scale per output channel (hold_codes), read as codes by the GPU kernels.
 """
 from __future__ import annotations
 
@@ -37,14 +37,12 @@ class SparseMoE(nn.Module):
             self.shared_gate_up = None
         self.scales: tuple[torch.Tensor, torch.Tensor] | None = None  # quantized experts: per output channel
 
-    def quantize_experts(self, codes_dtype: torch.dtype) -> None:
-        """The experts' weights as codes_dtype (torch.int8 or torch.float8_e4m3fn) codes, in place, with fp32 scales
-        per output channel ([E, 2I] and [E, H])."""
-        (gate_up, gate_up_scales), (down, down_scales) = (
-            quantize_per_channel(weight, codes_dtype) for weight in (self.w_gate_up, self.w_down))
-        self.w_gate_up = nn.Parameter(gate_up, requires_grad=False)
-        self.w_down = nn.Parameter(down, requires_grad=False)
-        self.scales = gate_up_scales, down_scales
+    def hold_codes(self, gate_up: tuple[torch.Tensor, torch.Tensor], down: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """The experts' weights replaced by (codes, fp32 scales per output channel): [E, 2I, H] and [E, 2I], [E, H, I]
+        and [E, H]."""
+        self.w_gate_up = nn.Parameter(gate_up[0], requires_grad=False)
+        self.w_down = nn.Parameter(down[0], requires_grad=False)
+        self.scales = gate_up[1], down[1]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [T, H] -> [T, H]."""
@@ -80,26 +78,6 @@ def run_experts(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Ten
         expert_out = project(act(project(hidden[tokens], w_gate_up, 0, expert)), w_down, 1, expert)
         out.index_add_(0, tokens, expert_out * weights[tokens, slots, None])
     return out
-
-
-# the largest code of each codes dtype: a channel's absmax maps to it
-_CODE_MAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
-
-
-def quantize_per_channel(weight: torch.Tensor, codes_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stacked weights [E, N, K] -> (codes [E, N, K] of codes_dtype, fp32 scales [E, N]), symmetric per output
-    channel; an expert at a time (the fp32 copy of all of them would not fit beside the model)."""
-    if codes_dtype not in _CODE_MAX:
-        raise ValueError(f"experts quantize to {', '.join(map(str, _CODE_MAX))}, not {codes_dtype}")
-    codes = torch.empty(weight.shape, dtype=codes_dtype, device=weight.device)
-    scales = torch.empty(weight.shape[:2], dtype=torch.float32, device=weight.device)
-    for expert in range(weight.shape[0]):
-        w = weight[expert].float()
-        scales[expert] = w.abs().amax(dim=1).clamp(min=1e-12) / _CODE_MAX[codes_dtype]
-        limit = _CODE_MAX[codes_dtype]  # the absmax's own quotient can round just past it
-        scaled = (w / scales[expert][:, None]).clamp(-limit, limit)
-        codes[expert] = scaled.round() if codes_dtype == torch.int8 else scaled
-    return codes, scales
 
 
 def route(hidden: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool

@@ -117,11 +117,11 @@ def test_bf16_at_a_real_shape():
 def test_int8_experts_match_the_torch_loop_over_the_same_codes(top_k, num_experts, num_tokens):
     """Experts as int8 codes with a scale per output channel (quantization='int8'): the kernels read the codes, and
     answer as the torch loop over the same codes does, grouped (37 tokens) and a tile per slot (3 tokens x 8)."""
-    from fasterllm.layers.moe import quantize_per_channel
+    from fasterllm.layers.quantization.experts import quantize_stacked
 
     x, w_gate_up, w_down, weights, experts = moe_inputs(num_tokens, num_experts, 48, 40, top_k, seed=3)
     (gate_up_codes, gate_up_scales), (down_codes, down_scales) = (
-        quantize_per_channel(w, torch.int8) for w in (w_gate_up, w_down))
+        quantize_stacked(w, torch.int8) for w in (w_gate_up, w_down))
     assert gate_up_codes.dtype == torch.int8 and gate_up_scales.shape == (num_experts, 80)
     scales = (gate_up_scales, down_scales)
     expected = run_experts(x, gate_up_codes, down_codes, weights, experts, SiluAndMul(), scales)
@@ -145,13 +145,13 @@ def test_scales_of_the_wrong_shape_are_refused():
 def test_quantized_experts_at_a_real_shape(codes_dtype, num_tokens):
     """Qwen3-30B-A3B's experts as int8 or e4m3 codes, bf16 activations: the kernels against the torch loop over the
     same codes in fp32."""
-    from fasterllm.layers.moe import quantize_per_channel
+    from fasterllm.layers.quantization.experts import quantize_stacked
 
     generator = torch.Generator().manual_seed(1)
     x, router = torch.randn(num_tokens, 2048, generator=generator), torch.randn(128, 2048, generator=generator)
     weights, experts = (t.to(DEVICE) for t in route(x, router, 8, normalize=True))
     (gate_up, gate_up_scales), (down, down_scales) = (
-        quantize_per_channel(torch.randn(*shape, generator=generator).div(shape[-1] ** 0.5).to(DEVICE), codes_dtype)
+        quantize_stacked(torch.randn(*shape, generator=generator).div(shape[-1] ** 0.5).to(DEVICE), codes_dtype)
         for shape in ((128, 1536, 2048), (128, 2048, 768)))
     x, weights = x.to(DEVICE, torch.bfloat16), weights.to(torch.bfloat16)
     scales = (gate_up_scales, down_scales)
@@ -163,11 +163,11 @@ def test_quantized_experts_at_a_real_shape(codes_dtype, num_tokens):
 def test_codes_stay_inside_their_format_and_close_to_the_weights():
     """A channel's absmax over its scale can round just past 127 or 448 (135 of 4,096 channels here reach
     448.00003): the codes are clamped to the format's range, and codes * scales stay within its rounding."""
-    from fasterllm.layers.moe import quantize_per_channel
+    from fasterllm.layers.quantization.experts import quantize_stacked
 
     weight = torch.randn(2, 4096, 512, generator=torch.Generator().manual_seed(0))
     for codes_dtype, limit, rtol in ((torch.int8, 127, 1 / 127), (torch.float8_e4m3fn, 448, 1 / 16)):
-        codes, scales = quantize_per_channel(weight, codes_dtype)
+        codes, scales = quantize_stacked(weight, codes_dtype)
         values = codes.float()
         assert torch.isfinite(values).all() and values.abs().amax() == limit
         error = (values * scales[..., None] - weight).abs()

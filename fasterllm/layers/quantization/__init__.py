@@ -20,7 +20,7 @@ Methods (all quantized at load from the float weights of any checkpoint, the out
         the other linears (the output head) float, as stored        loader/prequantized.py, stored.py
 A mixture of experts' experts (not Linear layers) become codes per output channel (EXPERT_CODES) under int8, w8a8 and
 int4 (int8 codes: there is no 4-bit expert kernel) and fp8 (e4m3), read as codes by the fused MoE kernels; its
-router stays float. gguf keeps the experts the file stores as it dequantized them.       layers/moe.py
+router stays float. gguf keeps the experts the file stores as it dequantized them.       experts.py
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from torch import nn
 from fasterllm.config import PREQUANTIZED_METHODS, check_method_name
 from fasterllm.layers.linear import replace_linears
 from fasterllm.layers.moe import SparseMoE
+from fasterllm.layers.quantization.experts import quantize_stacked
 from fasterllm.layers.quantization.gguf import repack_gguf_linears
 from fasterllm.layers.quantization.stored import repack_stored_linears
 from fasterllm.layers.quantization.int4 import Int4WeightOnlyLinear
@@ -125,7 +126,7 @@ def quantize_model(model: nn.Module, method: str, device: torch.device, stored_l
                     setattr(parent, name, weight_only(child.weight.detach(), child.bias))
     replace_linears(model, lambda linear: make(linear.weight.detach(), linear.bias))
     for moe in (module for module in model.modules() if isinstance(module, SparseMoE) and method in EXPERT_CODES):
-        moe.quantize_experts(EXPERT_CODES[method])
+        moe.hold_codes(*(quantize_stacked(weight, EXPERT_CODES[method]) for weight in (moe.w_gate_up, moe.w_down)))
     if device.type == "cuda":  # W8A8 / FP8 projections read codes their RMSNorm or SiLU*mul wrote
         from fasterllm.layers.quantization.fused_activation import fuse_activation_quantization
         fuse_activation_quantization(model)
