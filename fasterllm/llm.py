@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Union
 
 from fasterllm.config import EngineArgs
@@ -16,7 +17,7 @@ from fasterllm.outputs import (
     EmbeddingRequestOutput,
     RequestOutput,
 )
-from fasterllm.sampling_params import BeamSearchParams, SamplingParams
+from fasterllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 # a text, a list of token ids, or vLLM's {"prompt": ...} / {"prompt_token_ids": [...]}
 PromptType = Union[str, list[int], dict[str, Any]]
@@ -106,10 +107,15 @@ class LLM:
                              "a generating LLM without task='embed'")
         request_ids = []
         finished: dict[str, RequestOutput] = {}
+        final_only: dict[int, SamplingParams] = {}  # one copy per params object given: only final outputs are read
         bar = None
         try:  # all prompts are checked before any runs: one bad prompt names itself and runs nothing
             for index, (prompt, p) in enumerate(zip(prompts, params)):
                 request_id = str(next(self._ids))
+                if isinstance(p, SamplingParams):
+                    if id(p) not in final_only:
+                        final_only[id(p)] = replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
+                    p = final_only[id(p)]
                 try:
                     self.engine.add_request(request_id, prompt_value(prompt), p)
                 except ValueError as exc:

@@ -2,6 +2,7 @@
 ValueError that names the field)."""
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, field
 
@@ -54,6 +55,12 @@ class StructuredOutputsParams:
                                     "non-empty strings", "structured_outputs.choice")
 
 
+class RequestOutputKind(enum.Enum):
+    """Which outputs a request yields (vLLM's names and values)."""
+    CUMULATIVE = 0  # one every step the request makes progress, with everything so far (a stream)
+    FINAL_ONLY = 2  # one, when the request finishes: no output is built in between (LLM.generate, a whole response)
+
+
 @dataclass
 class SamplingParams:
     """Per-request decoding settings, named as in vLLM and the OpenAI API.
@@ -86,6 +93,7 @@ class SamplingParams:
     bad_words: list[str] | None = None
     allowed_token_ids: list[int] | None = None
     structured_outputs: StructuredOutputsParams | None = None  # the output must match a schema, regex, ...
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -145,6 +153,9 @@ class SamplingParams:
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise InvalidInputError(f"structured_outputs={self.structured_outputs!r} must be a "
                                     "StructuredOutputsParams", "structured_outputs")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise InvalidInputError(f"output_kind={self.output_kind!r} must be a RequestOutputKind (CUMULATIVE or "
+                                    "FINAL_ONLY)", "output_kind")
 
     @property
     def greedy(self) -> bool:

@@ -1,7 +1,10 @@
 """The offline API end to end on the real default model (fp32 CPU): sampling options and bad input."""
+from dataclasses import replace
+
 import pytest
 
 from fasterllm import LLM, SamplingParams
+from fasterllm.sampling_params import RequestOutputKind
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +128,27 @@ def test_bad_request_mid_generation_does_not_disturb_running_ones(llm):
         done.update({o.request_id: o for o in engine.step() if o.finished})
     assert done["ok-0"].outputs[0].token_ids == expected[0].outputs[0].token_ids
     assert done["ok-1"].outputs[0].token_ids == expected[1].outputs[0].token_ids
+
+
+def test_a_final_only_request_yields_one_output_with_what_a_cumulative_one_ends_with(llm):
+    engine = llm.engine
+    stop = SamplingParams(temperature=0, max_tokens=12, stop=[" the"])
+    for request_id, params in (("each", stop), ("final", replace(stop, output_kind=RequestOutputKind.FINAL_ONLY))):
+        engine.add_request(request_id, PROMPTS[1], params)
+    seen = {"each": [], "final": []}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            seen[output.request_id].append(output)
+    assert len(seen["each"]) > 1 and len(seen["final"]) == 1 and seen["final"][0].finished
+    assert seen["final"][0].outputs == seen["each"][-1].outputs
+
+
+def test_generate_reads_final_outputs_and_leaves_the_callers_params_alone(llm):
+    params = SamplingParams(temperature=0, max_tokens=4)
+    assert len(llm.generate(PROMPTS, params, use_tqdm=False)) == len(PROMPTS)
+    assert params.output_kind is RequestOutputKind.CUMULATIVE
+    with pytest.raises(ValueError, match="output_kind"):
+        SamplingParams(output_kind="final")
 
 
 @pytest.mark.parametrize("kwargs, field", [

@@ -21,7 +21,7 @@ from fasterllm.errors import StepFailedError, WorkerFailedError
 from fasterllm.executor import make_executor
 from fasterllm.loader.checkpoint import open_checkpoint
 from fasterllm.outputs import RequestOutput
-from fasterllm.sampling_params import BeamSearchParams, SamplingParams
+from fasterllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from fasterllm.worker.model_runner import PendingOutput
 from fasterllm.worker.step_messages import GrammarMasks
 from fasterllm.worker.worker import WorkerConfig
@@ -260,6 +260,9 @@ class Engine:
             families.setdefault(request.family[0].request_id, request.family[0])
         outputs = []
         for head in families.values():
+            if head.sampling_params.output_kind is RequestOutputKind.FINAL_ONLY and not all(
+                    member.finished for member in head.family):
+                continue  # no output until it ends: building one a step is a large batch's host work
             output = self.output_processor.make_output(head)
             outputs.append(output)
             if output.finished:

@@ -33,12 +33,14 @@ def on_cpu(layer, x, residual=None):
 
 
 def assert_same_up_to_boundary_flips(got, expected):
-    """fp32 sums in another order can put a value on the other side of a rounding boundary: allow one unit
-    in the last place on at most 1 in 1000 elements, and nothing else."""
+    """fp32 sums in another order can put the normed value on the other side of a rounding boundary: one unit in
+    its last place, which the weight (< 1.5) scales and the second rounding may round up to two units of the
+    result. Allow that on at most 1 in 1000 elements, and nothing else."""
     differ = got != expected
     assert differ.float().mean() <= 1e-3, f"{int(differ.sum())} of {got.numel()} elements differ"
     ulp = torch.finfo(got.dtype).eps * expected.float().abs().clamp_min(torch.finfo(got.dtype).tiny)
-    assert ((got.float() - expected.float()).abs() <= ulp).all()
+    units = (got.float() - expected.float()).abs() / ulp
+    assert (units <= 2).all(), f"{int((units > 2).sum())} elements differ by more than two units, at most {units.max()}"
 
 
 def run(num_tokens, hidden, dtype, with_residual):

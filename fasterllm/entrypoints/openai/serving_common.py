@@ -19,7 +19,7 @@ from fasterllm.entrypoints.openai.protocol import OpenAIError, SamplingFields, u
 from fasterllm.entrypoints.openai.serving_beam_search import beam_search_params, check_beam_fields_unused
 from fasterllm.outputs import Logprob, RequestOutput, SampleLogprobs
 from fasterllm.errors import InvalidInputError
-from fasterllm.sampling_params import BeamSearchParams, SamplingParams, StructuredOutputsParams
+from fasterllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 logger = logging.getLogger("fasterllm")
 
@@ -148,7 +148,9 @@ class OpenAIServing:
             include_stop_str_in_output=request.include_stop_str_in_output,
             repetition_penalty=request.repetition_penalty, presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty, logit_bias=logit_bias or None,
-            min_tokens=request.min_tokens, structured_outputs=structured_outputs(request))
+            min_tokens=request.min_tokens, structured_outputs=structured_outputs(request),
+            # a whole response reads the final output only: the engine builds none before it
+            output_kind=RequestOutputKind.CUMULATIVE if request.stream else RequestOutputKind.FINAL_ONLY)
 
     async def start(self, request: SamplingFields, base_id: str, prompts: list[list[int]],
                     params: SamplingParams | BeamSearchParams, arrival_time: float) -> list[str]:
