@@ -1,6 +1,6 @@
 """The engine core in a process of its own, as vLLM runs it: the server's process keeps HTTP, prompt checks and
-chat templates; this one keeps the Engine (scheduling, the forward pass, detokenization), so neither waits for the
-other's interpreter lock.
+chat templates and the text of most requests (server_side_text.py); this one keeps the Engine (scheduling, the forward
+pass, stop checks), so neither waits for the other's interpreter lock.
 
 They talk over two ZeroMQ PUSH/PULL sockets on IPC paths: commands (add, abort, shutdown) one way, turns (accepted
 adds, outputs as deltas (output_deltas.py), stats) the other, each message one pickle. The server side reads turns
@@ -24,10 +24,11 @@ import zmq
 import zmq.asyncio
 
 from fasterllm.config import EngineArgs
-from fasterllm.engine.engine_loop import SHUTDOWN, AbortRequest, EngineLoop, Turn
+from fasterllm.engine.engine_loop import SHUTDOWN, AbortRequest, AddRequest, EngineLoop, Turn
 from fasterllm.engine.engine_stats import EngineStats
 from fasterllm.engine.input_processor import InputProcessor
 from fasterllm.engine.output_deltas import OutputDecoder, OutputEncoder
+from fasterllm.engine.server_side_text import ServerSideText
 from fasterllm.loader.checkpoint import open_checkpoint
 
 logger = logging.getLogger("fasterllm")
@@ -63,6 +64,7 @@ class ProcessCore:
         self.stats: EngineStats = ready["stats"]
         self.inputs = InputProcessor.for_model(self.tokenizer, checkpoint.config, self.max_model_len)
         self._decoder = OutputDecoder()
+        self._text = ServerSideText(self.tokenizer, checkpoint.eos_token_ids)
 
     def _wait_until_ready(self) -> dict:
         while not self._turns.poll(200):
@@ -89,7 +91,11 @@ class ProcessCore:
 
     def _deliver(self, message: bytes) -> None:
         turn: Turn = pickle.loads(message)
+        for request_id, error in turn.accepted:
+            if error is not None:
+                self._text.forget(request_id)
         turn.outputs = self._decoder.decode(turn.outputs)
+        self._text.fill(turn.outputs)
         self._on_turn(turn)
 
     def _exited(self) -> None:
@@ -108,6 +114,9 @@ class ProcessCore:
     def send(self, command) -> None:
         if isinstance(command, AbortRequest):
             self._decoder.forget(command.request_id)
+            self._text.forget(command.request_id)
+        elif isinstance(command, AddRequest):
+            self._text.expect(command.request_id, command.params)
         self._commands.send(pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL))
 
     def shutdown(self, timeout_s: float) -> None:
@@ -146,7 +155,7 @@ def run_engine_process(args: EngineArgs, socket_dir: str, idle_wait_s: float, lo
     turns = _socket(context, zmq.PUSH)
     turns.connect(f"ipc://{socket_dir}/turns")
     try:
-        engine = Engine(args)
+        engine = Engine(args, text_elsewhere=True)
     except Exception as exc:
         turns.send(pickle.dumps(("failed", _picklable(exc))))
         context.destroy(linger=5000)

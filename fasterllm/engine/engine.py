@@ -30,7 +30,9 @@ logger = logging.getLogger("fasterllm")
 
 
 class Engine:
-    def __init__(self, args: EngineArgs):
+    def __init__(self, args: EngineArgs, text_elsewhere: bool = False):
+        """text_elsewhere: this engine runs in a process of its own, and the server's process decodes the text of the
+        requests that allow it (output_processor.text_decodable_elsewhere)."""
         args.validate()
         if args.data_parallel_size > 1:
             raise ValueError(f"data_parallel_size={args.data_parallel_size}: an Engine is one replica; data "
@@ -45,6 +47,7 @@ class Engine:
         self.model_name = checkpoint.source.name
         self.model_config = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
+        self.eos_token_ids = checkpoint.eos_token_ids
         positions = self.model_config.max_position_embeddings
         self.max_model_len = resolve_max_model_len(args.max_model_len, positions, positions,
                                                    f"max_position_embeddings={positions}")
@@ -74,10 +77,10 @@ class Engine:
         self.async_scheduling = self.device.type == "cuda" if args.async_scheduling is None else args.async_scheduling
         self.scheduler = (AsyncScheduler if self.async_scheduling else Scheduler)(
             self.scheduler_config, self.kv_cache, swap_space)
-        self.output_processor = OutputProcessor(self.tokenizer)
-        self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size, self._eos_ids())
+        self.output_processor = OutputProcessor(self.tokenizer, text_elsewhere)
+        self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         self.requests: dict[str, Request] = {}
-        self.forks = SequenceForks(self.requests, self.kv_cache, self.scheduler, self._eos_ids(), self.max_model_len)
+        self.forks = SequenceForks(self.requests, self.kv_cache, self.scheduler, self.eos_token_ids, self.max_model_len)
         self._in_flight: tuple[ScheduledBatch, PendingOutput] | None = None  # launched, tokens not read
         self._failed_lookahead: tuple[ScheduledBatch, Exception] | None = None  # its masks could not be applied
         self.startup_seconds = {"total": time.perf_counter() - start, "weights": self.executor.load_seconds,
@@ -99,9 +102,9 @@ class Engine:
         inputs = self.inputs.generation_inputs(prompt)
         search = None
         if isinstance(params, BeamSearchParams):
-            search, params = BeamSearch(params, self._eos_ids()), params.as_sampling_params()
+            search, params = BeamSearch(params, self.eos_token_ids), params.as_sampling_params()
         self.inputs.check_sampling_token_ids(params)
-        request = Request(request_id, inputs.prompt, inputs.token_ids, params, self._eos_ids(), self.max_model_len,
+        request = Request(request_id, inputs.prompt, inputs.token_ids, params, self.eos_token_ids, self.max_model_len,
                           arrival_time, inputs.encoder_prompt, inputs.encoder_token_ids)
         name_samples(request)
         request.bad_word_ids = self.inputs.bad_word_ids(params.bad_words)
@@ -115,8 +118,6 @@ class Engine:
             self.output_processor.add_request(request)
         return request
 
-    def _eos_ids(self) -> list[int]:
-        return self.tokenizer.eos_token_ids or self.model_config.eos_token_ids
 
     def abort_request(self, request_id: str, reason: str = "abort") -> None:
         """End a request as added (with its parallel samples) and free its blocks."""

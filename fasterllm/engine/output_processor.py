@@ -11,6 +11,7 @@ from fasterllm.engine.parallel_sampling import best_samples
 from fasterllm.engine.request import Request
 from fasterllm.loader.tokenizer import TokenizerWrapper
 from fasterllm.outputs import CompletionOutput, Logprob, RequestOutput
+from fasterllm.sampling_params import BeamSearchParams, SamplingParams
 from fasterllm.worker.step_messages import ModelRunnerOutput
 
 _CONTEXT_TOKENS = 6
@@ -69,27 +70,43 @@ class IncrementalDetokenizer:
         return self.text[:max(0, len(self.text) - self.hold_back)]
 
 
+def text_decodable_elsewhere(params: SamplingParams | BeamSearchParams) -> bool:
+    """Whether a request's text may be decoded outside the engine, from the token ids of its outputs: one sequence
+    (the best of several are chosen inside), no stop strings (the engine must see the text to stop there), not a
+    beam search (its hypotheses are decoded when it ends)."""
+    return isinstance(params, SamplingParams) and params.best_of == 1 and not params.stop_strings
+
+
+def detokenizer_for(tokenizer: TokenizerWrapper, prompt_token_ids: list[int],
+                    params: SamplingParams) -> IncrementalDetokenizer:
+    return IncrementalDetokenizer(tokenizer, prompt_token_ids, params.skip_special_tokens, params.stop_strings,
+                                  params.include_stop_str_in_output)
+
+
 class OutputProcessor:
-    def __init__(self, tokenizer: TokenizerWrapper):
+    def __init__(self, tokenizer: TokenizerWrapper, text_elsewhere: bool = False):
+        """text_elsewhere: the engine runs in a process of its own and the server's process decodes the text of
+        the requests text_decodable_elsewhere allows (their outputs here carry token ids and empty text)."""
         self.tokenizer = tokenizer
+        self.text_elsewhere = text_elsewhere
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
 
     def add_request(self, request: Request) -> None:
         params = request.sampling_params
-        self.detokenizers[request.request_id] = IncrementalDetokenizer(
-            self.tokenizer, request.prompt_token_ids, params.skip_special_tokens, params.stop_strings,
-            params.include_stop_str_in_output)
+        if not (self.text_elsewhere and text_decodable_elsewhere(params)):
+            self.detokenizers[request.request_id] = detokenizer_for(self.tokenizer, request.prompt_token_ids, params)
 
     def new_tokens(self, request: Request, token_ids: list[int]) -> str | None:
         """Detokenize a request's new tokens; returns a stop string if one was found."""
-        return self.detokenizers[request.request_id].add_tokens(token_ids)
+        detokenizer = self.detokenizers.get(request.request_id)
+        return None if detokenizer is None else detokenizer.add_tokens(token_ids)
 
     def make_output(self, head: Request) -> RequestOutput:
         """The output of a request and its parallel samples (head.family), under the head's id."""
         params = head.sampling_params
         tracked = params.logprobs is not None or params.ranks_samples
         completions = [CompletionOutput(
-            index=index, text=self.detokenizers[member.request_id].visible_text(member.finished),
+            index=index, text=self._text(member),
             token_ids=list(member.output_token_ids),
             cumulative_logprob=member.cumulative_logprob if tracked else None, logprobs=member.logprobs,
             finish_reason=member.finish_reason, stop_reason=member.stop_reason)
@@ -97,10 +114,14 @@ class OutputProcessor:
         finished = all(member.finished for member in head.family)
         if finished:
             for member in head.family:
-                del self.detokenizers[member.request_id]
+                self.detokenizers.pop(member.request_id, None)
             completions = best_samples(completions, params)
         return RequestOutput(head.request_id, head.prompt, head.prompt_token_ids, completions,
                              finished, head.metrics, head.prompt_logprobs, head.encoder_prompt, head.encoder_token_ids)
+
+    def _text(self, request: Request) -> str:
+        detokenizer = self.detokenizers.get(request.request_id)
+        return "" if detokenizer is None else detokenizer.visible_text(request.finished)
 
     def record_logprobs(self, rows: list[Request | None], result: ModelRunnerOutput) -> None:
         """Each sampled row's logprobs into its request (rows: the request of each row; None skipped)."""

@@ -46,6 +46,11 @@ class Checkpoint:
     stored: StoredQuantization | None = None
 
     @property
+    def eos_token_ids(self) -> list[int]:
+        """The ids that end generation: the tokenizer's, else the model config's."""
+        return self.tokenizer.eos_token_ids or self.config.eos_token_ids
+
+    @property
     def stored_layout(self) -> str | None:
         return None if self.stored is None else self.stored.layout
 

@@ -1,0 +1,46 @@
+"""Text decoded in the server's process (an engine in a process of its own sends token ids) equals the text the engine
+makes itself, output by output: eos at the end (decoded or not), special tokens kept, characters split over tokens,
+and the requests whose text the engine keeps (stop strings, several samples)."""
+from __future__ import annotations
+
+import pytest
+
+from fasterllm import SamplingParams
+from fasterllm.config import EngineArgs
+from fasterllm.engine.engine import Engine
+from fasterllm.engine.server_side_text import ServerSideText
+
+
+@pytest.fixture(scope="module")
+def engines():
+    args = dict(dtype="float32", device="cpu", cpu_kv_cache_gib=0.25, max_model_len=512)
+    return Engine(EngineArgs(**args)), Engine(EngineArgs(**args), text_elsewhere=True)
+
+
+def test_text_decoded_on_the_server_side_equals_the_engines_own(engines):
+    whole, elsewhere = engines
+    chat = whole.tokenizer.encode_chat([{"role": "user", "content": "Say hello."}], True)
+    requests = {
+        "eos, special tokens kept": (chat, SamplingParams(temperature=0, max_tokens=48,
+                                                     skip_special_tokens=False)),
+        "eos": (chat, SamplingParams(temperature=0, max_tokens=48)),
+        "emoji": ("Three emoji in a row: 🙂", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)),
+        "stop string": ("The capital of France is", SamplingParams(temperature=0, max_tokens=16, stop=[" is"])),
+        "two samples": ("Once upon a time", SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=8)),
+    }
+    server_side = ServerSideText(elsewhere.tokenizer, elsewhere.eos_token_ids)
+    for request_id, (prompt, params) in requests.items():
+        whole.add_request(request_id, prompt, params)
+        elsewhere.add_request(request_id, prompt, params)
+        server_side.expect(request_id, params)
+    ends = {}
+    while whole.has_unfinished_requests():
+        expected, got = whole.step(), elsewhere.step()
+        server_side.fill([(output.request_id, output) for output in got])
+        assert [(o.request_id, o.outputs) for o in got] == [(o.request_id, o.outputs) for o in expected]
+        ends.update({o.request_id: o.outputs[0] for o in expected if o.finished})
+    assert not elsewhere.has_unfinished_requests()
+    # the cases happened: an eos ended the chat replies (not decoded, even where special tokens are kept)
+    assert ends["eos"].finish_reason == ends["eos, special tokens kept"].finish_reason == "stop"
+    assert ends["eos, special tokens kept"].text == ends["eos"].text != ""
+    assert ends["stop string"].stop_reason == " is"
