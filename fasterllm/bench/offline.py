@@ -11,7 +11,7 @@ from fasterllm.bench.sharegpt_like import INPUT_MAX, INPUT_MEDIAN, MIN_LEN, OUTP
 from fasterllm.bench.stats import percentile
 from fasterllm.config import EngineArgs
 from fasterllm.engine.engine import Engine
-from fasterllm.sampling_params import BeamSearchParams, SamplingParams
+from fasterllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 
 def random_prompts(engine: Engine, num_prompts: int, input_len: int, seed: int = 0,
@@ -29,19 +29,26 @@ def random_prompts(engine: Engine, num_prompts: int, input_len: int, seed: int =
 
 
 def run_engine(engine: Engine, prompts: list[list[int]], output_len: int | list[int],
-               late_prompt: list[int] | None = None, sequences: int = 1, beam_search: bool = False) -> dict[str, float]:
+               late_prompt: list[int] | None = None, sequences: int = 1, beam_search: bool = False,
+               final_only: bool = False) -> dict[str, float]:
     """All prompts arrive at once; late_prompt (if any) arrives once every one of them is decoding.
 
     output_len: one for all, or each prompt's. sequences > 1: that many per prompt, sampled (n, temperature 1) or,
     with beam_search, beams. Inter-token latencies (ITL) are those of the prompts' requests, the late one excluded.
+    final_only: each request yields its final output only, as LLM.generate asks; TTFT and TPOT then come from the
+    requests' timestamps, and there is no ITL.
     """
+    if final_only and late_prompt is not None:
+        raise ValueError("a late prompt arrives once every request is decoding, which only outputs every step show; "
+                         "drop --final-only or --long-prompt-len")
+    kind = RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.CUMULATIVE
     output_lens = output_len if isinstance(output_len, list) else [output_len] * len(prompts)
 
     def params(max_tokens: int) -> SamplingParams | BeamSearchParams:
         if beam_search:
             return BeamSearchParams(beam_width=sequences, max_tokens=max_tokens, ignore_eos=True)
         return SamplingParams(n=sequences, temperature=0.0 if sequences == 1 else 1.0, seed=0, max_tokens=max_tokens,
-                              ignore_eos=True)
+                              ignore_eos=True, output_kind=kind)
 
     start = time.perf_counter()
     wall_start = time.time()
@@ -67,6 +74,9 @@ def run_engine(engine: Engine, prompts: list[list[int]], output_len: int | list[
     ttft = [o.metrics.time_to_first_token for o in finished if o.request_id in token_times]
     itl = [b - a for times in token_times.values() for a, b in zip(times, times[1:])]
     tpot = [(times[-1] - times[0]) / (len(times) - 1) for times in token_times.values() if len(times) > 1]
+    if final_only:
+        tpot = [(o.metrics.last_token_time - o.metrics.first_token_time) / (len(o.outputs[0].token_ids) - 1)
+                for o in finished if len(o.outputs[0].token_ids) > 1]
     return {"seconds": elapsed, "requests_per_s": len(prompts) / elapsed,
             "output_tokens_per_s": sum(output_lens) * sequences / elapsed,
             "ttft_median_ms": 1e3 * statistics.median(ttft), "ttft_max_ms": 1e3 * max(ttft),
@@ -135,9 +145,11 @@ def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
 def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output_len: int,
                       with_transformers: bool, repeats: int = 3, shared_prefix_len: int = 0,
                       long_prompt_len: int = 0, input_len_max: int | None = None, sequences: int = 1,
-                      beam_search: bool = False, sharegpt_like: bool = False) -> dict[str, dict[str, float]]:
+                      beam_search: bool = False, sharegpt_like: bool = False,
+                      final_only: bool = False) -> dict[str, dict[str, float]]:
     """sharegpt_like: workload (e), each request's prompt and output lengths from bench/sharegpt_like.py (input_len
-    and output_len then only size the warm-up and the length checks' upper bounds)."""
+    and output_len then only size the warm-up and the length checks' upper bounds). final_only: requests yield only
+    their final output (run_engine)."""
     if sharegpt_like:
         input_len, input_len_max, output_len = MIN_LEN, INPUT_MAX, OUTPUT_MAX
     if min(num_prompts, input_len, output_len, repeats) < 1 or min(shared_prefix_len, long_prompt_len) < 0:
@@ -187,7 +199,7 @@ def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output
                                      input_len_max)
             output_lens = [output_len] * num_prompts
         late = random_prompts(engine, 1, long_prompt_len, 10**6 + 1 + repeat)[0] if long_prompt_len else None
-        ours_runs.append(run_engine(engine, prompts, output_lens, late, sequences, beam_search))
+        ours_runs.append(run_engine(engine, prompts, output_lens, late, sequences, beam_search, final_only))
         if hf_model is not None:
             hf_runs.append(run_transformers(hf_model, prompts, output_len, sequences, beam_search))
     ours = _median_run(ours_runs)

@@ -160,7 +160,7 @@ def cmd_bench(ns: argparse.Namespace) -> None:
 
     run_offline_bench(engine_args_from(ns), ns.num_prompts, ns.input_len, ns.output_len, not ns.no_hf, ns.repeats,
                       ns.shared_prefix_len, ns.long_prompt_len, ns.input_len_max, ns.beam_width or ns.n,
-                      bool(ns.beam_width), ns.sharegpt_like)
+                      bool(ns.beam_width), ns.sharegpt_like, ns.final_only)
 
 
 def cmd_serve(ns: argparse.Namespace) -> None:
@@ -298,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="every prompt starts with the same random prefix of this many tokens")
     bench.add_argument("--long-prompt-len", type=int, default=0,
                        help="one prompt of this many tokens arrives once the others are decoding (ITL under load)")
+    bench.add_argument("--final-only", action="store_true",
+                       help="each request yields only its final output, as LLM.generate (and vLLM's throughput "
+                            "benchmark) asks: no output is built each step; no ITL figures")
     add_engine_args(bench)
     bench.set_defaults(func=cmd_bench)
     add_serve_parsers(sub, bench)

@@ -85,6 +85,22 @@ def test_bench_runs_ours_and_transformers_and_prints_the_ratio(tmp_path):
     assert "ratio (output tok/s, fasterllm / transformers):" in result.stdout
 
 
+def test_bench_final_only_takes_latencies_from_the_requests_timestamps(tmp_path):
+    sys.path.insert(0, str(Path(__file__).parents[1] / "parity"))
+    from parity_utils import TINY_SPECS, build_tiny_model
+
+    build_tiny_model(TINY_SPECS[0], tmp_path)
+    common = ["bench", "--num-prompts", "3", "--input-len", "8", "--output-len", "6", "--repeats", "1", "--no-hf",
+              "--dtype", "float32", "--model", str(tmp_path), "--cpu-kv-cache-gib", "0.1", "--final-only"]
+    result = run(common)
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("fasterllm     :"))
+    tpot = float(line.split("TPOT median ")[1].split(" ms")[0])
+    assert tpot > 0 and "ITL p50/p99/max nan/nan/nan" in line
+    refused = run([*common, "--long-prompt-len", "16"])
+    assert refused.returncode == 2 and "drop --final-only or --long-prompt-len" in refused.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["generate", "--model", "/no/such/model", "hi"], "error: Model '/no/such/model' is neither an existing path"),
     (["generate", "--temperature", "-1", "hi"], "error: temperature=-1.0 is out of range"),
