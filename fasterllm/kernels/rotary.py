@@ -38,13 +38,16 @@ def _rotate_heads(x_ptr, stride_h, cos_lo, cos_hi, sin_lo, sin_hi, NUM_HEADS: tl
 
 @triton.jit
 def _rotary_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, cos_sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale,
-                   v_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_table,
+                   v_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_table, table_rows,
                    stride_kb, stride_ks, stride_kch, stride_vb, stride_vs, stride_vch,
                    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
                    BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
                    STORE_KV: tl.constexpr, BLOCK_SIZE: tl.constexpr, CAST_ROUNDS: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
-    row = cos_sin_ptr + tl.load(positions_ptr + token).to(tl.int64) * stride_table
+    # a position past the table (start-up's synthetic batches: a piecewise graph's warm-up is one sequence of up to
+    # 512 tokens whatever max_model_len, the table's rows) reads its last row, not the memory after it
+    position = tl.minimum(tl.maximum(tl.load(positions_ptr + token).to(tl.int64), 0), table_rows - 1)
+    row = cos_sin_ptr + position * stride_table
     dims = tl.arange(0, BLOCK_HALF)[None, :]
     mask = dims < HALF
     cos_lo = tl.load(row + dims, mask=mask, other=0.0).to(tl.float32)
@@ -102,7 +105,7 @@ def _launch(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor, cos
     _rotary_kernel[(num_tokens,)](
         query, key, value, positions, cos_sin, key_cache, value_cache, slot_mapping, k_scale, v_scale, query.stride(0),
         query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1), cos_sin.stride(0),
-        *cache_strides, NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=key.shape[1], HALF=half,
+        cos_sin.shape[0], *cache_strides, NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=key.shape[1], HALF=half,
         BLOCK_QH=triton.next_power_of_2(num_q_heads), BLOCK_KH=triton.next_power_of_2(key.shape[1]),
         BLOCK_HALF=triton.next_power_of_2(half), STORE_KV=store is not None,
         BLOCK_SIZE=key_cache.shape[1] if store else 1, CAST_ROUNDS=cast_rounds(key))

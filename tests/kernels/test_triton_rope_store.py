@@ -8,6 +8,7 @@ import torch
 from fasterllm.layers.attention import AttentionMetadata, KernelInputs, attend_with_kernels, paged_attention
 from fasterllm.layers.attention import store_kv as store_kv_torch
 from fasterllm.layers.rotary import RotaryEmbedding, apply_rotary as apply_rotary_reference, rope_inv_freq
+from fasterllm.worker.piecewise_graphs import piecewise_token_sizes
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytest.importorskip("triton")
@@ -77,6 +78,35 @@ def run(num_tokens, num_heads, num_kv_heads, head_dim, dtype, block_size=16, num
 @pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32])
 def test_matches_rotary_then_store(dtype, slot_dtype):
     run(9, 4, 2, 64, dtype, scaling=LLAMA3, slot_dtype=slot_dtype)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_positions_past_the_table_read_its_last_row_not_the_memory_after_it(fused):
+    """The piecewise graphs' warm-up runs one sequence of up to 512 tokens (positions 0..511) whatever max_model_len,
+    the table's rows (256 in tests/parity/test_gpu_gguf_k_quants.py): rows past the table were read from whatever
+    memory followed it (an illegal memory access on an H100 where that was unmapped). Here the table is the first
+    rows of a buffer whose next rows are NaN: a position past it reads the last row instead."""
+    rows, size, dtype = 256, max(piecewise_token_sizes(8192)), torch.float16
+    rotary = RotaryEmbedding(64, rows, rope_inv_freq(64, 10000.0, None), DEVICE, dtype)
+    guarded = torch.full((2 * rows, rotary.cos_sin.shape[1]), float("nan"), dtype=dtype, device=DEVICE)
+    guarded[:rows] = rotary.cos_sin
+    table = guarded[:rows]  # the exact table, NaN after its end
+    torch.manual_seed(0)
+    qkv = torch.randn(size, 4 + 2 * 2, 64, device=DEVICE).to(dtype)
+    cache = torch.zeros(2, 4, 16, 2, 64, dtype=dtype, device=DEVICE)
+    positions = torch.arange(size, device=DEVICE)  # what InputBuffers.stage gives one sequence of `size` tokens
+    outputs = []
+    for where in (positions, positions.clamp(max=rows - 1)):
+        rotated = qkv.clone()
+        query, key, value = split(rotated, 4, 2)
+        if fused:  # slots -1: stored nowhere, as in the warm-up
+            rotary_and_store_kv(query, key, value, where, table, cache[0], cache[1],
+                                torch.full((size,), -1, device=DEVICE))
+        else:
+            apply_rotary(query, key, where, table)
+        outputs.append(rotated)
+    assert size > rows and not outputs[0].isnan().any()
+    assert torch.equal(outputs[0], outputs[1])
 
 
 def test_three_query_heads_per_kv_head_odd_kv_heads_head_dim_96_block_32():
