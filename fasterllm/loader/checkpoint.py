@@ -100,12 +100,14 @@ def open_checkpoint(model: str | None, tokenizer: str | None = None) -> Checkpoi
     model_dir = Path(source.path)
     quantized = stored_quantization(model_dir)
     kv_scales = kv_cache_scales_of(model_dir, config)
+    # declared KV-cache scales go to the attention layers, not to parameters (undeclared ones reach the model's loader,
+    # which names them)
+    stream = without_kv_cache_scales if kv_scales is not None else (lambda weights: weights)
     if quantized is not None:
-        weights = lambda: without_kv_cache_scales(quantized.weights(model_dir))  # noqa: E731
+        weights = lambda: stream(quantized.weights(model_dir))  # noqa: E731
         return Checkpoint(source, config, tok, weights, _no_parts, stored=quantized, kv_cache_scales=kv_scales)
-    return Checkpoint(source, config, tok, lambda: without_kv_cache_scales(iter_safetensors(model_dir)),
-                      lambda: without_kv_cache_scales(iter_safetensors(model_dir, lazy=True)),
-                      kv_cache_scales=kv_scales)
+    return Checkpoint(source, config, tok, lambda: stream(iter_safetensors(model_dir)),
+                      lambda: stream(iter_safetensors(model_dir, lazy=True)), kv_cache_scales=kv_scales)
 
 
 def _no_parts():

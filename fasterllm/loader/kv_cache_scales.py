@@ -16,8 +16,10 @@ from pathlib import Path
 
 import torch
 
+from fasterllm.config import ModelConfig
 from fasterllm.loader.hf_checkpoint import iter_safetensors, read_json
-from fasterllm.loader.weight_parts import read_whole
+from fasterllm.loader.weight_parts import WeightSource, read_whole
+from fasterllm.seq2seq_config import Seq2SeqConfig, T5Config
 
 # model.layers.N.self_attn.{k,v,q}_scale, or the older model.layers.N.self_attn.{k,v}_proj.output_scale
 _SCALE_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.(?:([kvq])_scale|([kv])_proj\.output_scale)$")
@@ -30,17 +32,13 @@ _PER_HEAD_FIX = ("fasterllm's fp8 KV cache takes one K and one V scale per layer
                  "checkpoint with llm-compressor's kv_cache_scheme strategy 'tensor'")
 
 
-def is_kv_cache_scale(name: str) -> bool:
-    """Whether a checkpoint tensor is a KV-cache (or query) scale of an attention layer."""
-    return _SCALE_NAME.search(name) is not None
+def without_kv_cache_scales(weights: Iterable[tuple[str, WeightSource]]) -> Iterator[tuple[str, WeightSource]]:
+    """A weight stream without its KV-cache (and query) scales: they go to the attention layers, not to parameters."""
+    return ((name, tensor) for name, tensor in weights if _SCALE_NAME.search(name) is None)
 
 
-def without_kv_cache_scales(weights: Iterable[tuple[str, object]]) -> Iterator[tuple[str, object]]:
-    """A weight stream without its KV-cache scales (they go to the attention layers, not to parameters)."""
-    return ((name, tensor) for name, tensor in weights if not is_kv_cache_scale(name))
-
-
-def kv_cache_scales_of(model_dir: Path, config) -> list[tuple[float, float]] | None:
+def kv_cache_scales_of(model_dir: Path, config: ModelConfig | Seq2SeqConfig | T5Config
+                       ) -> list[tuple[float, float]] | None:
     """(k_scale, v_scale) of each layer of a decoder-only checkpoint that declares a kv_cache_scheme; None where it
     declares none."""
     if not declares_kv_cache_scales(model_dir):

@@ -160,6 +160,9 @@ def test_scales_it_cannot_run_are_errors_naming_the_tensor_the_value_and_the_fix
             strategy="attn_head")
     refused([(0.01, 0.01)] * 2, r"kv_cache_scheme .*'num_bits': 4.* is not supported; supported: a kv_cache_scheme of "
             r"8-bit floats", num_bits=4)
+    (tmp_path / "config.json").write_text(original[1])  # scales the config does not declare: not weights either
+    with pytest.raises(ValueError, match=r"checkpoint tensor 'model.layers.0.self_attn.k_scale' does not belong"):
+        LLM(str(tmp_path), device="cpu", num_kv_blocks=16, kv_cache_dtype="fp8")
 
 
 def test_swap_prefix_caching_and_chunks_read_the_scaled_cache_back_unchanged(tmp_path):
@@ -198,3 +201,18 @@ def test_a_quantized_checkpoint_runs_its_codes_and_its_kv_cache_scales(tmp_path)
     # the int8 layer multiplies bf16 activations (test_compressed_tensors.py's tolerance for it against fp32)
     for engine, reference in zip(engine_logprobs(llm), reference_logprobs(model, scales)):
         torch.testing.assert_close(engine, reference, atol=0.08, rtol=0.02)
+
+
+def test_every_tensor_parallel_rank_runs_the_whole_layers_scales(tmp_path):
+    model = build_tiny_model(SPEC, tmp_path)
+    scales = calibrated_scales(model)
+    add_kv_cache_scales(tmp_path, scales)
+    llm = LLM(str(tmp_path), dtype="float32", device="cpu", num_kv_blocks=64, block_size=8, tensor_parallel_size=2)
+    try:
+        ours = engine_logprobs(llm)
+    finally:
+        llm.engine.shutdown()
+    # each rank's KV head (of 2) through its layer's one scale: the one-device tolerance (the all-reduce only adds
+    # fp32 noise)
+    for engine, reference in zip(ours, reference_logprobs(model, scales)):
+        torch.testing.assert_close(engine, reference, atol=2e-4, rtol=0)
