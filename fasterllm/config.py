@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from fasterllm.cpu_features import bf16_path_note, cpu_features
+from fasterllm.layers.kv_cache_dtype import FP8_KV_DTYPE
 
 logger = logging.getLogger("fasterllm")
 
@@ -205,8 +206,8 @@ class EngineArgs:
     # "dummy": random weights of the checkpoint's shape (config.json alone is enough): for benchmarks
     load_format: str = "auto"
     quantization: str | None = None  # one of QUANTIZATION_METHODS (layers/quantization/), None: float weights
-    # "auto": the KV cache in the model's dtype; "fp8" (or "fp8_e4m3"): e4m3 with a per-tensor scale per layer,
-    # half the bytes of bf16 per token
+    # "auto": the KV cache in the model's dtype (fp8 where the checkpoint carries KV-cache scales); "fp8" (or
+    # "fp8_e4m3"): e4m3 with a per-tensor scale per layer (the checkpoint's, else 1.0), half the bytes of bf16 per token
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"  # or "swap": copy a preempted request's KV to a CPU pool
@@ -288,8 +289,14 @@ class EngineArgs:
             raise ValueError(f"device={self.device!r} is not supported; use 'cpu', 'cuda' or 'auto'")
         return device
 
-    def resolve_cache_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        """The KV cache's element type for a model run in dtype."""
+    def resolve_cache_dtype(self, dtype: torch.dtype, checkpoint_has_kv_scales: bool = False) -> torch.dtype:
+        """The KV cache's element type for a model run in dtype. A checkpoint with KV-cache scales (compressed-tensors'
+        kv_cache_scheme) was calibrated for an fp8 cache: "auto" runs one with its scales, as vLLM does."""
+        if self.kv_cache_dtype == "auto" and checkpoint_has_kv_scales:
+            logger.info("%s carries fp8 KV-cache scales (a kv_cache_scheme): kv_cache_dtype='auto' runs an fp8 KV "
+                        "cache with them, as vLLM does; remove kv_cache_scheme from its config.json for a cache in the "
+                        "model's dtype", self.model)
+            return FP8_KV_DTYPE
         return KV_CACHE_DTYPES[self.kv_cache_dtype] or dtype
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
@@ -318,7 +325,7 @@ class SchedulerConfig:
 
 
 # kv_cache_dtype's names: None keeps the model's dtype
-KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
+KV_CACHE_DTYPES = {"auto": None, "fp8": FP8_KV_DTYPE, "fp8_e4m3": FP8_KV_DTYPE}
 
 # what an attention layer keeps in the paged KV cache
 KV_CACHE_KINDS = ("full", "sliding_window", "cross", "none")

@@ -42,7 +42,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="quantized at load: int8 / int4 weight-only, w8a8 (INT8 weights and activations), fp8 (Hopper "
                         "GPUs); gguf: a GGUF's Q4_0/Q4_1/Q4_K/Q5_K/Q6_K/Q8_0 blocks as stored (README: Quantization)")
     g.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default=defaults.kv_cache_dtype,
-                   help="auto: the model's dtype; fp8 (= fp8_e4m3): e4m3 K/V, half the bytes of bf16 per token")
+                   help="auto: the model's dtype (fp8 for a checkpoint with KV-cache scales); fp8 (= fp8_e4m3): e4m3 "
+                        "K/V with the checkpoint's scales (else 1.0), half the bytes of bf16 per token")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=defaults.tensor_parallel_size,
                    help="shard the model over this many GPUs (one process each)")
     g.add_argument("--distributed-executor-backend", choices=["uni", "mp", "ray"], default=None,

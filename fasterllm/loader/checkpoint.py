@@ -13,6 +13,7 @@ from fasterllm.layers.quantization.gguf import BlockLayout
 from fasterllm.loader.gguf_checkpoint import GGUFFile
 from fasterllm.loader.prequantized import StoredQuantization, stored_quantization
 from fasterllm.loader.hf_checkpoint import iter_safetensors, load_hf_config
+from fasterllm.loader.kv_cache_scales import kv_cache_scales_of, without_kv_cache_scales
 from fasterllm.loader.model_source import ModelSource, resolve_model
 from fasterllm.loader.tokenizer import (
     TokenizerWrapper,
@@ -44,6 +45,9 @@ class Checkpoint:
     # its layout, the layer its codes run as; its name for messages): `weights` then yields its projections' codes
     # and scales. None: float
     stored: StoredQuantization | None = None
+    # (k_scale, v_scale) of each layer for an fp8 KV cache, when the checkpoint carries them (loader/kv_cache_scales.py;
+    # its weight streams then leave them out); None: it carries none
+    kv_cache_scales: list[tuple[float, float]] | None = None
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -98,12 +102,17 @@ def open_checkpoint(model: str | None, tokenizer: str | None = None) -> Checkpoi
     config = load_hf_config(source.path)  # an unsupported architecture is the first thing it reports
     tok_dir = source.path if tokenizer is None else Path(resolve_model(tokenizer).path)
     tok = load_hf_tokenizer(tok_dir, config.eos_token_ids)
-    quantized = stored_quantization(Path(source.path))
+    model_dir = Path(source.path)
+    quantized = stored_quantization(model_dir)
+    kv_scales = kv_cache_scales_of(model_dir, config)
+    # declared KV-cache scales go to the attention layers, not to parameters (undeclared ones reach the model's loader,
+    # which names them)
+    stream = without_kv_cache_scales if kv_scales is not None else (lambda weights: weights)
     if quantized is not None:
-        weights = lambda: quantized.weights(Path(source.path))  # noqa: E731
-        return Checkpoint(source, config, tok, weights, _no_parts, stored=quantized)
-    return Checkpoint(source, config, tok, lambda: iter_safetensors(source.path),
-                      lambda: iter_safetensors(source.path, lazy=True))
+        weights = lambda: stream(quantized.weights(model_dir))  # noqa: E731
+        return Checkpoint(source, config, tok, weights, _no_parts, stored=quantized, kv_cache_scales=kv_scales)
+    return Checkpoint(source, config, tok, lambda: stream(iter_safetensors(model_dir)),
+                      lambda: stream(iter_safetensors(model_dir, lazy=True)), kv_cache_scales=kv_scales)
 
 
 def _no_parts():

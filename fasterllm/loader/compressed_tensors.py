@@ -13,6 +13,8 @@ Storage, per projection (inputs K, outputs N, G groups): weight int8 or e4m3 [N,
 tensor: [1]); or weight_packed int32 [N, K / 8] (input 8 i + j in bits 4 j of word i, each code stored plus 8),
 weight_scale [N, G], weight_zero_point int32 [N / 8, G] (packed the same way along the outputs; symmetric: none) and
 weight_shape. weight = scale * (code - zero point).
+A kv_cache_scheme (with one of these schemes, or alone over float weights) carries the fp8 KV cache's scales:
+loader/kv_cache_scales.py reads them.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from fasterllm.loader.hf_checkpoint import iter_safetensors
 SUPPORTED = ("compressed-tensors checkpoints of one scheme over the Linear layers with the output head ignored: W8A8 "
              "(int8 per channel, dynamic per-token int8 activations), W8A16 (int8 per channel), FP8 (e4m3 per channel "
              "or per tensor, dynamic per-token activations) or W4A16 (4-bit in groups of a multiple of 32, or per "
-             "channel)")
+             "channel), each with or without a kv_cache_scheme; or a kv_cache_scheme alone over float weights")
 # the layer each scheme's projections become (layers/quantization: STORED_LINEARS)
 LAYOUTS = {"W8A8": "w8a8", "W8A16": "int8", "FP8": "fp8", "W4A16": "int4"}
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
@@ -55,9 +57,10 @@ class CompressedTensorsCheckpoint:
         return f"compressed-tensors {self.scheme}"
 
     @staticmethod
-    def of(raw: dict, model_dir: Path) -> CompressedTensorsCheckpoint:
-        """The scheme of a quantization_config with quant_method "compressed-tensors"; one this engine does not run
-        is a ValueError naming what it found."""
+    def of(raw: dict, model_dir: Path) -> CompressedTensorsCheckpoint | None:
+        """The scheme of a quantization_config with quant_method "compressed-tensors"; None where it quantizes
+        nothing but the KV cache (float weights, loader/kv_cache_scales.py reads its scales). One this engine does
+        not run is a ValueError naming what it found."""
         groups = list((raw.get("config_groups") or {}).values())
         ignored = [name for name in raw.get("ignore") or [] if name != "lm_head"]
 
@@ -65,12 +68,14 @@ class CompressedTensorsCheckpoint:
             return ValueError(f"{model_dir} is a compressed-tensors checkpoint with {what}, which is not supported; "
                               f"supported: {SUPPORTED}")
 
+        if raw.get("sparsity_config") or raw.get("transform_config"):
+            raise refuse("sparsity or transform settings")
+        if not groups and raw.get("kv_cache_scheme"):
+            return None
         if len(groups) != 1 or groups[0].get("targets") != ["Linear"]:
             raise refuse(f"{len(groups)} config groups targeting {[g.get('targets') for g in groups]}")
         if ignored or "lm_head" not in (raw.get("ignore") or []):
             raise refuse(f"ignore={raw.get('ignore')}")
-        if raw.get("sparsity_config") or raw.get("kv_cache_scheme") or raw.get("transform_config"):
-            raise refuse("sparsity, KV cache or transform settings")
         weights, inputs = groups[0].get("weights") or {}, groups[0].get("input_activations")
         kind = (weights.get("type"), weights.get("num_bits"), weights.get("strategy"))
         dynamic_tokens = inputs is not None and inputs.get("dynamic") is True and inputs.get("strategy") == "token"

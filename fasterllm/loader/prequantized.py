@@ -44,7 +44,8 @@ _INT8_ZERO = 128  # 8-bit GPTQ's symmetric zero point: code - 128 is the int8 va
 
 def stored_quantization(model_dir: Path) -> StoredQuantization | None:
     """The checkpoint's quantization (config.json's quantization_config, or GPTQ's quantize_config.json); None for a
-    float checkpoint. One it does not run is a ValueError naming it."""
+    float checkpoint (one whose compressed-tensors config quantizes only the KV cache too). One it does not run is a
+    ValueError naming it."""
     raw = read_json(model_dir / "config.json").get("quantization_config")
     if raw is None and (model_dir / "quantize_config.json").is_file():
         raw = {"quant_method": "gptq", **read_json(model_dir / "quantize_config.json")}

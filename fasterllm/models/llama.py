@@ -145,6 +145,15 @@ class LlamaForCausalLM(nn.Module):
         """What each layer caches, in layer order."""
         return [layer.attn.kv_spec for layer in self.layers]
 
+    def set_kv_cache_scales(self, scales: list[tuple[float, float]]) -> None:
+        """Each layer's (k_scale, v_scale) of an fp8 KV cache, in layer order (every rank: a scale covers all of a
+        layer's KV heads)."""
+        if len(scales) != len(self.layers):
+            raise ValueError(f"{len(scales)} layers' KV-cache scales for a model of {len(self.layers)} layers; the "
+                             "checkpoint and its config disagree")
+        for layer, layer_scales in zip(self.layers, scales):
+            layer.attn.kv_scales = layer_scales
+
     def pack_for_cpu(self) -> None:
         """Reorder every projection's weight (and the head's, once head_as_linear made it a Linear) for oneDNN."""
         pack_linears(self)

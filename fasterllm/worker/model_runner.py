@@ -13,6 +13,7 @@ import torch
 from fasterllm.config import CacheConfig, KVCacheSpec, ModelConfig, SchedulerConfig
 from fasterllm.distributed.tensor_parallel import SINGLE_DEVICE, TensorParallel
 from fasterllm.layers.attention import AttentionMetadata
+from fasterllm.layers.kv_cache_dtype import FP8_KV_DTYPE
 from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.worker.beam_search import select_beams, selection_on_host, stage_search_rows
 from fasterllm.worker.cuda_graphs import DecodeGraphs
@@ -58,12 +59,16 @@ class ModelRunner:
     def __init__(self, checkpoint: Checkpoint, max_model_len: int, device: torch.device, dtype: torch.dtype,
                  load_format: str = "auto", quantization: str | None = None, tp: TensorParallel = SINGLE_DEVICE,
                  cache_dtype: torch.dtype | None = None):
-        """cache_dtype: the KV cache's (float8_e4m3fn: fp8 K/V with the attention layers' scales); None: dtype."""
+        """cache_dtype: the KV cache's (float8_e4m3fn: fp8 K/V with the attention layers' scales, the checkpoint's
+        where it carries them, else 1.0); None: dtype."""
         self.model_config: ModelConfig = checkpoint.config
         self.device, self.dtype = device, dtype
         self.cache_dtype = cache_dtype or dtype
         start = time.perf_counter()
         self.model = build_decoder(checkpoint, max_model_len, device, dtype, load_format, quantization, tp=tp)
+        if self.cache_dtype == FP8_KV_DTYPE and checkpoint.kv_cache_scales is not None:
+            # floats fixed for the engine's life, set before any CUDA graph captures them as kernel arguments
+            self.model.set_kv_cache_scales(checkpoint.kv_cache_scales)
         self.kv_specs = _cache_layers(self.model.kv_cache_specs())
         self.encoder_decoder = self.model_config.is_encoder_decoder
         self.load_seconds = time.perf_counter() - start

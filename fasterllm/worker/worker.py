@@ -48,7 +48,7 @@ def init_worker(config: WorkerConfig, rank: int = 0, init_method: str | None = N
         tp = replace(tp, symmetric=try_symmetric_all_reduce(checkpoint.config.hidden_size, config.dtype,
                                                                         device))
     runner = ModelRunner(checkpoint, config.max_model_len, device, config.dtype, args.load_format, args.quantization,
-                         tp, args.resolve_cache_dtype(config.dtype))
+                         tp, args.resolve_cache_dtype(config.dtype, checkpoint.kv_cache_scales is not None))
     runner.prepare_inputs(args.block_size, config.sched)
     return runner
 
