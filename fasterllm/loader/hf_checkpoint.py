@@ -108,7 +108,8 @@ def _latent_attention_fields(raw: dict[str, Any]) -> dict[str, Any]:
 def _deepseek_expert_fields(raw: dict[str, Any]) -> dict[str, Any]:
     """DeepSeek-V2: softmax scores, the top num_experts_per_tok (within the topk_group best of n_group groups under
     group_limited_greedy) times routed_scaling_factor, n_shared_experts ungated shared experts as one FFN, dense
-    layers before first_k_dense_replace and off every moe_layer_freq-th layer."""
+    layers before first_k_dense_replace and off every moe_layer_freq-th layer. norm_topk_prob (false in the released
+    V2 configs; transformers ignores it) renormalizes the top weights before the scale, as DeepSeek-V3 does."""
     method, scoring = raw.get("topk_method") or "greedy", raw.get("scoring_func") or "softmax"
     if method not in ("greedy", "group_limited_greedy") or scoring != "softmax":
         raise ValueError(f"topk_method={method!r} with scoring_func={scoring!r} is not supported for "
