@@ -200,7 +200,7 @@ SMOLLM2_TEXTS = [
 @dataclass(frozen=True)
 class TinySpec:
     name: str
-    family: str  # llama, mistral, phi3, qwen2, qwen3
+    family: str  # a tiny_config key: llama, mistral, phi3, qwen2, qwen3, the Gemmas, the mixtures of experts, deepseek_v2
     num_heads: int = 4
     num_kv_heads: int = 2
     head_dim: int = 16

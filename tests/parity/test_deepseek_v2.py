@@ -1,5 +1,5 @@
-"""DeepSeek-V2 beyond the shared family tests (test_logits.py, test_generation.py run its tiny specs): prefix-cache
-hits, the features the parity checks are sure to exercise, what its KV cache holds, dummy weights, and the refusals
+"""DeepSeek-V2 beyond the shared family tests (test_logits.py, test_generation.py run its tiny specs): fp32 logits
+within 1e-4 of transformers in a mixed batch, prefix-cache hits, the features the parity checks are sure to exercise, what its KV cache holds, dummy weights, and the refusals
 (tensor parallelism, routing methods it does not run)."""
 from __future__ import annotations
 
@@ -9,13 +9,28 @@ import pytest
 import torch
 
 from fasterllm import LLM, SamplingParams
-from parity_utils import (LOGITS_ATOL, NEW_TOKENS, TINY_SPECS, first_divergence, hf_greedy, hf_logits, max_abs_diff,
-                          random_prompt, tiny_config)
+from parity_utils import (LOGITS_ATOL, NEW_TOKENS, TINY_SPECS, first_divergence, forward_steps, hf_greedy, hf_logits,
+                          max_abs_diff, random_prompt, tiny_config)
 
 transformers = pytest.importorskip("transformers")
 
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 SPECS = {spec.name: spec for spec in TINY_SPECS if spec.family == "deepseek_v2"}
+LATENT_ATTENTION_ATOL = 1e-4  # measured: ~5e-6
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_logits_of_a_mixed_batch_are_within_1e_4_of_transformers(tiny_checkpoints, name):
+    """Three sequences in 8-token blocks: fresh prompts, single tokens over a cached context and a chunk over one,
+    side by side in the same forward passes."""
+    spec = SPECS[name]
+    directory, hf_model = tiny_checkpoints[name]
+    model = LLM(str(directory), dtype="float32", device="cpu", max_model_len=128,
+                num_kv_blocks=32).engine.executor.runner.model
+    seqs = [random_prompt(n, spec.vocab_size, 20 + n) for n in (60, 12, 31)]
+    steps = [[(0, 20), (1, 11)], [(0, 1), (1, 1), (2, 30)], [(0, 39), (2, 1)]]
+    for ours, ids in zip(forward_steps(model, seqs, steps, block_size=8), seqs):
+        assert max_abs_diff(ours, hf_logits(hf_model, ids)) < LATENT_ATTENTION_ATOL
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
