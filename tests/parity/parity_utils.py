@@ -200,7 +200,7 @@ SMOLLM2_TEXTS = [
 @dataclass(frozen=True)
 class TinySpec:
     name: str
-    family: str  # a tiny_config key: llama, mistral, phi3, qwen2, qwen3, the Gemmas, the mixtures of experts, deepseek_v2
+    family: str  # tiny_config's key: llama, mistral, phi3, qwen2, qwen3, the Gemmas', the mixtures', deepseek_v2
     num_heads: int = 4
     num_kv_heads: int = 2
     head_dim: int = 16
@@ -300,9 +300,9 @@ def tiny_config(spec: TinySpec, **overrides):
                               MixtralConfig, OlmoeConfig, Phi3Config, Qwen2Config, Qwen2MoeConfig, Qwen3Config,
                               Qwen3MoeConfig)
 
-    cls = {"deepseek_v2": DeepseekV2Config, "gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "llama": LlamaConfig, "mixtral": MixtralConfig,
-           "olmoe": OlmoeConfig, "qwen2_moe": Qwen2MoeConfig, "qwen3_moe": Qwen3MoeConfig, "mistral": MistralConfig, "phi3": Phi3Config,
-           "qwen2": Qwen2Config, "qwen3": Qwen3Config}[spec.family]
+    cls = {"deepseek_v2": DeepseekV2Config, "gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "llama": LlamaConfig,
+           "mixtral": MixtralConfig, "olmoe": OlmoeConfig, "qwen2_moe": Qwen2MoeConfig, "qwen3_moe": Qwen3MoeConfig,
+           "mistral": MistralConfig, "phi3": Phi3Config, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[spec.family]
     kwargs = dict(vocab_size=spec.vocab_size, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
                   num_hidden_layers=LAYERS, num_attention_heads=spec.num_heads,
                   num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim, max_position_embeddings=MAX_POS,

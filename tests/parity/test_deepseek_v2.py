@@ -1,6 +1,7 @@
 """DeepSeek-V2 beyond the shared family tests (test_logits.py, test_generation.py run its tiny specs): fp32 logits
-within 1e-4 of transformers in a mixed batch, prefix-cache hits, the features the parity checks are sure to exercise, what its KV cache holds, dummy weights, and the refusals
-(tensor parallelism, routing methods it does not run)."""
+within 1e-4 of transformers in a mixed batch, prefix-cache hits, the features the parity checks are sure to
+exercise, what its KV cache holds, dummy weights, and the refusals (tensor parallelism, routing methods it does not
+run)."""
 from __future__ import annotations
 
 import json
