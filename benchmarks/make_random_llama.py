@@ -1,5 +1,5 @@
-"""Write a Llama-3-8B-shaped (or SmolLM2-135M-, Qwen3-8B-, Gemma-2-9B-, Qwen3-30B-A3B-shaped) model directory with
-random bf16 weights, for GPU benchmarks (no hub needed).
+"""Write a Llama-3-8B-shaped (or SmolLM2-135M-, Qwen3-8B-, Gemma-2-9B-, Qwen3-30B-A3B-, DeepSeek-V2-Lite-shaped) model
+directory with random bf16 weights, for GPU benchmarks (no hub needed).
 
     python benchmarks/make_random_llama.py /tmp/llama3-8b-random            # the 8B shape, about 16 GB
     python benchmarks/make_random_llama.py /tmp/llama3-8b-2l --num-layers 2  # the same shape, 2 layers (a quick check)
@@ -7,6 +7,7 @@ random bf16 weights, for GPU benchmarks (no hub needed).
     python benchmarks/make_random_llama.py /tmp/smollm2 --shape smollm2-135m --config-only  # SmolLM2-135M's shape
     python benchmarks/make_random_llama.py /tmp/llama-tiny --shape llama-tiny  # host-bound on a CPU
     python benchmarks/make_random_llama.py /tmp/qwen3-moe --shape qwen3-30b-a3b --config-only  # 128 experts, top 8
+    python benchmarks/make_random_llama.py /tmp/dsv2-lite --shape deepseek-v2-lite --config-only  # latent attention
 
 The tokenizer is word-level ("w0 w1 ..." over the shape's whole vocabulary) with a minimal
 chat template: `fasterllm bench serve` sends token ids, so only decoding speed matters. Needs
@@ -80,10 +81,28 @@ def qwen3_30b_a3b_config(num_layers: int):
                           tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645)
 
 
+def deepseek_v2_lite_config(num_layers: int):
+    """DeepSeek-V2-Lite's config.json: latent attention (kv_lora_rank 512, queries without a low-rank bottleneck),
+    YaRN over a 4096-token original context, 64 routed experts (top 6) and 2 shared ones, layer 0 dense."""
+    from transformers import DeepseekV2Config
+
+    return DeepseekV2Config(vocab_size=102400, hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
+                            num_hidden_layers=num_layers, num_attention_heads=16, num_key_value_heads=16,
+                            q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                            v_head_dim=128, n_routed_experts=64, num_experts_per_tok=6, n_shared_experts=2,
+                            first_k_dense_replace=1, topk_method="greedy", norm_topk_prob=False,
+                            routed_scaling_factor=1.0, max_position_embeddings=163840, rms_norm_eps=1e-6,
+                            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
+                                             "mscale": 0.707, "mscale_all_dim": 0.707,
+                                             "original_max_position_embeddings": 4096, "beta_fast": 32,
+                                             "beta_slow": 1},
+                            tie_word_embeddings=False, bos_token_id=100000, eos_token_id=100001)
+
+
 SHAPES = {"llama3-8b": (llama3_8b_config, 32), "smollm2-135m": (smollm2_135m_config, 30),
           "llama-tiny": (llama_tiny_config, 2),
           "qwen3-8b": (qwen3_8b_config, 36), "gemma2-9b": (gemma2_9b_config, 42),
-          "qwen3-30b-a3b": (qwen3_30b_a3b_config, 48)}
+          "qwen3-30b-a3b": (qwen3_30b_a3b_config, 48), "deepseek-v2-lite": (deepseek_v2_lite_config, 27)}
 
 
 def save_word_tokenizer(directory: Path, vocab_size: int, bos_id: int, eos_id: int) -> None:

@@ -32,6 +32,19 @@ def check_method_name(method: str | None) -> None:
                          f"{', '.join(repr(m) for m in QUANTIZATION_METHODS)} or None (no quantization)")
 
 
+@dataclass(frozen=True)
+class LatentAttentionShape:
+    """DeepSeek-V2's multi-head latent attention: queries from q_proj, or through a rank-q_lora_rank bottleneck when
+    q_lora_rank is set; keys and values expanded per head from one kv_lora_rank latent per token, besides one
+    qk_rope_head_dim key part per token that every head shares and that alone is rotated."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
 @dataclass
 class ModelConfig:
     """The shape of a LLaMA-family decoder, in Hugging Face's terms."""
@@ -83,12 +96,24 @@ class ModelConfig:
     norm_topk_prob: bool = False
     shared_expert_intermediate_size: int = 0
     expert_layers: list[bool] | None = None
+    # DeepSeek-V2: the chosen experts' weights times routed_scaling_factor; expert_groups (groups, groups kept):
+    # experts chosen only within each token's best groups (group_limited_greedy); a shared expert without a gate
+    routed_scaling_factor: float = 1.0
+    expert_groups: tuple[int, int] | None = None
+    shared_expert_gated: bool = True
+    # DeepSeek-V2's multi-head latent attention (head_dim is then a query's and a key's width, qk_nope + qk_rope)
+    latent_attention: LatentAttentionShape | None = None
 
     is_encoder_decoder = False
 
     def layer_rope_of(self, layer: int) -> tuple[float, dict[str, Any] | None]:
         """(RoPE base, scaling) of layer `layer`."""
         return (self.rope_theta, self.rope_scaling) if self.layer_rope is None else self.layer_rope[layer]
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many of each query's and key's dimensions RoPE rotates."""
+        return self.head_dim if self.latent_attention is None else self.latent_attention.qk_rope_head_dim
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of layer `layer` (None: it attends to the whole sequence)."""
@@ -101,11 +126,15 @@ class ModelConfig:
                 f"num_key_value_heads={self.num_key_value_heads}: the checkpoint's config is inconsistent")
 
 
-# the Hugging Face decoder architectures models/registry.py runs (all through models/llama.py)
-DECODER_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
-                         "MixtralForCausalLM", "OlmoeForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM",
-                         "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
-MOE_ARCHITECTURES = ("MixtralForCausalLM", "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+# the Hugging Face decoder architectures models/registry.py runs (through models/llama.py, DeepSeek-V2 through
+# models/deepseek_v2.py)
+DECODER_ARCHITECTURES = ("DeepseekV2ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "LlamaForCausalLM",
+                         "MistralForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM", "Phi3ForCausalLM",
+                         "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+MOE_ARCHITECTURES = ("DeepseekV2ForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM", "Qwen2MoeForCausalLM",
+                     "Qwen3MoeForCausalLM")
+# multi-head latent attention (ModelConfig.latent_attention): one device only, no tensor parallelism yet
+LATENT_ATTENTION_ARCHITECTURES = ("DeepseekV2ForCausalLM",)
 # one RMSNorm over all query heads at once (and one over all key heads): their heads cannot split over ranks
 QK_NORM_OVER_HEADS_ARCHITECTURES = ("OlmoeForCausalLM",)
 # the GELU forms of a gated FFN (hidden_act / hidden_activation), besides "silu"

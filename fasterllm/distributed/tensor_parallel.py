@@ -107,6 +107,9 @@ def check_tensor_parallel(config, quantization: str | None, size: int) -> None:
     if config.is_encoder_decoder:
         raise ValueError(f"tensor_parallel_size={size}: {config.architecture} (encoder-decoder) runs on one device "
                          "only; tensor parallelism covers the decoder-only families; use tensor_parallel_size=1")
+    if config.latent_attention is not None:
+        raise ValueError(f"tensor_parallel_size={size}: {config.architecture} (multi-head latent attention) runs on "
+                         "one device only for now; use tensor_parallel_size=1")
     if config.qk_norm_over_heads:
         raise ValueError(f"tensor_parallel_size={size}: {config.architecture} normalises its queries and keys over "
                          "all heads at once, which are split over the ranks; use tensor_parallel_size=1")

@@ -1,6 +1,7 @@
 """A mixture of experts' routing after the router's matrix product, in one Triton launch (GPU): per token, the
 softmax over every expert's logit in fp32, the top_k experts (the largest probability first; the lowest index among
-equal ones), and their weights, rescaled to sum 1 where the model asks. The torch reference is layers/moe.py's
+equal ones), and their weights, rescaled to sum 1 where the model asks, then times the model's scale (DeepSeek's
+routed_scaling_factor). The torch reference is layers/moe.py's
 route(), which takes seven launches for the same (a decode step's cost adds up over 48 layers)."""
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _route_kernel(logits_ptr, weights_ptr, experts_ptr, num_experts, stride_t, TOP_K: tl.constexpr,
+def _route_kernel(logits_ptr, weights_ptr, experts_ptr, num_experts, stride_t, scale, TOP_K: tl.constexpr,
                   NORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
     token = tl.program_id(0)
     e = tl.arange(0, BLOCK_E)
@@ -28,20 +29,22 @@ def _route_kernel(logits_ptr, weights_ptr, experts_ptr, num_experts, stride_t, T
         p = tl.where(e == index, -1.0, p)  # below every probability: never chosen again
     if NORMALIZE:
         chosen = chosen / tl.sum(chosen, axis=0)
+    chosen = chosen * scale
     tl.store(weights_ptr + token * TOP_K + k, chosen.to(weights_ptr.dtype.element_ty), mask=k < TOP_K)
     tl.store(experts_ptr + token * TOP_K + k, indices, mask=k < TOP_K)
 
 
-def route_logits(logits: torch.Tensor, top_k: int, normalize: bool, dtype: torch.dtype
+def route_logits(logits: torch.Tensor, top_k: int, normalize: bool, dtype: torch.dtype, scale: float = 1.0
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [T, E] (the router's) -> (weights [T, k] in dtype, experts [T, k] int64), as layers/moe.py's route()."""
+    """logits [T, E] (the router's) -> (weights [T, k] in dtype, experts [T, k] int64), as layers/moe.py's route()
+    without groups."""
     num_tokens, num_experts = logits.shape
     if top_k > num_experts:
         raise ValueError(f"top_k={top_k} is more than the {num_experts} experts")
     weights = torch.empty(num_tokens, top_k, dtype=dtype, device=logits.device)
     experts = torch.empty(num_tokens, top_k, dtype=torch.int64, device=logits.device)
     if num_tokens:
-        _route_kernel[(num_tokens,)](logits, weights, experts, num_experts, logits.stride(0), TOP_K=top_k,
+        _route_kernel[(num_tokens,)](logits, weights, experts, num_experts, logits.stride(0), scale, TOP_K=top_k,
                                      NORMALIZE=normalize, BLOCK_E=triton.next_power_of_2(num_experts),
                                      BLOCK_K=triton.next_power_of_2(top_k))
     return weights, experts

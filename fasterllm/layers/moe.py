@@ -1,6 +1,6 @@
-"""A mixture-of-experts FFN (Mixtral, Qwen2-MoE, Qwen3-MoE): a router picks top_k experts per token, each a gated
-FFN, and the token's output is their weighted sum (plus, for Qwen2-MoE, a shared expert every token runs, scaled by
-a sigmoid gate).
+"""A mixture-of-experts FFN (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2): a router picks top_k experts per token,
+each a gated FFN, and the token's output is their weighted sum (plus a shared expert every token runs: Qwen2-MoE's
+scaled by a sigmoid gate, DeepSeek-V2's as it is).
 
 The experts' weights are stacked ([E, 2I, H] gate and up, [E, H, I] down), the layout a grouped GEMM over tokens
 sorted by expert reads: on a GPU kernels/fused_moe.py runs them in two launches; elsewhere run_experts, the torch
@@ -21,10 +21,13 @@ from torch import nn
 
 class SparseMoE(nn.Module):
     def __init__(self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int, normalize: bool,
-                 act: nn.Module, shared_intermediate_size: int = 0):
-        """normalize: the top_k weights rescaled to sum to 1 (Mixtral; Qwen's norm_topk_prob)."""
+                 act: nn.Module, shared_intermediate_size: int = 0, shared_gated: bool = True,
+                 routed_scale: float = 1.0, groups: tuple[int, int] | None = None):
+        """normalize: the top_k weights rescaled to sum to 1 (Mixtral; Qwen's norm_topk_prob). shared_gated: the shared
+        expert's output scaled by a sigmoid gate (Qwen2-MoE). routed_scale and groups: route()'s scale and groups."""
         super().__init__()
         self.top_k, self.normalize, self.act = top_k, normalize, act
+        self.routed_scale, self.groups = routed_scale, groups
         # a plain parameter, not an nn.Linear: quantization leaves the router in float (routing decides everything)
         self.router = nn.Parameter(torch.empty(num_experts, hidden_size))
         self.w_gate_up = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
@@ -32,7 +35,7 @@ class SparseMoE(nn.Module):
         if shared_intermediate_size:
             self.shared_gate_up = nn.Linear(hidden_size, 2 * shared_intermediate_size, bias=False)
             self.shared_down = nn.Linear(shared_intermediate_size, hidden_size, bias=False)
-            self.shared_expert_gate = nn.Parameter(torch.empty(1, hidden_size))
+            self.shared_expert_gate = nn.Parameter(torch.empty(1, hidden_size)) if shared_gated else None
         else:
             self.shared_gate_up = None
         self.scales: tuple[torch.Tensor, torch.Tensor] | None = None  # quantized experts: per output channel
@@ -46,7 +49,7 @@ class SparseMoE(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [T, H] -> [T, H]."""
-        weights, experts = route(hidden, self.router, self.top_k, self.normalize)
+        weights, experts = route(hidden, self.router, self.top_k, self.normalize, self.routed_scale, self.groups)
         if hidden.is_cuda:
             from fasterllm.kernels.fused_moe import fused_experts  # Triton: only with CUDA
 
@@ -56,7 +59,8 @@ class SparseMoE(nn.Module):
             out = run_experts(hidden, self.w_gate_up, self.w_down, weights, experts, self.act, self.scales)
         if self.shared_gate_up is not None:
             shared = self.shared_down(self.act(self.shared_gate_up(hidden)))
-            out += torch.sigmoid(F.linear(hidden, self.shared_expert_gate)) * shared
+            out += shared if self.shared_expert_gate is None else torch.sigmoid(
+                F.linear(hidden, self.shared_expert_gate)) * shared
         return out
 
 
@@ -80,18 +84,27 @@ def run_experts(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Ten
     return out
 
 
-def route(hidden: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+def route(hidden: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool, scale: float = 1.0,
+          groups: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token's top_k experts [T, k] and their weights [T, k] (in hidden's dtype): softmax over every expert's
-    logit in fp32, the k largest kept, rescaled to sum 1 when normalize (on a GPU in one Triton launch after the
-    router's product: kernels/moe_routing.py)."""
+    logit in fp32, the k largest kept, rescaled to sum 1 when normalize, then times scale (DeepSeek's
+    routed_scaling_factor). groups (num_groups, kept_groups): the experts split into num_groups equal groups in order,
+    each ranked by its best probability, the k chosen from the kept_groups best only (DeepSeek-V2's
+    group_limited_greedy; weights stay the softmax over all experts). On a GPU without groups in one Triton launch
+    after the router's product: kernels/moe_routing.py."""
     logits = F.linear(hidden, router)
-    if hidden.is_cuda:
+    if hidden.is_cuda and groups is None:
         from fasterllm.kernels.moe_routing import route_logits  # Triton: only with CUDA
 
-        return route_logits(logits, top_k, normalize, hidden.dtype)
+        return route_logits(logits, top_k, normalize, hidden.dtype, scale)
     probabilities = logits.float().softmax(dim=-1)
+    if groups is not None:
+        num_groups, kept_groups = groups
+        by_group = probabilities.view(probabilities.shape[0], num_groups, -1)
+        best_groups = by_group.amax(dim=-1).topk(kept_groups, dim=-1).indices
+        kept = torch.zeros_like(by_group[..., 0], dtype=torch.bool).scatter_(1, best_groups, True)
+        probabilities = by_group.masked_fill(~kept[..., None], 0.0).view_as(probabilities)
     weights, experts = probabilities.topk(top_k, dim=-1)
     if normalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights.to(hidden.dtype), experts
+    return (weights * scale).to(hidden.dtype), experts

@@ -1,4 +1,4 @@
-"""Rotary position embedding (rotate-half form) with the llama3, linear and LongRoPE frequency scalings."""
+"""Rotary position embedding (rotate-half form) with the llama3, linear, YaRN and LongRoPE frequency scalings."""
 from __future__ import annotations
 
 import math
@@ -19,7 +19,10 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None,
         return (inv_freq / scaling["factor"]).float()
     if kind == "llama3":
         return _llama3_inv_freq(inv_freq, scaling).float()
-    raise ValueError(f"rope scaling type {kind!r} is not supported; supported: llama3, linear, longrope (or none)")
+    if kind == "yarn":
+        return _yarn_inv_freq(inv_freq, head_dim, theta, scaling).float()
+    raise ValueError(f"rope scaling type {kind!r} is not supported; supported: llama3, linear, yarn, longrope "
+                     "(or none)")
 
 
 def rotary_embedding(head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None,
@@ -29,8 +32,9 @@ def rotary_embedding(head_dim: int, max_positions: int, theta: float, scaling: d
     vLLM does: a sequence's early keys keep their rotation as it grows), both scaled by the attention factor."""
     kind = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
     if kind not in ("longrope", "su"):
+        scale = yarn_rotary_scale(scaling) if kind == "yarn" else 1.0
         return RotaryEmbedding(head_dim, max_positions, rope_inv_freq(head_dim, theta, scaling, freq_factors), device,
-                               dtype)
+                               dtype, scale=scale)
     original = scaling["original_max_position_embeddings"]
     base = theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     short, long = (1.0 / (torch.tensor(scaling[key], dtype=torch.float64) * base) for key in ("short_factor",
@@ -53,6 +57,41 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.T
     result = torch.where(wavelength > original_context / low, inv_freq / factor, inv_freq)
     in_between = (wavelength <= original_context / low) & (wavelength >= original_context / high)
     return torch.where(in_between, blended, result)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction for a context stretched by factor."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def yarn_rotary_scale(scaling: dict[str, Any]) -> float:
+    """The factor YaRN scales cos and sin by: attention_factor if the config gives one, else mscale(mscale) /
+    mscale(mscale_all_dim) when both are set (DeepSeek-V2), else mscale(1)."""
+    if scaling.get("attention_factor") is not None:
+        return scaling["attention_factor"]
+    mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return yarn_mscale(scaling["factor"], mscale) / yarn_mscale(scaling["factor"], mscale_all_dim)
+    return yarn_mscale(scaling["factor"])
+
+
+def _yarn_inv_freq(inv_freq: torch.Tensor, head_dim: int, theta: float, scaling: dict[str, Any]) -> torch.Tensor:
+    """YaRN: frequencies that turn fewer than beta_slow times over the original context are slowed by `factor`,
+    those that turn more than beta_fast times kept, a linear ramp over the dimensions in between."""
+    factor, original = scaling["factor"], scaling["original_max_position_embeddings"]
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def dimension_of(rotations: float) -> float:  # the dimension whose frequency turns `rotations` times
+        return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dimension_of(beta_fast), dimension_of(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    return inv_freq / factor * ramp + inv_freq * (1 - ramp)
 
 
 class RotaryEmbedding:

@@ -13,8 +13,10 @@ from safetensors.torch import safe_open
 from fasterllm.config import (
     ENCODER_DECODER_ARCHITECTURES,
     GATED_GELU_FORMS,
+    LATENT_ATTENTION_ARCHITECTURES,
     MOE_ARCHITECTURES,
     QK_NORM_OVER_HEADS_ARCHITECTURES,
+    LatentAttentionShape,
     ModelConfig,
     check_architecture,
 )
@@ -61,7 +63,7 @@ def load_hf_config(model_dir: Path) -> ModelConfig | Seq2SeqConfig | T5Config:
     gemma = architectures[0] in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
     if architectures[0] == "Gemma3ForCausalLM":  # a RoPE per layer kind in rope_parameters: _gemma_fields reads it
         rope_theta, scaling = 10000.0, None
-    return ModelConfig(
+    fields = dict(
         architecture=architectures[0],
         vocab_size=raw["vocab_size"],
         hidden_size=raw["hidden_size"],
@@ -89,6 +91,40 @@ def load_hf_config(model_dir: Path) -> ModelConfig | Seq2SeqConfig | T5Config:
         **(_gemma_fields(raw, architectures[0]) if gemma else {}),
         **(_expert_fields(raw, architectures[0]) if architectures[0] in MOE_ARCHITECTURES else {}),
     )
+    if architectures[0] in LATENT_ATTENTION_ARCHITECTURES:  # its own head shape, in place of the Llama fields'
+        fields.update(_latent_attention_fields(raw))
+    return ModelConfig(**fields)
+
+
+def _latent_attention_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V2's attention shape: every head its own keys and values (expanded from the latent), each query and
+    key qk_nope_head_dim + qk_rope_head_dim wide (transformers' head_dim says the rotated width alone)."""
+    shape = LatentAttentionShape(raw.get("q_lora_rank"), raw["kv_lora_rank"], raw["qk_nope_head_dim"],
+                                 raw["qk_rope_head_dim"], raw["v_head_dim"])
+    return dict(latent_attention=shape, num_key_value_heads=raw["num_attention_heads"],
+                head_dim=shape.qk_nope_head_dim + shape.qk_rope_head_dim)
+
+
+def _deepseek_expert_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V2: softmax scores, the top num_experts_per_tok (within the topk_group best of n_group groups under
+    group_limited_greedy) times routed_scaling_factor, n_shared_experts ungated shared experts as one FFN, dense
+    layers before first_k_dense_replace and off every moe_layer_freq-th layer. norm_topk_prob (false in the released
+    V2 configs; transformers ignores it) renormalizes the top weights before the scale, as DeepSeek-V3 does."""
+    method, scoring = raw.get("topk_method") or "greedy", raw.get("scoring_func") or "softmax"
+    if method not in ("greedy", "group_limited_greedy") or scoring != "softmax":
+        raise ValueError(f"topk_method={method!r} with scoring_func={scoring!r} is not supported for "
+                         "DeepseekV2ForCausalLM; supported: 'greedy' or 'group_limited_greedy' over 'softmax' scores")
+    groups = (raw["n_group"], raw["topk_group"]) if method == "group_limited_greedy" else None
+    if groups is not None and raw["n_routed_experts"] % groups[0]:
+        raise ValueError(f"n_routed_experts={raw['n_routed_experts']} does not split into n_group={groups[0]} equal "
+                         "groups; the checkpoint's config is inconsistent")
+    first_moe, every = raw.get("first_k_dense_replace") or 0, raw.get("moe_layer_freq") or 1
+    return dict(num_experts=raw["n_routed_experts"], num_experts_per_tok=raw["num_experts_per_tok"],
+                moe_intermediate_size=raw["moe_intermediate_size"], norm_topk_prob=bool(raw.get("norm_topk_prob")),
+                shared_expert_intermediate_size=(raw.get("n_shared_experts") or 0) * raw["moe_intermediate_size"],
+                shared_expert_gated=False, routed_scaling_factor=float(raw.get("routed_scaling_factor") or 1.0),
+                expert_groups=groups,
+                expert_layers=[i >= first_moe and i % every == 0 for i in range(raw["num_hidden_layers"])])
 
 
 def _expert_fields(raw: dict[str, Any], architecture: str) -> dict[str, Any]:
@@ -96,6 +132,8 @@ def _expert_fields(raw: dict[str, Any], architecture: str) -> dict[str, Any]:
     intermediate_size, weights always renormalized; Qwen: experts on every decoder_sparse_step-th layer not in
     mlp_only_layers, of moe_intermediate_size, renormalized when norm_topk_prob, a shared expert (Qwen2-MoE)."""
     layers = raw["num_hidden_layers"]
+    if architecture == "DeepseekV2ForCausalLM":
+        return _deepseek_expert_fields(raw)
     if architecture == "MixtralForCausalLM":
         return dict(num_experts=raw["num_local_experts"], num_experts_per_tok=raw["num_experts_per_tok"],
                     moe_intermediate_size=raw["intermediate_size"], norm_topk_prob=True, expert_layers=[True] * layers)

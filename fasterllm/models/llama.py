@@ -32,25 +32,9 @@ class DecoderLayer(nn.Module):
         """tp: this rank's heads and FFN rows only (attention heads and the intermediate size split over ranks).
         index: the layer's place in the stack (its sliding window, where layers differ)."""
         super().__init__()
-        num_heads = tp.shard(cfg.num_attention_heads, "num_attention_heads")
-        num_kv_heads = tp.kv_heads(cfg.num_key_value_heads)[1]
-        intermediate = tp.shard(cfg.intermediate_size, "intermediate_size")
-        q_size, kv_size = num_heads * cfg.head_dim, num_kv_heads * cfg.head_dim
-        self.tp = tp
+        self.tp, self.intermediate_size = tp, tp.shard(cfg.intermediate_size, "intermediate_size")
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
-        self.qkv_shape = (num_heads + 2 * num_kv_heads, cfg.head_dim)
-        self.num_q_heads, self.num_kv_heads, self.intermediate_size = num_heads, num_kv_heads, intermediate
-        if cfg.qk_norm:  # Qwen3, Gemma 3: each head's query and key normalised before RoPE; OLMoE: all heads at once
-            q_width, k_width = (q_size, kv_size) if cfg.qk_norm_over_heads else (cfg.head_dim, cfg.head_dim)
-            self.q_norm, self.k_norm = RMSNorm(q_width, cfg.rms_norm_eps), RMSNorm(k_width, cfg.rms_norm_eps)
-        else:
-            self.q_norm = self.k_norm = None
-        self.clip_qkv = cfg.clip_qkv
-        scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5
-        self.attn = Attention(num_heads, num_kv_heads, cfg.head_dim, cfg.layer_window(index), scale,
-                              cfg.attn_logit_softcap)
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
+        self._init_attention(cfg, tp, index)
         # Llama: the norm before the FFN (Hugging Face's name for it). Gemma 2: the norm after attention, with one
         # before and one after the FFN besides
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -65,11 +49,31 @@ class DecoderLayer(nn.Module):
             self.moe = SparseMoE(cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok,
                                  tp.shard(cfg.moe_intermediate_size, "moe_intermediate_size"), cfg.norm_topk_prob,
                                  self.act, tp.shard(cfg.shared_expert_intermediate_size,
-                                                    "shared_expert_intermediate_size"))
+                                                    "shared_expert_intermediate_size"),
+                                 cfg.shared_expert_gated, cfg.routed_scaling_factor, cfg.expert_groups)
         else:
             self.moe = None
-            self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * intermediate, bias=cfg.mlp_bias)
-            self.down_proj = nn.Linear(intermediate, cfg.hidden_size, bias=cfg.mlp_bias)
+            self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.intermediate_size, bias=cfg.mlp_bias)
+            self.down_proj = nn.Linear(self.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def _init_attention(self, cfg: ModelConfig, tp: TensorParallel, index: int) -> None:
+        """The attention's projections and layer: fused q/k/v (this rank's heads), optional q/k norms, o_proj."""
+        num_heads = tp.shard(cfg.num_attention_heads, "num_attention_heads")
+        num_kv_heads = tp.kv_heads(cfg.num_key_value_heads)[1]
+        q_size, kv_size = num_heads * cfg.head_dim, num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
+        self.qkv_shape = (num_heads + 2 * num_kv_heads, cfg.head_dim)
+        self.num_q_heads, self.num_kv_heads = num_heads, num_kv_heads
+        if cfg.qk_norm:  # Qwen3, Gemma 3: each head's query and key normalised before RoPE; OLMoE: all heads at once
+            q_width, k_width = (q_size, kv_size) if cfg.qk_norm_over_heads else (cfg.head_dim, cfg.head_dim)
+            self.q_norm, self.k_norm = RMSNorm(q_width, cfg.rms_norm_eps), RMSNorm(k_width, cfg.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+        self.clip_qkv = cfg.clip_qkv
+        scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5
+        self.attn = Attention(num_heads, num_kv_heads, cfg.head_dim, cfg.layer_window(index), scale,
+                              cfg.attn_logit_softcap)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None,
                 rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor | None,
@@ -85,19 +89,24 @@ class DecoderLayer(nn.Module):
             hidden, residual = norm_add_norm(hidden, residual, incoming_norm, self.input_layernorm)
         else:
             hidden, residual = self.tp.all_reduce_add_norm(hidden, residual, self.input_layernorm)
-        qkv = self.qkv_proj(hidden).view(-1, *self.qkv_shape)
-        if self.q_norm is not None:
-            qkv = self._norm_heads(qkv)
-        if self.clip_qkv is not None:
-            qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
         # row-parallel o_proj and down_proj: each rank's partial sum, summed over ranks before the residual add
-        attention = self.o_proj(self.attn(qkv, rope, kv_cache, meta))
+        attention = self._attention(hidden, rope, kv_cache, meta)
         if self.pre_feedforward_layernorm is None:
             hidden, residual = self.tp.all_reduce_add_norm(attention, residual, self.post_attention_layernorm)
             return self._ffn(hidden), residual
         hidden, residual = norm_add_norm(self.tp.all_reduce(attention), residual, self.post_attention_layernorm,
                                          self.pre_feedforward_layernorm)
         return self.tp.all_reduce(self._ffn(hidden)), residual
+
+    def _attention(self, hidden: torch.Tensor, rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+                   kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
+        """The normed rows -> this rank's partial sums of the attention's output (after o_proj)."""
+        qkv = self.qkv_proj(hidden).view(-1, *self.qkv_shape)
+        if self.q_norm is not None:
+            qkv = self._norm_heads(qkv)
+        if self.clip_qkv is not None:
+            qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
+        return self.o_proj(self.attn(qkv, rope, kv_cache, meta))
 
     def _ffn(self, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's partial sums of the FFN's output."""
@@ -114,6 +123,8 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    decoder_layer: type[DecoderLayer] = DecoderLayer  # a family with another attention gives its own layer
+
     def __init__(self, cfg: ModelConfig, max_positions: int, device: torch.device, dtype: torch.dtype,
                  tp: TensorParallel = SINGLE_DEVICE):
         """tp: build this rank's shard only (heads, FFN rows and vocabulary rows split over tp.size ranks)."""
@@ -122,7 +133,7 @@ class LlamaForCausalLM(nn.Module):
         vocab_rows = tp.vocab_rows(cfg.vocab_size)[1]
         with torch.device("meta"):  # allocate once, below, without a random init
             self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-            self.layers = nn.ModuleList(DecoderLayer(cfg, tp, index) for index in range(cfg.num_hidden_layers))
+            self.layers = nn.ModuleList(self.decoder_layer(cfg, tp, index) for index in range(cfg.num_hidden_layers))
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
             self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, vocab_rows, bias=False)
         self.to(dtype).to_empty(device=device).requires_grad_(False)
@@ -130,7 +141,7 @@ class LlamaForCausalLM(nn.Module):
         ropes = [cfg.layer_rope_of(index) for index in range(cfg.num_hidden_layers)]
         distinct = [rope for index, rope in enumerate(ropes) if rope not in ropes[:index]]
         self.rope_of_layer = [distinct.index(rope) for rope in ropes]
-        self.rotaries = [rotary_embedding(cfg.head_dim, max_positions, theta, scaling, cfg.rope_freq_factors, device,
+        self.rotaries = [rotary_embedding(cfg.rotary_dim, max_positions, theta, scaling, cfg.rope_freq_factors, device,
                                           dtype) for theta, scaling in distinct]
 
     def head_as_linear(self) -> None:

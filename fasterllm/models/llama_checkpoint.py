@@ -23,10 +23,10 @@ def load_llama_weights(model: LlamaForCausalLM, weights: Iterable[tuple[str, Wei
     cfg, layer = model.config, model.layers[0]
     q_size, kv_size = layer.num_q_heads * cfg.head_dim, layer.num_kv_heads * cfg.head_dim
     intermediate = layer.intermediate_size
-    fused = {"q_proj": ("qkv_proj", 0, q_size), "k_proj": ("qkv_proj", q_size, kv_size),
-             "v_proj": ("qkv_proj", q_size + kv_size, kv_size),
-             "gate_proj": ("gate_up_proj", 0, intermediate),
-             "up_proj": ("gate_up_proj", intermediate, intermediate)}
+    fused = {"gate_proj": ("gate_up_proj", 0, intermediate), "up_proj": ("gate_up_proj", intermediate, intermediate)}
+    if hasattr(layer, "qkv_proj"):  # not DeepSeek-V2's latent attention, whose q_proj stays whole
+        fused.update({"q_proj": ("qkv_proj", 0, q_size), "k_proj": ("qkv_proj", q_size, kv_size),
+                      "v_proj": ("qkv_proj", q_size + kv_size, kv_size)})
     params = dict(model.named_parameters())
     # each rank's share of an expert's (and the shared expert's) intermediate size
     sizes = {"w_gate_up": cfg.moe_intermediate_size // model.tp.size,
@@ -159,7 +159,7 @@ def _expert_target(target: str, cfg: ModelConfig, sizes: dict[str, int]
     if rest == ["shared_expert_gate"]:
         return f"{moe}.shared_expert_gate", None, None
     size = sizes["shared_gate_up"]
-    if len(rest) == 2 and rest[0] == "shared_expert":
+    if len(rest) == 2 and rest[0] in ("shared_expert", "shared_experts"):  # Qwen2-MoE's, DeepSeek's
         if rest[1] == "down_proj":
             return f"{moe}.shared_down.weight", None, None
         return f"{moe}.shared_gate_up.weight", None, (_EXPERT_ROWS[rest[1]] * size, size)

@@ -7,6 +7,7 @@ from fasterllm.config import (
     DECODER_ARCHITECTURES,
     ENCODER_DECODER_ARCHITECTURES,
     ENCODER_MODEL_TYPES,
+    LATENT_ATTENTION_ARCHITECTURES,
     MOE_ARCHITECTURES,
     POOLING_MODES,
     QK_NORM_OVER_HEADS_ARCHITECTURES,
@@ -16,10 +17,12 @@ from fasterllm.config import (
 )
 from fasterllm.loader.gguf_families import GGUF_HF_ARCHITECTURES
 from fasterllm.models.bart import BartForConditionalGeneration
+from fasterllm.models.deepseek_v2 import DeepseekV2ForCausalLM
 from fasterllm.models.llama import LlamaForCausalLM
 from fasterllm.models.t5 import T5ForConditionalGeneration
 
 _MODELS: dict[str, type[nn.Module]] = {name: LlamaForCausalLM for name in DECODER_ARCHITECTURES}
+_MODELS["DeepseekV2ForCausalLM"] = DeepseekV2ForCausalLM
 _MODELS.update({name: BartForConditionalGeneration for name in ENCODER_DECODER_ARCHITECTURES})
 _MODELS["T5ForConditionalGeneration"] = T5ForConditionalGeneration
 
@@ -32,6 +35,7 @@ def model_class(architecture: str) -> type[nn.Module]:
 def supported_models() -> list[dict[str, str]]:
     """One row per architecture (and per encoder model_type) with what runs it and what it runs with."""
     gguf = GGUF_HF_ARCHITECTURES
+    one_device = QK_NORM_OVER_HEADS_ARCHITECTURES + LATENT_ATTENTION_ARCHITECTURES
     generating = ", ".join(m for m in QUANTIZATION_METHODS if m not in STORED_METHODS) + " (fp8: Hopper GPUs)"
     rows = []
     for name, cls in _MODELS.items():
@@ -44,7 +48,7 @@ def supported_models() -> list[dict[str, str]]:
             "quantization": generating + (", gguf (Q4_0/Q4_1/Q4_K/Q5_K/Q6_K/Q8_0 blocks)" if name in gguf else "")
             + (" (experts: int8 codes per channel, e4m3 under fp8, float under gguf)" if experts else ""),
             "gguf": "yes" if name in gguf else "no",
-            "tensor_parallel": "yes" if decoder_only and name not in QK_NORM_OVER_HEADS_ARCHITECTURES else "no",
+            "tensor_parallel": "yes" if decoder_only and name not in one_device else "no",
             "embeddings": "last-token pooling" if decoder_only else "no",
         })
     for model_type in ENCODER_MODEL_TYPES:

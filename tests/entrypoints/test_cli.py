@@ -39,6 +39,8 @@ def test_models_lists_every_architecture_the_loader_accepts():
     assert "gguf (Q4_0/Q4_1/Q4_K/Q5_K/Q6_K/Q8_0 blocks)" in rows["LlamaForCausalLM"]
     assert "encoder-decoder" in rows["T5ForConditionalGeneration"]
     assert "mixture of experts" in rows["MixtralForCausalLM"] and "fused MoE" in rows["MixtralForCausalLM"]
+    deepseek = rows["DeepseekV2ForCausalLM"].split()
+    assert deepseek[1] == "models/deepseek_v2.py" and deepseek[-4:-2] == ["no", "no"]  # no GGUF, no tensor parallel
 
 
 def test_chat_streams_replies_and_keeps_the_conversation():

@@ -41,7 +41,8 @@ def forward_steps(model, seqs: Sequence[Sequence[int]], steps: Sequence[Step], b
         for i, count in enumerate(needed):
             if len(tables[i]) < count:
                 tables[i].append(pool.pop(0))
-    kv = torch.zeros(cfg.num_hidden_layers, 2, sum(needed), block_size, cfg.num_key_value_heads, cfg.head_dim,
+    spec = model.kv_cache_specs()[0]  # what each layer caches per token (DeepSeek-V2: wider than cfg's heads say)
+    kv = torch.zeros(cfg.num_hidden_layers, 2, sum(needed), block_size, spec.num_kv_heads, spec.head_dim,
                      dtype=dtype, device=device)
     done = [0] * len(seqs)
     pieces: list[list[torch.Tensor]] = [[] for _ in seqs]
@@ -199,7 +200,7 @@ SMOLLM2_TEXTS = [
 @dataclass(frozen=True)
 class TinySpec:
     name: str
-    family: str  # llama, mistral, phi3, qwen2, qwen3
+    family: str  # tiny_config's key: llama, mistral, phi3, qwen2, qwen3, the Gemmas', the mixtures', deepseek_v2
     num_heads: int = 4
     num_kv_heads: int = 2
     head_dim: int = 16
@@ -272,16 +273,36 @@ TINY_SPECS = [
              rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rms_norm_eps=1e-5,
              extra={"num_experts": 6, "num_experts_per_tok": 3, "intermediate_size": 40, "norm_topk_prob": False,
                     "clip_qkv": 3.0}),
+    # DeepSeek-V2-Lite's shape in small: latent attention with queries from q_proj, values (12) narrower than keys
+    # (16 + 8), YaRN as the real config (mscale = mscale_all_dim: only the softmax scale changes), layer 0 dense,
+    # top 3 of 8 experts plus 2 shared ones
+    TinySpec("deepseek_v2_lite_yarn", "deepseek_v2", num_heads=4, num_kv_heads=4, vocab_size=328,
+             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 0.707,
+                              "mscale_all_dim": 0.707, "original_max_position_embeddings": 64, "beta_fast": 32,
+                              "beta_slow": 1},
+             extra={"q_lora_rank": None, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                    "v_head_dim": 12, "n_routed_experts": 8, "num_experts_per_tok": 3, "n_shared_experts": 2,
+                    "moe_intermediate_size": 32, "first_k_dense_replace": 1}),
+    # DeepSeek-V2's: queries through a rank-48 bottleneck, group_limited_greedy (top 3 within the best 2 of 4 groups)
+    # times routed_scaling_factor 2.5, every layer experts, YaRN with mscale != mscale_all_dim (cos and sin scaled)
+    TinySpec("deepseek_v2_q_lora_groups", "deepseek_v2", num_heads=4, num_kv_heads=4, vocab_size=344,
+             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "mscale": 1.0,
+                              "mscale_all_dim": 0.5, "original_max_position_embeddings": 32},
+             extra={"q_lora_rank": 48, "kv_lora_rank": 24, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+                    "v_head_dim": 20, "n_routed_experts": 8, "num_experts_per_tok": 3, "n_shared_experts": 1,
+                    "moe_intermediate_size": 24, "first_k_dense_replace": 0, "topk_method": "group_limited_greedy",
+                    "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5}),
 ]
 
 
 def tiny_config(spec: TinySpec, **overrides):
-    from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, MixtralConfig, Phi3Config,
-                              OlmoeConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig)
+    from transformers import (DeepseekV2Config, Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig,
+                              MixtralConfig, OlmoeConfig, Phi3Config, Qwen2Config, Qwen2MoeConfig, Qwen3Config,
+                              Qwen3MoeConfig)
 
-    cls = {"gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "llama": LlamaConfig, "mixtral": MixtralConfig,
-           "olmoe": OlmoeConfig, "qwen2_moe": Qwen2MoeConfig, "qwen3_moe": Qwen3MoeConfig, "mistral": MistralConfig, "phi3": Phi3Config,
-           "qwen2": Qwen2Config, "qwen3": Qwen3Config}[spec.family]
+    cls = {"deepseek_v2": DeepseekV2Config, "gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "llama": LlamaConfig,
+           "mixtral": MixtralConfig, "olmoe": OlmoeConfig, "qwen2_moe": Qwen2MoeConfig, "qwen3_moe": Qwen3MoeConfig,
+           "mistral": MistralConfig, "phi3": Phi3Config, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[spec.family]
     kwargs = dict(vocab_size=spec.vocab_size, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
                   num_hidden_layers=LAYERS, num_attention_heads=spec.num_heads,
                   num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim, max_position_embeddings=MAX_POS,

@@ -101,9 +101,10 @@ TINY_ARRIVALS = [0, 2, 3, 7, 12]
 
 # llama3_gqa: GQA + llama3 rope scaling; the Gemmas: an 8-token window on layer 0 (and Gemma 2's soft caps, Gemma 3's
 # two RoPE tables) across chunks, decodes and preemption; the mixtures of experts: each token routed alone whatever
-# else is in the batch
+# else is in the batch; DeepSeek-V2's latent attention over the padded cache
 @pytest.mark.parametrize("name", ["llama3_gqa", "gemma2_softcap_window", "gemma3_local_global", "mixtral_moe",
-                                  "qwen2_moe_shared", "olmoe_clip"])
+                                  "qwen2_moe_shared", "olmoe_clip", "deepseek_v2_lite_yarn",
+                                  "deepseek_v2_q_lora_groups"])
 def test_tiny_model_staggered_greedy_matches_transformers(tiny_checkpoints, monkeypatch, name):
     spec = next(s for s in TINY_SPECS if s.name == name)
     directory, hf_model = tiny_checkpoints[name]

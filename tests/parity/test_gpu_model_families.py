@@ -1,7 +1,8 @@
 """On a GPU: the decoder families added after the Llama layer (Gemma 2's soft caps and per-layer window in the Triton
 paged-attention kernel, Gemma 3's two RoPE tables, Phi-3's LongRoPE, the fused MoE kernels of Mixtral, Qwen2-MoE and
-Qwen3-MoE), fp32 against transformers on the GPU: greedy tokens of a staggered batch with chunked prompts, decode
-steps replayed from CUDA graphs (the mixtures of experts' too). The reference runs on the CPU.
+Qwen3-MoE, DeepSeek-V2's latent attention through the rotary kernel and the padded paged cache, its scaled and
+group-limited routing), fp32 against transformers on the GPU: greedy tokens of a staggered batch with chunked prompts,
+decode steps replayed from CUDA graphs (the mixtures of experts' too). The reference runs on the CPU.
 Skipped without CUDA."""
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ pytest.importorskip("transformers")
 
 
 @pytest.mark.parametrize("name", ["gemma2_softcap_window", "gemma3_local_global", "phi3_longrope", "mixtral_moe",
-                                  "qwen2_moe_shared", "qwen3_moe_dense_layer", "olmoe_clip"])
+                                  "qwen2_moe_shared", "qwen3_moe_dense_layer", "olmoe_clip", "deepseek_v2_lite_yarn",
+                                  "deepseek_v2_q_lora_groups"])
 def test_greedy_tokens_match_transformers_on_the_gpu(tiny_checkpoints, monkeypatch, name):
     spec = next(s for s in TINY_SPECS if s.name == name)
     directory, hf_model = tiny_checkpoints[name]

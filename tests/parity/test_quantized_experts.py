@@ -13,7 +13,7 @@ from fasterllm.layers.moe import SparseMoE
 pytest.importorskip("transformers")
 
 
-@pytest.mark.parametrize("name", ["mixtral_moe", "qwen2_moe_shared"])
+@pytest.mark.parametrize("name", ["mixtral_moe", "qwen2_moe_shared", "deepseek_v2_lite_yarn"])
 def test_int8_experts_are_codes_and_answer_as_their_float_values(name, tiny_checkpoints):
     directory, _ = tiny_checkpoints[name]
     float_llm, llm = (LLM(str(directory), dtype="float32", device="cpu", max_model_len=MAX_POS, num_kv_blocks=32,
