@@ -118,7 +118,6 @@ class Engine:
             self.output_processor.add_request(request)
         return request
 
-
     def abort_request(self, request_id: str, reason: str = "abort") -> None:
         """End a request as added (with its parallel samples) and free its blocks."""
         request = self.requests.get(request_id)
