@@ -9,6 +9,7 @@ from typing import Any, Union
 from fasterllm.config import EngineArgs
 from fasterllm.engine.embedding_engine import EmbeddingEngine
 from fasterllm.engine.engine import Engine
+from fasterllm.engine.frozen_heap import heap_frozen_while_generating
 from fasterllm.engine.input_processor import as_prompt_list, prompt_value
 from fasterllm.loader.tokenizer import TokenizerWrapper
 from fasterllm.outputs import (
@@ -122,12 +123,13 @@ class LLM:
                     raise ValueError(f"prompt {index}: {exc}") from exc
                 request_ids.append(request_id)
             bar = _progress_bar(len(prompts), use_tqdm)
-            while len(finished) < len(request_ids):
-                for output in self.engine.step():
-                    if output.finished:
-                        finished[output.request_id] = output
-                        if bar is not None:
-                            bar.update(1)
+            with heap_frozen_while_generating():
+                while len(finished) < len(request_ids):
+                    for output in self.engine.step():
+                        if output.finished:
+                            finished[output.request_id] = output
+                            if bar is not None:
+                                bar.update(1)
         except BaseException:
             for request_id in request_ids:
                 self.engine.abort_request(request_id)

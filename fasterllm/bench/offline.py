@@ -11,6 +11,7 @@ from fasterllm.bench.sharegpt_like import INPUT_MAX, INPUT_MEDIAN, MIN_LEN, OUTP
 from fasterllm.bench.stats import percentile
 from fasterllm.config import EngineArgs
 from fasterllm.engine.engine import Engine
+from fasterllm.engine.frozen_heap import heap_frozen_while_generating
 from fasterllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 
@@ -57,19 +58,20 @@ def run_engine(engine: Engine, prompts: list[list[int]], output_len: int | list[
     token_times: dict[str, list[float]] = {f"bench-{i}": [] for i in range(len(prompts))}
     finished = []
     peak_blocks = steps = 0
-    while engine.has_unfinished_requests():
-        outputs = engine.step()
-        steps += 1
-        now = time.perf_counter()
-        for output in outputs:
-            if output.request_id in token_times:
-                token_times[output.request_id].append(now)
-            if output.finished:
-                finished.append(output)
-        if late_prompt is not None and all(token_times.values()):
-            engine.add_request("bench-late", late_prompt, SamplingParams(temperature=0.0, max_tokens=1))
-            late_prompt = None
-        peak_blocks = max(peak_blocks, engine.kv_cache.num_blocks - engine.kv_cache.num_free_blocks)
+    with heap_frozen_while_generating():  # as LLM.generate and the server's engine process run
+        while engine.has_unfinished_requests():
+            outputs = engine.step()
+            steps += 1
+            now = time.perf_counter()
+            for output in outputs:
+                if output.request_id in token_times:
+                    token_times[output.request_id].append(now)
+                if output.finished:
+                    finished.append(output)
+            if late_prompt is not None and all(token_times.values()):
+                engine.add_request("bench-late", late_prompt, SamplingParams(temperature=0.0, max_tokens=1))
+                late_prompt = None
+            peak_blocks = max(peak_blocks, engine.kv_cache.num_blocks - engine.kv_cache.num_free_blocks)
     elapsed = time.perf_counter() - start
     ttft = [o.metrics.time_to_first_token for o in finished if o.request_id in token_times]
     itl = [b - a for times in token_times.values() for a, b in zip(times, times[1:])]

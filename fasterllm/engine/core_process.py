@@ -26,6 +26,7 @@ import zmq.asyncio
 from fasterllm.config import EngineArgs
 from fasterllm.engine.engine_loop import SHUTDOWN, AbortRequest, AddRequest, EngineLoop, Turn
 from fasterllm.engine.engine_stats import EngineStats
+from fasterllm.engine.frozen_heap import freeze_heap
 from fasterllm.engine.input_processor import InputProcessor
 from fasterllm.engine.output_deltas import OutputDecoder, OutputEncoder
 from fasterllm.engine.server_side_text import ServerSideText
@@ -160,6 +161,7 @@ def run_engine_process(args: EngineArgs, socket_dir: str, idle_wait_s: float, lo
         turns.send(pickle.dumps(("failed", _picklable(exc))))
         context.destroy(linger=5000)
         return
+    freeze_heap()  # this process runs the engine until it exits: its start-up objects stay for good
     turns.send(pickle.dumps(("ready", {"model_name": engine.model_name, "max_model_len": engine.max_model_len,
                                        "stats": engine.stats()})))
     encoder = OutputEncoder()
