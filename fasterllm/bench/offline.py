@@ -75,10 +75,11 @@ def run_engine(engine: Engine, prompts: list[list[int]], output_len: int | list[
     elapsed = time.perf_counter() - start
     ttft = [o.metrics.time_to_first_token for o in finished if o.request_id in token_times]
     itl = [b - a for times in token_times.values() for a, b in zip(times, times[1:])]
-    tpot = [(times[-1] - times[0]) / (len(times) - 1) for times in token_times.values() if len(times) > 1]
     if final_only:
         tpot = [(o.metrics.last_token_time - o.metrics.first_token_time) / (len(o.outputs[0].token_ids) - 1)
                 for o in finished if len(o.outputs[0].token_ids) > 1]
+    else:
+        tpot = [(times[-1] - times[0]) / (len(times) - 1) for times in token_times.values() if len(times) > 1]
     return {"seconds": elapsed, "requests_per_s": len(prompts) / elapsed,
             "output_tokens_per_s": sum(output_lens) * sequences / elapsed,
             "ttft_median_ms": 1e3 * statistics.median(ttft), "ttft_max_ms": 1e3 * max(ttft),
