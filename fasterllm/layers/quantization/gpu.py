@@ -26,8 +26,8 @@ from fasterllm.kernels.quant_fp8 import fp8_gemm
 from fasterllm.kernels.quant_w8a8 import int8_gemm
 from fasterllm.kernels.quant_weight_only import (pack_int4_codes, pack_int4_tinygemm, tinygemm_kernel_available,
                                                  tinygemm_matmul, weight_only_matmul)
-from fasterllm.layers.kv_cache_dtype import FP8_MAX
 from fasterllm.layers.linear import FlatLinear
+from fasterllm.layers.quantization.experts import quantize_e4m3_per_channel
 from fasterllm.layers.quantization.fused_activation import QuantizedRows
 from fasterllm.layers.quantization.int4 import GROUP_SIZE, quantize_int4_grouped, scales_and_zeros
 from fasterllm.layers.quantization.int8 import quantize_int8_per_channel
@@ -173,9 +173,7 @@ class FP8Linear(ActivationQuantizedLinear):
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> FP8Linear:
         check_fp8_device(weight.device)
-        w = weight.float()
-        scales = w.abs().amax(dim=1).clamp_min(1e-12) / FP8_MAX
-        return cls((w / scales[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scales, bias)
+        return cls(*quantize_e4m3_per_channel(weight), bias)
 
     def quantized_matmul(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return fp8_gemm(codes, scales, self.qweight, self.scales, self.bias, dtype)  # scales [M, 1] fp32
