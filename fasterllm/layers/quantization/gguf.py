@@ -37,9 +37,6 @@ class BlockLayout:
     group_size: int
 
 
-INT4_GROUPS = BlockLayout("int4", 32)  # GPTQ / AWQ / compressed-tensors W4A16 codes: their loaders' groups of 32
-
-
 class GroupedCodesLinear(nn.Module):
     """Holds a projection's codes, per-group scales and minimums (GGUF blocks, or GPTQ / AWQ codes) while the
     checkpoint loads, and the layout they run as; not meant to run."""
@@ -63,13 +60,10 @@ class GroupedCodesLinear(nn.Module):
                            "repacks it before the first forward")
 
 
-def prepare_gguf_linears(model: nn.Module, layouts: Mapping[str, BlockLayout] | None = None) -> None:
+def prepare_gguf_linears(model: nn.Module, layouts: Mapping[str, BlockLayout]) -> None:
     """Before load_weights: the projections of the decoder layers take grouped codes (layouts: only those named, as
-    "layers.3.qkv_proj", each in its layout, and the output head if "lm_head" is named; None: every projection, as
-    int4); the others (often other GGUF types) keep float weights."""
-    if layouts is None:
-        replace_linears(model.layers, lambda linear: GroupedCodesLinear(linear, INT4_GROUPS))
-        return
+    "layers.3.qkv_proj", each in its layout, and the output head if "lm_head" is named); the others (often other GGUF
+    types) keep float weights."""
     for index, layer in enumerate(model.layers):
         for name, child in list(layer.named_children()):
             layout = layouts.get(f"layers.{index}.{name}")
