@@ -141,15 +141,11 @@ class QuantizedCheckpoint:
             raise ValueError(f"{self.method.upper()} projection {module!r}: qweight {tuple(parts['qweight'].shape)}, "
                              f"qzeros {tuple(parts['qzeros'].shape)} and scales {tuple(scales.shape)} do not fit "
                              f"group_size={self.group_size}; the checkpoint and its quantization_config disagree")
-        order = torch.arange(inputs)
         if gptq:
-            order = _gptq_input_order(module, parts.get("g_idx"), inputs, group)
-            unpack = unpack_nibbles if self.bits == 4 else _unpack_bytes
-            words = parts["qweight"]  # [K / per_word, N]: the codes of a word are consecutive inputs
-            codes = unpack(words).transpose(1, 2).reshape(inputs, outputs)[order]
-            zeros = unpack(parts["qzeros"]).reshape(inputs // group, outputs)
+            codes, zeros, order = _gptq_codes(module, parts, self.bits, group)
+            codes = codes[order]
         else:
-            codes, zeros = _awq_unpack(qweight), _awq_unpack(parts["qzeros"])
+            codes, zeros, order = _awq_unpack(qweight), _awq_unpack(parts["qzeros"]), torch.arange(inputs)
         zeros = zeros.float() + self.zero_offset
         per_ours = group // OUR_GROUP
         our_scales = scales.t().repeat_interleave(per_ours, dim=1).contiguous()
@@ -165,16 +161,27 @@ class QuantizedCheckpoint:
             raise ValueError(f"GPTQ projection {module!r}: qweight {tuple(words.shape)}, qzeros "
                              f"{tuple(zero_words.shape)} and scales {tuple(scales.shape)} do not fit bits=8, "
                              "group_size=-1; the checkpoint and its quantization_config disagree")
-        _gptq_input_order(module, parts.get("g_idx"), inputs, inputs)  # one group: g_idx all 0
-        zeros = _unpack_bytes(zero_words).reshape(outputs) + self.zero_offset
+        codes, zeros, _ = _gptq_codes(module, parts, 8, inputs)  # one group: g_idx all 0, the identity order
+        zeros = zeros[0] + self.zero_offset
         if (zeros != _INT8_ZERO).any():
             found = sorted(set(zeros.tolist()))[:4]
             raise ValueError(f"GPTQ projection {module!r} has zero points {found} (after the checkpoint format's "
                              f"offset {self.zero_offset}), not {_INT8_ZERO} throughout, but its quantization_config "
                              "does not say sym=false, so it was to run as the int8 layer (symmetric codes); the "
                              "checkpoint and its config disagree: with sym=false it runs as uint8_grouped")
-        codes = _unpack_bytes(words).transpose(1, 2).reshape(inputs, outputs) - _INT8_ZERO
-        return codes.t().contiguous().to(torch.int8), scales[0].contiguous()
+        return (codes - _INT8_ZERO).t().contiguous().to(torch.int8), scales[0].contiguous()
+
+
+def _gptq_codes(module: str, parts: dict[str, torch.Tensor], bits: int, group: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A GPTQ projection's packed words -> (codes [K, N] in stored order, zero points [K / group, N], input order
+    [K] from g_idx: see _gptq_input_order); the caller checked the shapes."""
+    unpack = unpack_nibbles if bits == 4 else _unpack_bytes
+    words = parts["qweight"]  # [K / per_word, N]: the codes of a word are consecutive inputs
+    inputs, outputs = words.shape[0] * (32 // bits), words.shape[1]
+    codes = unpack(words).transpose(1, 2).reshape(inputs, outputs)
+    zeros = unpack(parts["qzeros"]).reshape(inputs // group, outputs)
+    return codes, zeros, _gptq_input_order(module, parts.get("g_idx"), inputs, group)
 
 
 def _unpack_bytes(words: torch.Tensor) -> torch.Tensor:
