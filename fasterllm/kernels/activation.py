@@ -9,11 +9,15 @@ import torch
 import triton
 import triton.language as tl
 
+from fasterllm.kernels.dependent_launch import early_start, launch_early
+
 _BLOCK = 1024
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, y_ptr, stride_x, stride_y, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, y_ptr, stride_x, stride_y, WIDTH: tl.constexpr, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr):
+    early_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < WIDTH
@@ -32,6 +36,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     num_tokens, width = x.shape[0], x.shape[1] // 2
     y = torch.empty(num_tokens, width, dtype=x.dtype, device=x.device)
     if num_tokens:
+        pdl = launch_early(x.device)
         _silu_and_mul_kernel[(num_tokens, triton.cdiv(width, _BLOCK))](
-            x, y, x.stride(0), y.stride(0), WIDTH=width, BLOCK=_BLOCK)
+            x, y, x.stride(0), y.stride(0), WIDTH=width, BLOCK=_BLOCK, PDL=pdl, launch_pdl=pdl)
     return y

@@ -11,6 +11,10 @@ fp16 scale and minimum per group of GROUP k; grouped 8-bit [N, K], one code a by
 minimum per group): groups are summed first and scaled once per group (sum_k (q s + m) x = s sum_k q x + m sum_k x),
 so the scales are read per group, not per weight.
 
+On Hopper and later the kernel is launched early (kernels/dependent_launch.py) and waits for the kernel before it
+only once it starts. Fetching its weight rows into L2 before that wait did not pay: the whole rows 4-6% slower at
+batch 1 (8B shape, H100), the first chunk of each no faster than no fetch (benchmarks/RESULTS.md).
+
 The best tile depends on the shape and the GPU, so the first call of each shape on a GPU times a few candidate
 tiles (CUDA events, outside any graph capture) and keeps the fastest; the engine's warm-up before capturing
 its decode graphs makes that first call.
@@ -20,6 +24,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from fasterllm.kernels.dependent_launch import early_start, launch_early
 
 # (BLOCK_N, BLOCK_B weights per row per step (int4: bytes), num_warps): small BLOCK_N keeps thousands of programs
 # streaming for 4096-wide outputs; larger chunks keep more bytes in flight per program
@@ -41,7 +47,8 @@ def small_int_to_float(u, offset: tl.constexpr):
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, N, K, stride_wn, stride_gn,
                  GROUPED_BITS: tl.constexpr, GROUP: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+                 EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, PDL: tl.constexpr):
+    early_start(PDL)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
     w_rows = w_ptr + rn.to(tl.int64) * stride_wn
@@ -113,6 +120,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = No
         raise ValueError(f"gemv takes one row of K values and a [N, K] weight, got x {tuple(x.shape)} and weight "
                          f"{tuple(weight.shape)}")
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    pdl = launch_early(x.device)
 
     def launch(config: tuple[int, int, int]) -> None:
         block_n, block_b, warps = config
@@ -123,7 +131,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = No
             bias if bias is not None else out, out, n, k, weight.stride(0), scales.stride(0) if grouped_bits else 0,
             GROUPED_BITS=grouped_bits, GROUP=group_size if grouped_bits else 1, HAS_SCALE=scales is not None,
             HAS_BIAS=bias is not None, EVEN_K=(k // per_byte) % block_b == 0, BLOCK_N=block_n, BLOCK_B=block_b,
-            num_warps=warps)
+            PDL=pdl, num_warps=warps, launch_pdl=pdl)
 
     launch(_config_for((n, k, weight.dtype, group_size, grouped_bits, x.dtype, x.device), launch))
     return out

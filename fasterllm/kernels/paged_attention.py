@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fasterllm.kernels.dependent_launch import early_start, launch_early
 from fasterllm.kernels.online_softmax import LOG2E, dot, online_softmax_update
 from fasterllm.layers.kv_cache_dtype import FP8_KV_DTYPE
 
@@ -46,7 +47,8 @@ def _paged_attention_kernel(
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
         USE_WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-        IEEE_DOT: tl.constexpr, FP16_DOT: tl.constexpr):
+        IEEE_DOT: tl.constexpr, FP16_DOT: tl.constexpr, PDL: tl.constexpr):
+    early_start(PDL)
     seq, tile, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
     query_start = tl.load(query_start_ptr + seq)
@@ -130,7 +132,8 @@ def _paged_attention_kernel(
 @triton.jit
 def _merge_splits_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, query_start_ptr, out_ptr, stride_ot, stride_oh,
                          NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         BLOCK_D: tl.constexpr):
+                         BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    early_start(PDL)
     seq, head = tl.program_id(0), tl.program_id(1)
     token = tl.load(query_start_ptr + seq)
     if tl.load(query_start_ptr + seq + 1) > token:  # padding sequences own no row
@@ -221,6 +224,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         part_max = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32, device=query.device)
         part_sum = torch.empty_like(part_max)
         part_out = torch.empty(num_tokens, num_heads, splits, head_dim, dtype=torch.float32, device=query.device)
+    pdl = launch_early(query.device)
     _paged_attention_kernel[(num_seqs, tiles, num_kv_heads)](
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out,
         part_out, part_max, part_sum, out if position_bias is None else position_bias,
@@ -232,12 +236,13 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         BLOCK_N=max(block_size, 128 if fp16_dot else 64), BLOCK_SIZE=block_size,
         NUM_SPLITS=splits,
         USE_WINDOW=sliding_window is not None, CAUSAL=causal, HAS_BIAS=position_bias is not None,
-        HAS_SOFTCAP=softcap is not None, IEEE_DOT=query.dtype == torch.float32, FP16_DOT=fp16_dot,
-        num_stages=_DECODE_STAGES if max_query_len == 1 else 3)
+        HAS_SOFTCAP=softcap is not None, IEEE_DOT=query.dtype == torch.float32, FP16_DOT=fp16_dot, PDL=pdl,
+        num_stages=_DECODE_STAGES if max_query_len == 1 else 3, launch_pdl=pdl)
     if splits > 1:
         _merge_splits_kernel[(num_seqs, num_heads)](
             part_out, part_max, part_sum, query_start_loc, out, out.stride(0), out.stride(1),
-            NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=head_dim, BLOCK_D=block_d)
+            NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=head_dim, BLOCK_D=block_d,
+            PDL=pdl, launch_pdl=pdl)
     return out
 
 

@@ -12,11 +12,14 @@ import torch
 import triton
 import triton.language as tl
 
+from fasterllm.kernels.dependent_launch import early_start, launch_early
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, residual_ptr, first_weight_ptr, weight_ptr, y_ptr, new_residual_ptr, first_eps, eps,
                      stride_x, stride_r, stride_y, stride_nr, HIDDEN: tl.constexpr, BLOCK: tl.constexpr,
-                     ADD_RESIDUAL: tl.constexpr, NORM_FIRST: tl.constexpr):
+                     ADD_RESIDUAL: tl.constexpr, NORM_FIRST: tl.constexpr, PDL: tl.constexpr):
+    early_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < HIDDEN
@@ -59,12 +62,13 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     if num_tokens:
         block = triton.next_power_of_2(hidden)
         first_weight, first_eps = (weight, eps) if first is None else first
+        pdl = launch_early(x.device)
         _rms_norm_kernel[(num_tokens,)](
             x, x if residual is None else residual, first_weight, weight, y,
             y if new_residual is None else new_residual, first_eps, eps,
             x.stride(0), x.stride(0) if residual is None else residual.stride(0), y.stride(0), y.stride(0),
-            HIDDEN=hidden, BLOCK=block, ADD_RESIDUAL=residual is not None, NORM_FIRST=first is not None,
-            num_warps=4 if block <= 1024 else 8 if block <= 4096 else 16)
+            HIDDEN=hidden, BLOCK=block, ADD_RESIDUAL=residual is not None, NORM_FIRST=first is not None, PDL=pdl,
+            num_warps=4 if block <= 1024 else 8 if block <= 4096 else 16, launch_pdl=pdl)
     return y, new_residual
 
 
