@@ -18,21 +18,20 @@ class SymmetricAllReduce:
     def __init__(self, hidden_size: int, dtype: torch.dtype, device: torch.device):
         import torch.distributed._symmetric_memory as symm_mem
 
+        from fasterllm.kernels.one_shot_all_reduce import COPIES, EMPTY
+
+        if dtype.itemsize != 2:
+            raise ValueError(f"the fused all-reduce takes 16-bit models (bf16, fp16), not {dtype}")
         self.hidden_size, self.dtype = hidden_size, dtype
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        pad_bytes = MAX_ROWS * self.world * 4
-        if symm_mem.get_signal_pad_size() < pad_bytes:
-            raise RuntimeError(f"symmetric memory signal pads of {symm_mem.get_signal_pad_size()} bytes are smaller "
-                               f"than the {pad_bytes} bytes {MAX_ROWS} rows x {self.world} ranks need")
-        self._buffer = symm_mem.empty(2 * MAX_ROWS * hidden_size, dtype=dtype, device=device)  # two halves
+        self._buffer = symm_mem.empty(COPIES * self.world * MAX_ROWS * hidden_size, dtype=torch.int16, device=device)
+        self._buffer.fill_(EMPTY)
         handle = symm_mem.rendezvous(self._buffer, dist.group.WORLD)
-        handle.get_signal_pad(self.rank, [MAX_ROWS * self.world], dtype=torch.uint32).zero_()
         self.buffers = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
-        self.pads = torch.tensor(handle.signal_pad_ptrs, dtype=torch.int64, device=device)
         self.epochs = torch.zeros(MAX_ROWS, dtype=torch.int32, device=device)  # each row slot's calls so far
         self._handle = handle  # keeps the peers' mappings alive as long as this object
         torch.cuda.synchronize(device)
-        dist.barrier()  # every rank's flags are zero before any rank raises one
+        dist.barrier()  # every rank's slots are empty before any rank writes one
 
     def fits(self, x: torch.Tensor) -> bool:
         return (x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.shape[1] == self.hidden_size and x.dtype == self.dtype
@@ -42,8 +41,8 @@ class SymmetricAllReduce:
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         from fasterllm.kernels.one_shot_all_reduce import all_reduce_add_rms_norm
 
-        return all_reduce_add_rms_norm(x, residual.contiguous(), weight, eps, self.buffers, self.pads, self.epochs,
-                                       self.rank, self.world)
+        return all_reduce_add_rms_norm(x, residual.contiguous(), weight, eps, self.buffers, self.epochs, self.rank,
+                                       self.world)
 
 
 def try_symmetric_all_reduce(hidden_size: int, dtype: torch.dtype, device: torch.device

@@ -1,0 +1,52 @@
+"""The fused all-reduce + norm kernel's bookkeeping in Triton's interpreter, one rank at a time: the other rank's row
+is put where its NVLink write would land, and rank 0's launch must push its own row into both buffers, sum the two
+(a -0.0 sent as +0.0), empty the copy of the call before, and move to the next copy each call. On GPUs,
+tests/parity/test_gpu_tensor_parallel.py runs it across real ranks."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test; GPUs run the multi-rank test")
+pytest.importorskip("triton")
+from fasterllm.kernels.one_shot_all_reduce import COPIES, EMPTY, all_reduce_add_rms_norm  # noqa: E402
+from fasterllm.kernels.rms_norm import fused_add_rms_norm  # noqa: E402
+
+WORLD, MAX_ROWS, HIDDEN = 2, 4, 64
+
+
+def _in_time(call, seconds: float = 120.0):
+    """call() on a thread: a kernel that waits for a slot nobody fills spins for ever, so fail instead of hanging."""
+    result = []
+    thread = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert result, f"the kernel still waited after {seconds} s: a slot it polls was never filled"
+    return result[0]
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_rank_zero_sums_both_rows_and_cycles_its_copies(rows):
+    generator = torch.Generator().manual_seed(rows)
+    buffers = [torch.full((COPIES, WORLD, MAX_ROWS, HIDDEN), EMPTY, dtype=torch.int16) for _ in range(WORLD)]
+    addresses = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
+    epochs = torch.zeros(MAX_ROWS, dtype=torch.int32)
+    weight = (torch.rand(HIDDEN, generator=generator) + 0.5).to(torch.bfloat16)
+    residual = (torch.randint(-64, 64, (rows, HIDDEN), generator=generator) / 16).to(torch.bfloat16)
+    for call in range(1, 5):
+        # multiples of 1/16: every sum is exact, so the interpreter's rounding (toward zero) does not enter
+        mine, theirs = ((torch.randint(-64, 64, (rows, HIDDEN), generator=generator) / 16).to(torch.bfloat16)
+                        for _ in range(WORLD))
+        theirs[0, :5] = -0.0
+        buffers[0][call % COPIES, 1, :rows] = theirs.view(torch.int16).masked_fill(theirs.view(torch.int16) == EMPTY,
+                                                                                   0)
+        normed, new_residual = _in_time(lambda: all_reduce_add_rms_norm(mine, residual, weight, 1e-6, addresses,
+                                                                        epochs, 0, WORLD))
+        expected = fused_add_rms_norm(mine + theirs, residual, weight, 1e-6)
+        assert torch.equal(normed, expected[0]) and torch.equal(new_residual, expected[1]), f"call {call}"
+        assert torch.equal(buffers[1][call % COPIES, 0, :rows], mine.view(torch.int16)), "row not pushed to rank 1"
+        assert (buffers[0][(call - 1) % COPIES] == EMPTY).all(), "the last call's copy was not emptied"
+        residual = new_residual
+    assert epochs.tolist() == [4] * rows + [0] * (MAX_ROWS - rows)
