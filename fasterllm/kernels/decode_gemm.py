@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fasterllm.kernels.dependent_launch import early_start, launch_early
 from fasterllm.kernels.quant_split_k import SplitKPlan, epilogue, nvidia_capability, plan_split_k, reduce_splits
 
 MAX_ROWS = 64  # one BLOCK_M tile of rows
@@ -28,9 +29,10 @@ _MIN_K_BLOCKS = 8
 @triton.jit(do_not_specialize=["M"])  # any row count, one compiled variant
 def _decode_gemm_kernel(a_ptr, b_ptr, out_ptr, row_scale_ptr, col_scale_ptr, bias_ptr, M, N, K, k_per_split,
                         SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     """SPLIT: this program's K range -> fp32 / int32 partial sums at out_ptr [splits, M, N]; else all of K -> the
     epilogue's output at out_ptr [M, N]."""
+    early_start(PDL)
     IS_INT: tl.constexpr = a_ptr.dtype.element_ty == tl.int8
     pid_n, split = tl.program_id(0), tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
@@ -99,8 +101,9 @@ def decode_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scal
     split = plan.splits > 1
     sums = torch.empty(plan.splits, m, n, dtype=torch.int32 if a.dtype == torch.int8 else torch.float32,
                        device=a.device) if split else out
+    pdl = launch_early(a.device)
     _decode_gemm_kernel[(n // _BLOCK_N, plan.splits)](
         a, b, sums, a_scales, b_scales, bias if bias is not None else out, m, n, k, plan.k_per_split, SPLIT=split,
         HAS_BIAS=bias is not None, EVEN_K=k % _BLOCK_K == 0, BLOCK_M=MAX_ROWS, BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K,
-        num_warps=4, num_stages=3)
+        num_warps=4, num_stages=3, PDL=pdl, launch_pdl=pdl)
     return reduce_splits(sums, out, a_scales, b_scales, bias) if split else out

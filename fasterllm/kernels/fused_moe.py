@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fasterllm.kernels.dependent_launch import early_start, launch_early
 from fasterllm.kernels.moe_align import align_by_expert
 from fasterllm.kernels.online_softmax import dot
 
@@ -51,7 +52,8 @@ def _tile(slots_ptr, num_slots, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 def _gate_up_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, slots_ptr, tile_experts_ptr, num_slots, hidden, inter,
                     stride_xt, stride_we, stride_wn, stride_se, stride_os, TOP_K: tl.constexpr,
                     NUM_EXPERTS: tl.constexpr, ACT: tl.constexpr, IEEE: tl.constexpr, SCALED: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    early_start(PDL)
     expert = tl.load(tile_experts_ptr + tl.program_id(0))
     if expert < NUM_EXPERTS:  # tiles past the last expert's run hold no slot
         rows, slots, valid, columns = _tile(slots_ptr, num_slots, BLOCK_M, BLOCK_N)
@@ -81,7 +83,8 @@ def _gate_up_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, slots_ptr, tile_experts_pt
 def _down_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, slots_ptr, tile_experts_ptr, routing_ptr, num_slots, hidden,
                  inter, stride_as, stride_we, stride_wn, stride_se, stride_ot, TOP_K: tl.constexpr,
                  NUM_EXPERTS: tl.constexpr, IEEE: tl.constexpr, SCALED: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    early_start(PDL)
     expert = tl.load(tile_experts_ptr + tl.program_id(0))
     if expert < NUM_EXPERTS:
         rows, slots, valid, columns = _tile(slots_ptr, num_slots, BLOCK_M, BLOCK_N)
@@ -181,14 +184,15 @@ def _launch(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     out = torch.zeros(num_tokens, hidden_size, dtype=torch.float32, device=hidden.device)
     ieee = hidden.dtype == torch.float32  # full fp32 products, not TF32, for fp32 models
     gate_up_scales, down_scales = (w_gate_up, w_down) if scales is None else (s.contiguous() for s in scales)
+    pdl = launch_early(hidden.device)
     _gate_up_kernel[(tile_experts.shape[0], triton.cdiv(inter, n))](
         hidden, w_gate_up, gate_up_scales, gated, slots, tile_experts, num_tokens * top_k, hidden_size, inter,
         hidden.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), gate_up_scales.stride(0), gated.stride(0),
         TOP_K=top_k, NUM_EXPERTS=num_experts, ACT=ACTIVATIONS[activation], IEEE=ieee, SCALED=scales is not None,
-        BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, num_warps=warps, num_stages=stages)
+        BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, num_warps=warps, num_stages=stages, PDL=pdl, launch_pdl=pdl)
     _down_kernel[(tile_experts.shape[0], triton.cdiv(hidden_size, n))](
         gated, w_down, down_scales, out, slots, tile_experts, routing_weights.contiguous(), num_tokens * top_k,
         hidden_size, inter, gated.stride(0), w_down.stride(0), w_down.stride(1), down_scales.stride(0),
         out.stride(0), TOP_K=top_k, NUM_EXPERTS=num_experts, IEEE=ieee, SCALED=scales is not None, BLOCK_M=m,
-        BLOCK_N=n, BLOCK_K=k, num_warps=warps, num_stages=stages)
+        BLOCK_N=n, BLOCK_K=k, num_warps=warps, num_stages=stages, PDL=pdl, launch_pdl=pdl)
     return out.to(hidden.dtype)

@@ -13,11 +13,14 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from fasterllm.kernels.dependent_launch import early_start, launch_early
+
 
 @triton.jit
 def _add_bias_residual_layer_norm_kernel(x_ptr, bias_ptr, residual_ptr, weight_ptr, norm_bias_ptr, out_ptr, eps,
                                          stride_x, stride_r, stride_out, HIDDEN: tl.constexpr,
-                                         BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):
+                                         BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+    early_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < HIDDEN
@@ -51,9 +54,11 @@ def add_bias_residual_layer_norm(x: torch.Tensor, bias: torch.Tensor | None, res
     out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
     if num_tokens:
         block = triton.next_power_of_2(hidden)
+        pdl = launch_early(x.device)
         _add_bias_residual_layer_norm_kernel[(num_tokens,)](
             x, weight if bias is None else bias, residual, weight, norm_bias, out, eps, x.stride(0), residual.stride(0),
-            out.stride(0), HIDDEN=hidden, BLOCK=block, HAS_BIAS=bias is not None, num_warps=4 if block <= 1024 else 8)
+            out.stride(0), HIDDEN=hidden, BLOCK=block, HAS_BIAS=bias is not None, num_warps=4 if block <= 1024 else 8,
+            PDL=pdl, launch_pdl=pdl)
     return out
 
 

@@ -9,11 +9,14 @@ import torch
 import triton
 import triton.language as tl
 
+from fasterllm.kernels.dependent_launch import early_start, launch_early
+
 _BLOCK = 1024  # slots per program of the counting and placing launches
 
 
 @triton.jit
-def _count_kernel(experts_ptr, counts_ptr, num_slots, BLOCK: tl.constexpr):
+def _count_kernel(experts_ptr, counts_ptr, num_slots, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    early_start(PDL)
     slot = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     expert = tl.load(experts_ptr + slot, mask=slot < num_slots, other=0)
     tl.atomic_add(counts_ptr + expert, 1, mask=slot < num_slots)
@@ -21,9 +24,10 @@ def _count_kernel(experts_ptr, counts_ptr, num_slots, BLOCK: tl.constexpr):
 
 @triton.jit
 def _runs_kernel(counts_ptr, cursor_ptr, tile_experts_ptr, slots_ptr, num_experts, num_tiles, size, sentinel,
-                 BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """One program: each expert's run start (the placing cursor), each tile's expert (the number of runs that end at
     or before its first row: num_experts past the last run), and every slot position set to the padding sentinel."""
+    early_start(PDL)
     e = tl.arange(0, BLOCK_E)
     real = e < num_experts
     padded = (tl.load(counts_ptr + e, mask=real, other=0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
@@ -39,7 +43,8 @@ def _runs_kernel(counts_ptr, cursor_ptr, tile_experts_ptr, slots_ptr, num_expert
 
 
 @triton.jit
-def _place_kernel(experts_ptr, cursor_ptr, slots_ptr, num_slots, BLOCK: tl.constexpr):
+def _place_kernel(experts_ptr, cursor_ptr, slots_ptr, num_slots, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    early_start(PDL)
     slot = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     expert = tl.load(experts_ptr + slot, mask=slot < num_slots, other=0)
     position = tl.atomic_add(cursor_ptr + expert, 1, mask=slot < num_slots)
@@ -58,8 +63,9 @@ def align_by_expert(experts: torch.Tensor, num_experts: int, block_m: int) -> tu
     slots = torch.empty(size, dtype=torch.int32, device=device)
     tile_experts = torch.empty(size // block_m, dtype=torch.int32, device=device)
     grid = (triton.cdiv(num_slots, _BLOCK),)
-    _count_kernel[grid](flat, counts, num_slots, BLOCK=_BLOCK)
+    pdl = launch_early(device)
+    _count_kernel[grid](flat, counts, num_slots, BLOCK=_BLOCK, PDL=pdl, launch_pdl=pdl)
     _runs_kernel[(1,)](counts, cursor, tile_experts, slots, num_experts, size // block_m, size, num_slots,
-                       BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK=256)
-    _place_kernel[grid](flat, cursor, slots, num_slots, BLOCK=_BLOCK)
+                       BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK=256, PDL=pdl, launch_pdl=pdl)
+    _place_kernel[grid](flat, cursor, slots, num_slots, BLOCK=_BLOCK, PDL=pdl, launch_pdl=pdl)
     return slots, tile_experts

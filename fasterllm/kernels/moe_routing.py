@@ -9,10 +9,13 @@ import torch
 import triton
 import triton.language as tl
 
+from fasterllm.kernels.dependent_launch import early_start, launch_early
+
 
 @triton.jit
 def _route_kernel(logits_ptr, weights_ptr, experts_ptr, num_experts, stride_t, scale, TOP_K: tl.constexpr,
-                  NORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+                  NORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    early_start(PDL)
     token = tl.program_id(0)
     e = tl.arange(0, BLOCK_E)
     logits = tl.load(logits_ptr + token * stride_t + e, mask=e < num_experts, other=float("-inf")).to(tl.float32)
@@ -44,7 +47,8 @@ def route_logits(logits: torch.Tensor, top_k: int, normalize: bool, dtype: torch
     weights = torch.empty(num_tokens, top_k, dtype=dtype, device=logits.device)
     experts = torch.empty(num_tokens, top_k, dtype=torch.int64, device=logits.device)
     if num_tokens:
+        pdl = launch_early(logits.device)
         _route_kernel[(num_tokens,)](logits, weights, experts, num_experts, logits.stride(0), scale, TOP_K=top_k,
                                      NORMALIZE=normalize, BLOCK_E=triton.next_power_of_2(num_experts),
-                                     BLOCK_K=triton.next_power_of_2(top_k))
+                                     BLOCK_K=triton.next_power_of_2(top_k), PDL=pdl, launch_pdl=pdl)
     return weights, experts

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fasterllm.kernels.dependent_launch import early_start, launch_early
+
 # columns a program holds at once: a whole Llama-3-8B intermediate row (14336), read once and quantized from registers;
 # wider rows loop twice (absmax, then quantize) in steps of this many (2048 a step took 11 us a row on an H100)
 _CHUNK = 16384
@@ -68,7 +70,8 @@ def _row_values(x_row, cols, mask, WIDTH: tl.constexpr, SILU_MUL: tl.constexpr):
 @triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, stride_x, stride_q, WIDTH: tl.constexpr, CHUNK: tl.constexpr,
                           SILU_MUL: tl.constexpr, QUANT_MAX: tl.constexpr, MIN_ABSMAX: tl.constexpr,
-                          CAST_ROUNDS: tl.constexpr):
+                          CAST_ROUNDS: tl.constexpr, PDL: tl.constexpr):
+    early_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     if WIDTH <= CHUNK:  # the whole row held at once: one read, the values kept for the second step
@@ -99,7 +102,8 @@ def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, stride_x, stride_q, WIDTH: tl
 def _rms_norm_quantize_kernel(x_ptr, residual_ptr, weight_ptr, q_ptr, scale_ptr, new_residual_ptr, eps, stride_x,
                               stride_r, stride_q, stride_nr, HIDDEN: tl.constexpr, BLOCK: tl.constexpr,
                               ADD_RESIDUAL: tl.constexpr, QUANT_MAX: tl.constexpr, MIN_ABSMAX: tl.constexpr,
-                              CAST_ROUNDS: tl.constexpr):
+                              CAST_ROUNDS: tl.constexpr, PDL: tl.constexpr):
+    early_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < HIDDEN
@@ -147,10 +151,11 @@ def _quantize_rows(x: torch.Tensor, width: int, silu_mul: bool, q_dtype: torch.d
     scales = torch.empty(num_tokens, 1, dtype=torch.float32, device=x.device)  # [T, 1]: _scaled_mm's row-wise form
     if num_tokens:
         chunk = min(_CHUNK, triton.next_power_of_2(width))
+        pdl = launch_early(x.device)
         _quantize_rows_kernel[(num_tokens,)](x, q, scales, x.stride(0), q.stride(0), WIDTH=width,
                                              CHUNK=chunk, SILU_MUL=silu_mul, QUANT_MAX=QMAX[q_dtype],
                                              MIN_ABSMAX=_MIN_ABSMAX, CAST_ROUNDS=cast_rounds(x),
-                                             num_warps=_warps(chunk))
+                                             num_warps=_warps(chunk), PDL=pdl, launch_pdl=pdl)
     return q, scales
 
 
@@ -183,11 +188,12 @@ def rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight: to
     new_residual = x if residual is None else torch.empty_like(x, memory_format=torch.contiguous_format)
     if num_tokens:
         block = triton.next_power_of_2(hidden)
+        pdl = launch_early(x.device)
         _rms_norm_quantize_kernel[(num_tokens,)](
             x, x if residual is None else residual, weight, q, scales, new_residual, eps, x.stride(0),
             x.stride(0) if residual is None else residual.stride(0), q.stride(0), new_residual.stride(0),
             HIDDEN=hidden, BLOCK=block, ADD_RESIDUAL=residual is not None, QUANT_MAX=QMAX[q_dtype],
-            MIN_ABSMAX=_MIN_ABSMAX, CAST_ROUNDS=cast_rounds(x), num_warps=_warps(block))
+            MIN_ABSMAX=_MIN_ABSMAX, CAST_ROUNDS=cast_rounds(x), num_warps=_warps(block), PDL=pdl, launch_pdl=pdl)
     return q, scales, new_residual
 
 

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fasterllm.kernels.dependent_launch import early_start, launch_early
+
 _MAX_SPLITS = 16
 
 
@@ -80,7 +82,8 @@ def epilogue(acc, rm, rn, M, N, row_scale_ptr, col_scale_ptr, bias_ptr, HAS_ROW_
 @triton.jit(do_not_specialize=["M"])  # any row count, one compiled variant (see quant_weight_only.py)
 def _reduce_splits_kernel(partial_ptr, out_ptr, row_scale_ptr, col_scale_ptr, bias_ptr, M, N, SPLITS: tl.constexpr,
                           HAS_ROW_SCALE: tl.constexpr, HAS_COL_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    early_start(PDL)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rm < M)[:, None] & (rn < N)[None, :]
@@ -98,9 +101,10 @@ def reduce_splits(partials: torch.Tensor, out: torch.Tensor, row_scale: torch.Te
     is a plain epilogue: quant_w8a8.py scales torch._int_mm's int32 output with it."""
     splits, m, n = partials.shape
     block_m, block_n = min(16, triton.next_power_of_2(m)), 128
+    pdl = launch_early(partials.device)
     _reduce_splits_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
         partials, out, row_scale if row_scale is not None else out, col_scale if col_scale is not None else out,
         bias if bias is not None else out, m, n, SPLITS=splits, HAS_ROW_SCALE=row_scale is not None,
         HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-        num_warps=4)
+        num_warps=4, PDL=pdl, launch_pdl=pdl)
     return out

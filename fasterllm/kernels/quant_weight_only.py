@@ -28,6 +28,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from fasterllm.kernels.dependent_launch import early_start, launch_early
 from fasterllm.kernels.gemv import gemv, small_int_to_float
 from fasterllm.kernels.quant_split_k import SplitKPlan, epilogue, nvidia_capability, plan_split_k, reduce_splits
 
@@ -150,7 +151,8 @@ def _weight_only_kernel(x_ptr, w_ptr, group_scale_ptr, group_min_ptr, col_scale_
                         stride_xm, stride_wn, stride_gn, stride_gg, k_per_split, GROUP: tl.constexpr,
                         GROUPED_BITS: tl.constexpr, TINYGEMM: tl.constexpr, EVEN: tl.constexpr, SWAP: tl.constexpr,
                         DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    early_start(PDL)
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -338,6 +340,7 @@ def _matmul_tiles(x: torch.Tensor, w: _KernelWeight, col_scales: torch.Tensor | 
                         x.device)
     direct = plan.splits == 1
     target = out if direct else torch.empty(plan.splits, m, w.n, dtype=torch.float32, device=x.device)
+    pdl = launch_early(x.device)
     _weight_only_kernel[plan.grid(m, w.n)](
         x, w.data, w.group_scales, w.group_mins, col_scales if col_scales is not None else out,
         bias if bias is not None else out, target, m, w.n, k, x.stride(0), w.stride_wn, w.stride_gn, w.stride_gg,
@@ -345,7 +348,7 @@ def _matmul_tiles(x: torch.Tensor, w: _KernelWeight, col_scales: torch.Tensor | 
         EVEN=w.n % plan.block_n == 0 and k % plan.block_k == 0, SWAP=tiles.swap, DIRECT=direct,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, num_warps=4,
-        num_stages=_stages(tiles.stages, plan, x.element_size()))
+        num_stages=_stages(tiles.stages, plan, x.element_size()), PDL=pdl, launch_pdl=pdl)
     return out if direct else reduce_splits(target, out, None, col_scales, bias)
 
 
