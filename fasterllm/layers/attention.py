@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from fasterllm.kernels.native import cpu_attention
 from fasterllm.layers.kv_cache_dtype import FP8_KV_DTYPE, cache_values, read_back
 
 if TYPE_CHECKING:
@@ -289,10 +288,6 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.
     if key is not None and kv_cache is not None:  # what the cache holds: an fp8 cache's values, as every read sees
         key, value = (read_back(x, s, kv_cache.dtype) for x, s in ((key, kv_scales[0]), (value, kv_scales[1])))
     decode = meta.decode
-    if (decode is not None and decode.token_index is None and decode.mask is None and softcap is None
-            and num_tokens == 1 and kv_cache is not None and cpu_attention.runs(query, kv_cache)):  # one C++ call
-        return cpu_attention.decode_attention(query[0], kv_cache, decode.blocks, decode.keys, scale).view(
-            1, num_heads * head_dim)
     if decode is not None and decode.token_index is None:  # a pure decode batch: no scatter needed
         return _decode_attention(query, kv_cache, decode, scale, softcap, kv_scales).reshape(num_tokens,
                                                                                              num_heads * head_dim)

@@ -1,6 +1,5 @@
 """Our C++ CPU extension (cpu/*.cpp: the int4 / int8 / uint8_grouped matrix products of cpu_gemv.py, the fused
-add + RMSNorm of cpu_rms_norm.py, one sequence's decode attention of cpu_attention.py): which ISA it runs, and
-building and loading it.
+add + RMSNorm of cpu_rms_norm.py): which ISA it runs, and building and loading it.
 
 They run by default (FASTERLLM_CPU_KERNELS unset or "auto"), the ISA chosen from the CPU's flags ("avx512":
 avx512f, else "avx2": avx2/fma/f16c); "avx512" or "avx2" forces one (tests and benchmarks run the AVX2 code on an
@@ -28,7 +27,7 @@ logger = logging.getLogger("fasterllm")
 ISA_ENV = "FASTERLLM_CPU_KERNELS"
 ISA_FLAGS = {"avx512": {"avx512f", "avx2", "fma", "f16c"},
              "avx2": {"avx2", "fma", "f16c"}}
-SOURCES = ("ops.cpp", "widen_rows.cpp", "gemv_avx2.cpp", "gemv_avx512.cpp", "rms_norm.cpp", "decode_attention.cpp")
+SOURCES = ("ops.cpp", "widen_rows.cpp", "gemv_avx2.cpp", "gemv_avx512.cpp", "rms_norm.cpp")
 
 
 def supported_isas() -> list[str]:

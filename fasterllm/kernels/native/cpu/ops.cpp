@@ -1,27 +1,23 @@
-// torch operators over the kernels of gemv.h, rms_norm.h and decode_attention.h: torch.ops.fasterllm_cpu.int4_gemv
-// / int8_gemv / uint8_grouped_gemv / add_rms_norm / decode_attention. They check their tensors and split the work
-// over torch's intra-op threads (at::parallel_for): the products widen the input rows to fp32 once and split the
-// output tiles, and return the input's dtype; the attention gives each thread whole KV heads.
+// torch operators over gemv.h's and rms_norm.h's kernels: torch.ops.fasterllm_cpu.int4_gemv / int8_gemv /
+// uint8_grouped_gemv / add_rms_norm. They check their tensors and split the work over torch's intra-op threads
+// (at::parallel_for): the products widen the input rows to fp32 once and split the output tiles, and return the
+// input's dtype.
 // The ISA ("avx2" or "avx512") is the caller's choice (kernels/native/cpu_gemv.py picks it at start-up); a choice
 // this CPU cannot run is refused here rather than left to crash on an illegal instruction.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <string>
 
-#include "decode_attention.h"
 #include "gemv.h"
 #include "rms_norm.h"
-#include "widen.h"
 
 namespace fasterllm_cpu {
 namespace {
 
 constexpr int64_t kGrainTiles = 4;  // tiles (of 16 output rows) per thread at least: fewer are not worth a thread
 constexpr int64_t kGrainNormRows = 64;  // rows per thread of the RMSNorm
-constexpr int64_t kSerialAttention = 1 << 16;  // keys x query heads x head dim: less runs on one thread
 
 bool runs_avx2() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
@@ -79,25 +75,13 @@ int64_t tiles_of(const at::Tensor& codes, int64_t N, int64_t tile_bytes, const c
   return tiles;
 }
 
-// out [rows of x, N] in fp32, its tiles split over the threads (run(t0, t1, out) fills tiles t0..t1-1), in x's dtype:
-// a bf16 x gets each thread's columns rounded into the bf16 output by that thread (no separate conversion op)
+// out [rows of x, N] in fp32, its tiles split over the threads (run(t0, t1, out) fills tiles t0..t1-1), in x's dtype
 template <typename Run>
 at::Tensor over_tiles(const at::Tensor& x, int64_t N, int64_t tiles, Run&& run) {
-  at::Tensor sums = at::empty({x.size(0), N}, x.options().dtype(at::kFloat));
-  float* o = sums.data_ptr<float>();
-  if (x.scalar_type() == at::kFloat) {
-    at::parallel_for(0, tiles, kGrainTiles, [&](int64_t t0, int64_t t1) { run(t0, t1, o); });
-    return sums;
-  }
-  at::Tensor out = at::empty({x.size(0), N}, x.options());
-  uint16_t* bits = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  at::parallel_for(0, tiles, kGrainTiles, [&](int64_t t0, int64_t t1) {
-    run(t0, t1, o);
-    const int64_t c1 = std::min(t1 * kTileRows, N);
-    for (int64_t r = 0; r < x.size(0); ++r)
-      for (int64_t c = t0 * kTileRows; c < c1; ++c) bits[r * N + c] = round_to(o[r * N + c], uint16_t());
-  });
-  return out;
+  at::Tensor out = at::empty({x.size(0), N}, x.options().dtype(at::kFloat));
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, tiles, kGrainTiles, [&](int64_t t0, int64_t t1) { run(t0, t1, o); });
+  return out.to(x.scalar_type());
 }
 
 at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
@@ -177,56 +161,6 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_op(const at::Tensor& x, const st
   return {out, sum};
 }
 
-at::Tensor decode_attention_op(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_ids,
-                               int64_t first_block, int64_t key_start, int64_t key_end, double scale) {
-  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous() && kv_cache.device().is_cpu() &&
-                  (kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kBFloat16),
-              "kv_cache must be a contiguous CPU float32 or bfloat16 [2, blocks, block_size, kv_heads, head_dim] "
-              "tensor, got ", kv_cache.scalar_type(), " ", kv_cache.sizes());
-  const int64_t num_blocks = kv_cache.size(1), block_size = kv_cache.size(2), kv_heads = kv_cache.size(3),
-                dim = kv_cache.size(4);
-  TORCH_CHECK(query.dim() == 2 && query.size(1) == dim && query.size(0) % kv_heads == 0 && query.is_contiguous() &&
-                  query.scalar_type() == kv_cache.scalar_type(),
-              "query must be a contiguous [heads, ", dim, "] tensor of the cache's dtype with a multiple of ", kv_heads,
-              " heads, got ", query.scalar_type(), " ", query.sizes());
-  const int64_t blocks_needed = (key_end + block_size - 1) / block_size;
-  TORCH_CHECK(0 <= key_start && key_start < key_end, "keys [", key_start, ", ", key_end, ") is empty");
-  const int64_t* ids = nullptr;
-  if (block_ids.numel() > 0) {
-    TORCH_CHECK(block_ids.scalar_type() == at::kLong && block_ids.dim() == 1 && block_ids.is_contiguous() &&
-                    block_ids.numel() >= blocks_needed,
-                "block_ids must be a contiguous int64 vector of at least ", blocks_needed, " blocks, got ",
-                block_ids.scalar_type(), " ", block_ids.sizes());
-    ids = block_ids.data_ptr<int64_t>();
-    for (int64_t i = 0; i < blocks_needed; ++i)
-      TORCH_CHECK(0 <= ids[i] && ids[i] < num_blocks, "block id ", ids[i], " is outside the cache's ", num_blocks,
-                  " blocks");
-  } else {
-    TORCH_CHECK(0 <= first_block && first_block + blocks_needed <= num_blocks, "blocks ", first_block, "..",
-                first_block + blocks_needed, " are outside the cache's ", num_blocks, " blocks");
-  }
-  const PagedKeys keys{ids, first_block, block_size, kv_heads, dim, key_start, key_end};
-  const int64_t group = query.size(0) / kv_heads, plane = num_blocks * block_size * kv_heads * dim;
-  at::Tensor out = at::empty_like(query);
-  at::Tensor scratch = at::empty({kv_heads * (group * (2 * dim + key_end - key_start) + dim)},
-                                 query.options().dtype(at::kFloat));
-  float* work = scratch.data_ptr<float>();
-  const float s = static_cast<float>(scale);
-  const int64_t grain = (key_end - key_start) * query.size(0) * dim < kSerialAttention ? kv_heads : 1;
-  at::parallel_for(0, kv_heads, grain, [&](int64_t h0, int64_t h1) {
-    if (query.scalar_type() == at::kFloat) {
-      const float* cache = kv_cache.data_ptr<float>();
-      decode_attention(query.data_ptr<float>(), cache, cache + plane, keys, group, s, h0, h1, out.data_ptr<float>(),
-                       work);
-    } else {
-      auto bits = [](const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); };
-      const uint16_t* cache = bits(kv_cache);
-      decode_attention(bits(query), cache, cache + plane, keys, group, s, h0, h1, bits(out), work);
-    }
-  });
-  return out;
-}
-
 }  // namespace
 }  // namespace fasterllm_cpu
 
@@ -238,7 +172,4 @@ TORCH_LIBRARY(fasterllm_cpu, m) {
         &fasterllm_cpu::uint8_grouped_gemv);
   m.def("add_rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)",
         &fasterllm_cpu::add_rms_norm_op);
-  m.def("decode_attention(Tensor query, Tensor kv_cache, Tensor block_ids, int first_block, int key_start, "
-        "int key_end, float scale) -> Tensor",
-        &fasterllm_cpu::decode_attention_op);
 }
