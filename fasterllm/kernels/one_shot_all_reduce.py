@@ -26,7 +26,7 @@ from fasterllm.kernels.dependent_launch import early_start, launch_early
 
 EMPTY = -0x8000  # -0.0's bits as an int16: an empty slot's value (the buffer holds 16-bit floats)
 COPIES = 3
-_EMPTY = tl.constexpr(EMPTY)
+_EMPTY, _COPIES = tl.constexpr(EMPTY), tl.constexpr(COPIES)
 
 
 @triton.jit
@@ -41,8 +41,8 @@ def _all_reduce_add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, y_ptr, new_
     epoch = tl.load(epochs_ptr + row) + 1  # this row's calls so far, the same count on every rank
     tl.store(epochs_ptr + row, epoch)
     copy_size: tl.constexpr = WORLD * ROWS * HIDDEN
-    this_copy = (epoch % 3).to(tl.int64) * copy_size
-    last_copy = ((epoch + 2) % 3).to(tl.int64) * copy_size
+    this_copy = (epoch % _COPIES).to(tl.int64) * copy_size
+    last_copy = ((epoch + _COPIES - 1) % _COPIES).to(tl.int64) * copy_size
     bits = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.int16, bitcast=True)
     bits = tl.where(bits == _EMPTY, 0, bits).to(tl.int16)
     slot = (RANK * ROWS + row).to(tl.int64) * HIDDEN + cols
