@@ -5,7 +5,8 @@ usual way, a kernel's programs are placed on the GPU only once the previous kern
 writes. Launched with PDL (`launch_pdl=True`), they may be placed as soon as every program of the previous kernel
 has passed `griddepcontrol.launch_dependents`, so their launch overlaps its last programs, and
 `griddepcontrol.wait` then holds them until the previous kernel has finished and its writes are visible. On an
-H100 this took 2% off the 8B shape's batch-1 step (benchmarks/RESULTS.md).
+H100 this took 2% off the 8B shape's batch-1 step and 19% off BART-large's, whose step is many small launches
+(benchmarks/RESULTS.md).
 
 Every kernel launched this way calls early_start(True) before it reads or writes anything another kernel touches:
 it waits for the previous kernel, then lets the next one start. A kernel that was not launched with PDL, or whose

@@ -12,8 +12,8 @@ minimum per group): groups are summed first and scaled once per group (sum_k (q 
 so the scales are read per group, not per weight.
 
 On Hopper and later the kernel is launched early (kernels/dependent_launch.py) and waits for the kernel before it
-only once it starts. Fetching its weight rows into L2 before that wait did not pay: the whole rows 4-6% slower at
-batch 1 (8B shape, H100), the first chunk of each no faster than no fetch (benchmarks/RESULTS.md).
+only once it starts. Fetching its weight rows into L2 before that wait did not pay (8B shape, batch 1, H100: TPOT
+5.94-6.04 ms fetching whole rows, 5.69 ms the first chunk of each, 5.60-5.61 ms without; benchmarks/RESULTS.md).
 
 The best tile depends on the shape and the GPU, so the first call of each shape on a GPU times a few candidate
 tiles (CUDA events, outside any graph capture) and keeps the fastest; the engine's warm-up before capturing
