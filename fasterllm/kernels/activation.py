@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.dependent_launch import early_start, launch_early
+from fasterllm.kernels.dependent_launch import early_launch, early_start
 
 _BLOCK = 1024
 
@@ -36,7 +36,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     num_tokens, width = x.shape[0], x.shape[1] // 2
     y = torch.empty(num_tokens, width, dtype=x.dtype, device=x.device)
     if num_tokens:
-        pdl = launch_early(x.device)
         _silu_and_mul_kernel[(num_tokens, triton.cdiv(width, _BLOCK))](
-            x, y, x.stride(0), y.stride(0), WIDTH=width, BLOCK=_BLOCK, PDL=pdl, launch_pdl=pdl)
+            x, y, x.stride(0), y.stride(0), WIDTH=width, BLOCK=_BLOCK, **early_launch(x.device))
     return y

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.dependent_launch import early_start, launch_early
+from fasterllm.kernels.dependent_launch import early_launch, early_start
 from fasterllm.kernels.quant_split_k import SplitKPlan, epilogue, nvidia_capability, plan_split_k, reduce_splits
 
 MAX_ROWS = 64  # one BLOCK_M tile of rows
@@ -101,9 +101,8 @@ def decode_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scal
     split = plan.splits > 1
     sums = torch.empty(plan.splits, m, n, dtype=torch.int32 if a.dtype == torch.int8 else torch.float32,
                        device=a.device) if split else out
-    pdl = launch_early(a.device)
     _decode_gemm_kernel[(n // _BLOCK_N, plan.splits)](
         a, b, sums, a_scales, b_scales, bias if bias is not None else out, m, n, k, plan.k_per_split, SPLIT=split,
         HAS_BIAS=bias is not None, EVEN_K=k % _BLOCK_K == 0, BLOCK_M=MAX_ROWS, BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K,
-        num_warps=4, num_stages=3, PDL=pdl, launch_pdl=pdl)
+        num_warps=4, num_stages=3, **early_launch(a.device))
     return reduce_splits(sums, out, a_scales, b_scales, bias) if split else out

@@ -8,9 +8,9 @@ has passed `griddepcontrol.launch_dependents`, so their launch overlaps its last
 H100 this took 2% off the 8B shape's batch-1 step and 19% off BART-large's, whose step is many small launches
 (benchmarks/RESULTS.md).
 
-Every kernel launched this way calls early_start(True) before it reads or writes anything another kernel touches:
-it waits for the previous kernel, then lets the next one start. A kernel that was not launched with PDL, or whose
-previous kernel never signals (cuBLAS, torch's own), passes both instructions at once.
+A kernel launched with `**early_launch(device)` calls early_start(PDL) before it reads or writes anything another
+kernel touches: it waits for the previous kernel, then lets the next one start. A kernel that was not launched with
+PDL, or whose previous kernel never signals (cuBLAS, torch's own), passes both instructions at once.
 """
 from __future__ import annotations
 
@@ -22,10 +22,11 @@ import triton
 import triton.language as tl
 
 
-def launch_early(device: torch.device) -> bool:
-    """Whether this device's decode kernels are launched with PDL: a CUDA GPU of compute capability 9.0 or later,
-    not Triton's CPU interpreter."""
-    return device.type == "cuda" and _pdl_capable(device.index)
+def early_launch(device: torch.device) -> dict[str, bool]:
+    """The keywords a decode kernel's launch on this device takes: the kernel's PDL (its early_start) and Triton's
+    launch_pdl, both True on a CUDA GPU of compute capability 9.0 or later (not Triton's CPU interpreter)."""
+    early = device.type == "cuda" and _pdl_capable(device.index)
+    return {"PDL": early, "launch_pdl": early}
 
 
 @functools.cache

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.dependent_launch import early_start, launch_early
+from fasterllm.kernels.dependent_launch import early_launch, early_start
 from fasterllm.kernels.moe_align import align_by_expert
 from fasterllm.kernels.online_softmax import dot
 
@@ -184,15 +184,14 @@ def _launch(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     out = torch.zeros(num_tokens, hidden_size, dtype=torch.float32, device=hidden.device)
     ieee = hidden.dtype == torch.float32  # full fp32 products, not TF32, for fp32 models
     gate_up_scales, down_scales = (w_gate_up, w_down) if scales is None else (s.contiguous() for s in scales)
-    pdl = launch_early(hidden.device)
     _gate_up_kernel[(tile_experts.shape[0], triton.cdiv(inter, n))](
         hidden, w_gate_up, gate_up_scales, gated, slots, tile_experts, num_tokens * top_k, hidden_size, inter,
         hidden.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), gate_up_scales.stride(0), gated.stride(0),
         TOP_K=top_k, NUM_EXPERTS=num_experts, ACT=ACTIVATIONS[activation], IEEE=ieee, SCALED=scales is not None,
-        BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, num_warps=warps, num_stages=stages, PDL=pdl, launch_pdl=pdl)
+        BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, num_warps=warps, num_stages=stages, **early_launch(hidden.device))
     _down_kernel[(tile_experts.shape[0], triton.cdiv(hidden_size, n))](
         gated, w_down, down_scales, out, slots, tile_experts, routing_weights.contiguous(), num_tokens * top_k,
         hidden_size, inter, gated.stride(0), w_down.stride(0), w_down.stride(1), down_scales.stride(0),
         out.stride(0), TOP_K=top_k, NUM_EXPERTS=num_experts, IEEE=ieee, SCALED=scales is not None, BLOCK_M=m,
-        BLOCK_N=n, BLOCK_K=k, num_warps=warps, num_stages=stages, PDL=pdl, launch_pdl=pdl)
+        BLOCK_N=n, BLOCK_K=k, num_warps=warps, num_stages=stages, **early_launch(hidden.device))
     return out.to(hidden.dtype)

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.dependent_launch import early_start, launch_early
+from fasterllm.kernels.dependent_launch import early_launch, early_start
 
 # (BLOCK_N, BLOCK_B weights per row per step (int4: bytes), num_warps): small BLOCK_N keeps thousands of programs
 # streaming for 4096-wide outputs; larger chunks keep more bytes in flight per program
@@ -120,7 +120,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = No
         raise ValueError(f"gemv takes one row of K values and a [N, K] weight, got x {tuple(x.shape)} and weight "
                          f"{tuple(weight.shape)}")
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    pdl = launch_early(x.device)
 
     def launch(config: tuple[int, int, int]) -> None:
         block_n, block_b, warps = config
@@ -131,7 +130,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = No
             bias if bias is not None else out, out, n, k, weight.stride(0), scales.stride(0) if grouped_bits else 0,
             GROUPED_BITS=grouped_bits, GROUP=group_size if grouped_bits else 1, HAS_SCALE=scales is not None,
             HAS_BIAS=bias is not None, EVEN_K=(k // per_byte) % block_b == 0, BLOCK_N=block_n, BLOCK_B=block_b,
-            PDL=pdl, num_warps=warps, launch_pdl=pdl)
+            num_warps=warps, **early_launch(x.device))
 
     launch(_config_for((n, k, weight.dtype, group_size, grouped_bits, x.dtype, x.device), launch))
     return out

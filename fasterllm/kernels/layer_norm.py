@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.dependent_launch import early_start, launch_early
+from fasterllm.kernels.dependent_launch import early_launch, early_start
 
 
 @triton.jit
@@ -54,11 +54,10 @@ def add_bias_residual_layer_norm(x: torch.Tensor, bias: torch.Tensor | None, res
     out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
     if num_tokens:
         block = triton.next_power_of_2(hidden)
-        pdl = launch_early(x.device)
         _add_bias_residual_layer_norm_kernel[(num_tokens,)](
             x, weight if bias is None else bias, residual, weight, norm_bias, out, eps, x.stride(0), residual.stride(0),
             out.stride(0), HIDDEN=hidden, BLOCK=block, HAS_BIAS=bias is not None, num_warps=4 if block <= 1024 else 8,
-            PDL=pdl, launch_pdl=pdl)
+            **early_launch(x.device))
     return out
 
 

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.dependent_launch import early_start, launch_early
+from fasterllm.kernels.dependent_launch import early_launch, early_start
 
 _BLOCK = 1024  # slots per program of the counting and placing launches
 
@@ -63,9 +63,8 @@ def align_by_expert(experts: torch.Tensor, num_experts: int, block_m: int) -> tu
     slots = torch.empty(size, dtype=torch.int32, device=device)
     tile_experts = torch.empty(size // block_m, dtype=torch.int32, device=device)
     grid = (triton.cdiv(num_slots, _BLOCK),)
-    pdl = launch_early(device)
-    _count_kernel[grid](flat, counts, num_slots, BLOCK=_BLOCK, PDL=pdl, launch_pdl=pdl)
+    _count_kernel[grid](flat, counts, num_slots, BLOCK=_BLOCK, **early_launch(device))
     _runs_kernel[(1,)](counts, cursor, tile_experts, slots, num_experts, size // block_m, size, num_slots,
-                       BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK=256, PDL=pdl, launch_pdl=pdl)
-    _place_kernel[grid](flat, cursor, slots, num_slots, BLOCK=_BLOCK, PDL=pdl, launch_pdl=pdl)
+                       BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK=256, **early_launch(device))
+    _place_kernel[grid](flat, cursor, slots, num_slots, BLOCK=_BLOCK, **early_launch(device))
     return slots, tile_experts

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.dependent_launch import early_start, launch_early
+from fasterllm.kernels.dependent_launch import early_launch, early_start
 
 
 @triton.jit
@@ -47,8 +47,7 @@ def route_logits(logits: torch.Tensor, top_k: int, normalize: bool, dtype: torch
     weights = torch.empty(num_tokens, top_k, dtype=dtype, device=logits.device)
     experts = torch.empty(num_tokens, top_k, dtype=torch.int64, device=logits.device)
     if num_tokens:
-        pdl = launch_early(logits.device)
         _route_kernel[(num_tokens,)](logits, weights, experts, num_experts, logits.stride(0), scale, TOP_K=top_k,
                                      NORMALIZE=normalize, BLOCK_E=triton.next_power_of_2(num_experts),
-                                     BLOCK_K=triton.next_power_of_2(top_k), PDL=pdl, launch_pdl=pdl)
+                                     BLOCK_K=triton.next_power_of_2(top_k), **early_launch(logits.device))
     return weights, experts

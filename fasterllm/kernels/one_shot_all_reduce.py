@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.dependent_launch import early_start, launch_early
+from fasterllm.kernels.dependent_launch import early_launch, early_start
 
 EMPTY = -0x8000  # -0.0's bits as an int16: an empty slot's value (the buffer holds 16-bit floats)
 COPIES = 3
@@ -82,9 +82,8 @@ def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: tor
     y, new_residual = torch.empty_like(x), torch.empty_like(x)
     if num_tokens:
         block = triton.next_power_of_2(hidden)
-        pdl = launch_early(x.device)
         _all_reduce_add_rms_norm_kernel[(num_tokens,)](
             x, residual, weight, y, new_residual, buffers, epochs, eps, HIDDEN=hidden, BLOCK=block,
-            ROWS=epochs.shape[0], RANK=rank, WORLD=world, PDL=pdl, num_warps=4 if block <= 1024 else 8,
-            launch_pdl=pdl)
+            ROWS=epochs.shape[0], RANK=rank, WORLD=world, num_warps=4 if block <= 1024 else 8,
+            **early_launch(x.device))
     return y, new_residual

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.dependent_launch import early_start, launch_early
+from fasterllm.kernels.dependent_launch import early_launch, early_start
 from fasterllm.kernels.online_softmax import LOG2E, dot, online_softmax_update
 from fasterllm.layers.kv_cache_dtype import FP8_KV_DTYPE
 
@@ -224,7 +224,6 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         part_max = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32, device=query.device)
         part_sum = torch.empty_like(part_max)
         part_out = torch.empty(num_tokens, num_heads, splits, head_dim, dtype=torch.float32, device=query.device)
-    pdl = launch_early(query.device)
     _paged_attention_kernel[(num_seqs, tiles, num_kv_heads)](
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out,
         part_out, part_max, part_sum, out if position_bias is None else position_bias,
@@ -236,13 +235,13 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         BLOCK_N=max(block_size, 128 if fp16_dot else 64), BLOCK_SIZE=block_size,
         NUM_SPLITS=splits,
         USE_WINDOW=sliding_window is not None, CAUSAL=causal, HAS_BIAS=position_bias is not None,
-        HAS_SOFTCAP=softcap is not None, IEEE_DOT=query.dtype == torch.float32, FP16_DOT=fp16_dot, PDL=pdl,
-        num_stages=_DECODE_STAGES if max_query_len == 1 else 3, launch_pdl=pdl)
+        HAS_SOFTCAP=softcap is not None, IEEE_DOT=query.dtype == torch.float32, FP16_DOT=fp16_dot,
+        num_stages=_DECODE_STAGES if max_query_len == 1 else 3, **early_launch(query.device))
     if splits > 1:
         _merge_splits_kernel[(num_seqs, num_heads)](
             part_out, part_max, part_sum, query_start_loc, out, out.stride(0), out.stride(1),
             NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=head_dim, BLOCK_D=block_d,
-            PDL=pdl, launch_pdl=pdl)
+            **early_launch(query.device))
     return out
 
 

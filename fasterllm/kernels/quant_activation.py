@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.dependent_launch import early_start, launch_early
+from fasterllm.kernels.dependent_launch import early_launch, early_start
 
 # columns a program holds at once: a whole Llama-3-8B intermediate row (14336), read once and quantized from registers;
 # wider rows loop twice (absmax, then quantize) in steps of this many (2048 a step took 11 us a row on an H100)
@@ -151,11 +151,10 @@ def _quantize_rows(x: torch.Tensor, width: int, silu_mul: bool, q_dtype: torch.d
     scales = torch.empty(num_tokens, 1, dtype=torch.float32, device=x.device)  # [T, 1]: _scaled_mm's row-wise form
     if num_tokens:
         chunk = min(_CHUNK, triton.next_power_of_2(width))
-        pdl = launch_early(x.device)
         _quantize_rows_kernel[(num_tokens,)](x, q, scales, x.stride(0), q.stride(0), WIDTH=width,
                                              CHUNK=chunk, SILU_MUL=silu_mul, QUANT_MAX=QMAX[q_dtype],
                                              MIN_ABSMAX=_MIN_ABSMAX, CAST_ROUNDS=cast_rounds(x),
-                                             num_warps=_warps(chunk), PDL=pdl, launch_pdl=pdl)
+                                             num_warps=_warps(chunk), **early_launch(x.device))
     return q, scales
 
 
@@ -188,12 +187,11 @@ def rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight: to
     new_residual = x if residual is None else torch.empty_like(x, memory_format=torch.contiguous_format)
     if num_tokens:
         block = triton.next_power_of_2(hidden)
-        pdl = launch_early(x.device)
         _rms_norm_quantize_kernel[(num_tokens,)](
             x, x if residual is None else residual, weight, q, scales, new_residual, eps, x.stride(0),
             x.stride(0) if residual is None else residual.stride(0), q.stride(0), new_residual.stride(0),
             HIDDEN=hidden, BLOCK=block, ADD_RESIDUAL=residual is not None, QUANT_MAX=QMAX[q_dtype],
-            MIN_ABSMAX=_MIN_ABSMAX, CAST_ROUNDS=cast_rounds(x), num_warps=_warps(block), PDL=pdl, launch_pdl=pdl)
+            MIN_ABSMAX=_MIN_ABSMAX, CAST_ROUNDS=cast_rounds(x), num_warps=_warps(block), **early_launch(x.device))
     return q, scales, new_residual
 
 

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.dependent_launch import early_start, launch_early
+from fasterllm.kernels.dependent_launch import early_launch, early_start
 
 _MAX_SPLITS = 16
 
@@ -101,10 +101,9 @@ def reduce_splits(partials: torch.Tensor, out: torch.Tensor, row_scale: torch.Te
     is a plain epilogue: quant_w8a8.py scales torch._int_mm's int32 output with it."""
     splits, m, n = partials.shape
     block_m, block_n = min(16, triton.next_power_of_2(m)), 128
-    pdl = launch_early(partials.device)
     _reduce_splits_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
         partials, out, row_scale if row_scale is not None else out, col_scale if col_scale is not None else out,
         bias if bias is not None else out, m, n, SPLITS=splits, HAS_ROW_SCALE=row_scale is not None,
         HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-        num_warps=4, PDL=pdl, launch_pdl=pdl)
+        num_warps=4, **early_launch(partials.device))
     return out

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from fasterllm.cpu_features import cpu_features
 from fasterllm.kernels.decode_gemm import MAX_ROWS, decode_gemm, decode_gemm_plan
-from fasterllm.kernels.dependent_launch import early_start, launch_early
+from fasterllm.kernels.dependent_launch import early_launch, early_start
 from fasterllm.kernels.quant_split_k import epilogue, reduce_splits
 
 DECODE_MAX_ROWS = MAX_ROWS  # up to here decode_gemm or cuBLAS, above the Triton GEMM
@@ -81,10 +81,9 @@ def int8_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales
         sums = torch._int_mm(padded, b.t())[:m]  # [M, N] int32, the first rows of a contiguous tensor
         return reduce_splits(sums.unsqueeze(0), out, a_scales, b_scales, bias)
     grid = (triton.cdiv(m, _BLOCK) * triton.cdiv(n, _BLOCK),)
-    pdl = launch_early(a.device)
     _int8_gemm_kernel[grid](a, a_scales, b, b_scales, bias if bias is not None else out, out, m, n, k, a.stride(0),
                             b.stride(0), HAS_BIAS=bias is not None, BLOCK_M=_BLOCK, BLOCK_N=_BLOCK, BLOCK_K=_BLOCK,
-                            GROUP_M=_GROUP_M, num_warps=8, num_stages=3, PDL=pdl, launch_pdl=pdl)
+                            GROUP_M=_GROUP_M, num_warps=8, num_stages=3, **early_launch(a.device))
     return out
 
 

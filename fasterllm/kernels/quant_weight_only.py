@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.dependent_launch import early_start, launch_early
+from fasterllm.kernels.dependent_launch import early_launch, early_start
 from fasterllm.kernels.gemv import gemv, small_int_to_float
 from fasterllm.kernels.quant_split_k import SplitKPlan, epilogue, nvidia_capability, plan_split_k, reduce_splits
 
@@ -340,7 +340,6 @@ def _matmul_tiles(x: torch.Tensor, w: _KernelWeight, col_scales: torch.Tensor | 
                         x.device)
     direct = plan.splits == 1
     target = out if direct else torch.empty(plan.splits, m, w.n, dtype=torch.float32, device=x.device)
-    pdl = launch_early(x.device)
     _weight_only_kernel[plan.grid(m, w.n)](
         x, w.data, w.group_scales, w.group_mins, col_scales if col_scales is not None else out,
         bias if bias is not None else out, target, m, w.n, k, x.stride(0), w.stride_wn, w.stride_gn, w.stride_gg,
@@ -348,7 +347,7 @@ def _matmul_tiles(x: torch.Tensor, w: _KernelWeight, col_scales: torch.Tensor | 
         EVEN=w.n % plan.block_n == 0 and k % plan.block_k == 0, SWAP=tiles.swap, DIRECT=direct,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, num_warps=4,
-        num_stages=_stages(tiles.stages, plan, x.element_size()), PDL=pdl, launch_pdl=pdl)
+        num_stages=_stages(tiles.stages, plan, x.element_size()), **early_launch(x.device))
     return out if direct else reduce_splits(target, out, None, col_scales, bias)
 
 

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.dependent_launch import early_start, launch_early
+from fasterllm.kernels.dependent_launch import early_launch, early_start
 
 
 @triton.jit
@@ -62,13 +62,12 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     if num_tokens:
         block = triton.next_power_of_2(hidden)
         first_weight, first_eps = (weight, eps) if first is None else first
-        pdl = launch_early(x.device)
         _rms_norm_kernel[(num_tokens,)](
             x, x if residual is None else residual, first_weight, weight, y,
             y if new_residual is None else new_residual, first_eps, eps,
             x.stride(0), x.stride(0) if residual is None else residual.stride(0), y.stride(0), y.stride(0),
-            HIDDEN=hidden, BLOCK=block, ADD_RESIDUAL=residual is not None, NORM_FIRST=first is not None, PDL=pdl,
-            num_warps=4 if block <= 1024 else 8 if block <= 4096 else 16, launch_pdl=pdl)
+            HIDDEN=hidden, BLOCK=block, ADD_RESIDUAL=residual is not None, NORM_FIRST=first is not None,
+            num_warps=4 if block <= 1024 else 8 if block <= 4096 else 16, **early_launch(x.device))
     return y, new_residual
 
 

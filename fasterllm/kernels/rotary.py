@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.dependent_launch import early_start, launch_early
+from fasterllm.kernels.dependent_launch import early_launch, early_start
 from fasterllm.kernels.kv_store import check_store_args, to_cache_values
 from fasterllm.kernels.quant_activation import cast_rounds
 
@@ -105,14 +105,13 @@ def _launch(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor, cos
     # keep the compiled variant independent of the batch
     value, key_cache, value_cache, slot_mapping = store or (key, key, key, positions)
     cache_strides = (*key_cache.stride()[:3], *value_cache.stride()[:3]) if store else (0,) * 6
-    pdl = launch_early(query.device)
     _rotary_kernel[(num_tokens,)](
         query, key, value, positions, cos_sin, key_cache, value_cache, slot_mapping, k_scale, v_scale, query.stride(0),
         query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1), cos_sin.stride(0),
         cos_sin.shape[0], *cache_strides, NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=key.shape[1], HALF=half,
         BLOCK_QH=triton.next_power_of_2(num_q_heads), BLOCK_KH=triton.next_power_of_2(key.shape[1]),
         BLOCK_HALF=triton.next_power_of_2(half), STORE_KV=store is not None,
-        BLOCK_SIZE=key_cache.shape[1] if store else 1, CAST_ROUNDS=cast_rounds(key), PDL=pdl, launch_pdl=pdl)
+        BLOCK_SIZE=key_cache.shape[1] if store else 1, CAST_ROUNDS=cast_rounds(key), **early_launch(query.device))
 
 
 def apply_rotary(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
