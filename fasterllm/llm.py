@@ -108,15 +108,10 @@ class LLM:
                              "a generating LLM without task='embed'")
         request_ids = []
         finished: dict[str, RequestOutput] = {}
-        final_only: dict[int, SamplingParams] = {}  # one copy per params object given: only final outputs are read
         bar = None
         try:  # all prompts are checked before any runs: one bad prompt names itself and runs nothing
             for index, (prompt, p) in enumerate(zip(prompts, params)):
                 request_id = str(next(self._ids))
-                if isinstance(p, SamplingParams):
-                    if id(p) not in final_only:
-                        final_only[id(p)] = replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
-                    p = final_only[id(p)]
                 try:
                     self.engine.add_request(request_id, prompt_value(prompt), p)
                 except ValueError as exc:
@@ -141,14 +136,17 @@ class LLM:
 
 
 def _params_per_prompt(params: SamplingParams | Sequence[SamplingParams] | None, count: int) -> list[SamplingParams]:
+    """Each prompt's params, asking for its final output only (generate and chat read nothing else): copies, so the
+    caller's objects stay as they were; one params object given serves every prompt through one copy."""
+    final_only = RequestOutputKind.FINAL_ONLY
     if params is None:
-        return [SamplingParams() for _ in range(count)]
+        return [SamplingParams(output_kind=final_only)] * count
     if isinstance(params, SamplingParams):
-        return [params] * count
+        return [replace(params, output_kind=final_only)] * count
     params = list(params)
     if len(params) != count:
         raise ValueError(f"got {len(params)} SamplingParams for {count} prompts; pass one, or one per prompt")
-    return params
+    return [replace(p, output_kind=final_only) for p in params]
 
 
 def _progress_bar(total: int, enabled: bool):

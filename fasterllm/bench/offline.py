@@ -36,12 +36,10 @@ def run_engine(engine: Engine, prompts: list[list[int]], output_len: int | list[
 
     output_len: one for all, or each prompt's. sequences > 1: that many per prompt, sampled (n, temperature 1) or,
     with beam_search, beams. Inter-token latencies (ITL) are those of the prompts' requests, the late one excluded.
-    final_only: each request yields its final output only, as LLM.generate asks; TTFT and TPOT then come from the
+    final_only (not with late_prompt, which waits for every request's first token): each request yields its final
+    output only, as LLM.generate asks; TTFT and TPOT then come from the
     requests' timestamps, and there is no ITL.
     """
-    if final_only and late_prompt is not None:
-        raise ValueError("a late prompt arrives once every request is decoding, which only outputs every step show; "
-                         "drop --final-only or --long-prompt-len")
     kind = RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.CUMULATIVE
     output_lens = output_len if isinstance(output_len, list) else [output_len] * len(prompts)
 
@@ -162,6 +160,9 @@ def run_offline_bench(args: EngineArgs, num_prompts: int, input_len: int, output
         raise ValueError(f"input_len_max={input_len_max} must be >= input_len={input_len}")
     if (input_len_max is not None or sharegpt_like) and with_transformers:
         raise ValueError("mixed prompt lengths run through our engine only; add --no-hf")
+    if final_only and long_prompt_len:
+        raise ValueError("a late prompt arrives once every request is decoding, which only outputs every step show; "
+                         "drop --final-only or --long-prompt-len")
     engine = Engine(args)
     prompt_len = shared_prefix_len + (input_len_max or input_len)
     if engine.model_config.is_encoder_decoder:  # prompts are encoder inputs; the decoder holds its start + outputs
