@@ -107,4 +107,6 @@ def route(hidden: torch.Tensor, router: torch.Tensor, top_k: int, normalize: boo
     weights, experts = probabilities.topk(top_k, dim=-1)
     if normalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    return (weights * scale).to(hidden.dtype), experts
+    if scale != 1.0:  # DeepSeek's routed_scaling_factor; every other family skips the multiply
+        weights = weights * scale
+    return weights.to(hidden.dtype), experts
