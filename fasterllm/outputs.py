@@ -27,6 +27,13 @@ class RequestMetrics:
     def time_to_first_token(self) -> float | None:
         return None if self.first_token_time is None else self.first_token_time - self.arrival_time
 
+    def time_per_output_token(self, num_tokens: int) -> float | None:
+        """Seconds between output tokens after the first, for num_tokens generated (None: fewer than 2, or no
+        timestamps)."""
+        if num_tokens < 2 or self.first_token_time is None or self.last_token_time is None:
+            return None
+        return (self.last_token_time - self.first_token_time) / (num_tokens - 1)
+
 
 @dataclass
 class CompletionOutput:

@@ -74,8 +74,8 @@ def run_engine(engine: Engine, prompts: list[list[int]], output_len: int | list[
     ttft = [o.metrics.time_to_first_token for o in finished if o.request_id in token_times]
     itl = [b - a for times in token_times.values() for a, b in zip(times, times[1:])]
     if final_only:
-        tpot = [(o.metrics.last_token_time - o.metrics.first_token_time) / (len(o.outputs[0].token_ids) - 1)
-                for o in finished if len(o.outputs[0].token_ids) > 1]
+        tpot = [t for o in finished if (t := o.metrics.time_per_output_token(len(o.outputs[0].token_ids)))
+                is not None]
     else:
         tpot = [(times[-1] - times[0]) / (len(times) - 1) for times in token_times.values() if len(times) > 1]
     return {"seconds": elapsed, "requests_per_s": len(prompts) / elapsed,

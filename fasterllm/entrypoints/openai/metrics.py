@@ -46,9 +46,9 @@ class ServerMetrics:
             return
         self.time_to_first_token.observe(m.first_token_time - m.arrival_time)
         # the timestamps are the first sample's; parallel samples (n > 1) are left out of this one
-        num_tokens = len(output.outputs[0].token_ids)
-        if len(output.outputs) == 1 and num_tokens > 1 and m.last_token_time is not None:
-            self.time_per_output_token.observe((m.last_token_time - m.first_token_time) / (num_tokens - 1))
+        time_per_token = m.time_per_output_token(len(output.outputs[0].token_ids))
+        if len(output.outputs) == 1 and time_per_token is not None:
+            self.time_per_output_token.observe(time_per_token)
 
     def render(self, stats: EngineStats) -> bytes:
         """The Prometheus text format, with the engine gauges read from its latest stats."""
