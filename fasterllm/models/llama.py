@@ -33,6 +33,9 @@ class DecoderLayer(nn.Module):
         index: the layer's place in the stack (its sliding window, where layers differ)."""
         super().__init__()
         self.tp, self.intermediate_size = tp, tp.shard(cfg.intermediate_size, "intermediate_size")
+        # checkpoint projection -> (the fused projection holding it, first row, rows), as the loader fills them
+        self.fused_parts = {"gate_proj": ("gate_up_proj", 0, self.intermediate_size),
+                            "up_proj": ("gate_up_proj", self.intermediate_size, self.intermediate_size)}
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self._init_attention(cfg, tp, index)
         # Llama: the norm before the FFN (Hugging Face's name for it). Gemma 2: the norm after attention, with one
@@ -57,11 +60,14 @@ class DecoderLayer(nn.Module):
             self.down_proj = nn.Linear(self.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def _init_attention(self, cfg: ModelConfig, tp: TensorParallel, index: int) -> None:
-        """The attention's projections and layer: fused q/k/v (this rank's heads), optional q/k norms, o_proj."""
+        """The attention's projections and layer: fused q/k/v (this rank's heads, named in fused_parts), optional q/k
+        norms, o_proj."""
         num_heads = tp.shard(cfg.num_attention_heads, "num_attention_heads")
         num_kv_heads = tp.kv_heads(cfg.num_key_value_heads)[1]
         q_size, kv_size = num_heads * cfg.head_dim, num_kv_heads * cfg.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
+        self.fused_parts.update({"q_proj": ("qkv_proj", 0, q_size), "k_proj": ("qkv_proj", q_size, kv_size),
+                                 "v_proj": ("qkv_proj", q_size + kv_size, kv_size)})
         self.qkv_shape = (num_heads + 2 * num_kv_heads, cfg.head_dim)
         self.num_q_heads, self.num_kv_heads = num_heads, num_kv_heads
         if cfg.qk_norm:  # Qwen3, Gemma 3: each head's query and key normalised before RoPE; OLMoE: all heads at once

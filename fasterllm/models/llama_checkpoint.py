@@ -20,13 +20,7 @@ if TYPE_CHECKING:
 def load_llama_weights(model: LlamaForCausalLM, weights: Iterable[tuple[str, WeightSource]]) -> None:
     """Copy checkpoint tensors (Hugging Face names) in, fusing q/k/v and gate/up as they arrive; with tensor
     parallelism, read only this rank's part of each (loader/weight_parts.py)."""
-    cfg, layer = model.config, model.layers[0]
-    q_size, kv_size = layer.num_q_heads * cfg.head_dim, layer.num_kv_heads * cfg.head_dim
-    intermediate = layer.intermediate_size
-    fused = {"gate_proj": ("gate_up_proj", 0, intermediate), "up_proj": ("gate_up_proj", intermediate, intermediate)}
-    if hasattr(layer, "qkv_proj"):  # not DeepSeek-V2's latent attention, whose q_proj stays whole
-        fused.update({"q_proj": ("qkv_proj", 0, q_size), "k_proj": ("qkv_proj", q_size, kv_size),
-                      "v_proj": ("qkv_proj", q_size + kv_size, kv_size)})
+    cfg, fused = model.config, model.layers[0].fused_parts
     params = dict(model.named_parameters())
     # each rank's share of an expert's (and the shared expert's) intermediate size
     sizes = {"w_gate_up": cfg.moe_intermediate_size // model.tp.size,
