@@ -3,7 +3,8 @@
 One program per (sequence, query tile, KV head). Its tile's rows are (new token, query head) pairs: all
 G = Hq / Hkv query heads of the KV head for BLOCK_Q consecutive new tokens, so each K/V tile is read once
 for the whole GQA group. Keys are streamed through the block table with an online softmax (exp2 of
-log2(e)-scaled scores), bounded by the causal limit and the sliding window. The grid depends on host ints
+log2(e)-scaled scores), bounded by the causal limit and the sliding window; in launches with prompt rows the tiles
+every row sees whole skip the masks, and only the tiles at the causal edge are masked. The grid depends on host ints
 only (number of sequences, max_query_len, KV heads), so a decode batch can be captured in a CUDA graph.
 
 Decode batches (max_query_len == 1) split each sequence's keys over several programs (flash-decoding:
@@ -17,6 +18,7 @@ V's multiplies the output, so a step reads half the bytes of a bf16 cache.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -34,8 +36,64 @@ _SM_TARGET = 512
 _MAX_SPLITS = 64
 _MIN_KEYS_PER_SPLIT = 256
 # decode: two K/V tiles in flight instead of Triton's three leave shared memory for more programs per SM; 12-14%
-# faster on an H100 at 64 sequences x 640-2048 keys, the same arithmetic (benchmarks/RESULTS.md)
+# faster on an H100 at 64 sequences x 640-2048 keys, the same arithmetic (benchmarks/RESULTS.md). Decode launches keep
+# one masked key loop: a second, unmasked loop costs its own pipeline start (64 x 640 keys 72 -> 82 us on an H100)
 _DECODE_STAGES = 2
+
+
+class PrefillTiles(NamedTuple):
+    """The tiles of a launch with prompt rows (max_query_len > 1)."""
+    rows: int  # the most (token, query head) rows a program holds
+    keys: int  # keys per K/V tile
+    num_warps: int
+    num_stages: int
+
+
+# the fastest or within 2% of it for prompts of 512-2048 tokens alone and beside 64-255 decodes, of nine tiles timed
+# on an H100 (benchmarks/attention_gpu.py --prefill-tiles, RESULTS.md); 128 rows and 8 warps lose beside decodes
+PREFILL_TILES = PrefillTiles(rows=64, keys=64, num_warps=4, num_stages=3)
+
+
+@triton.jit
+def _fold_key_tile(q, k_cache_ptr, v_cache_ptr, table, tile_start, key_end, kv_head, position, head, row_ok, dims,
+                   dim_ok, row_max, row_sum, acc, bias_ptr, bias_rows, bias_row_stride, scale_log2, window, softcap,
+                   stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, BLOCK_N: tl.constexpr,
+                   BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr, USE_WINDOW: tl.constexpr, CAUSAL: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, IEEE_DOT: tl.constexpr,
+                   FP16_DOT: tl.constexpr):
+    """Fold the BLOCK_N keys from tile_start, read through the block table, into the rows' online softmax. MASKED:
+    the tile may hold keys past key_end, after a row's position or outside its window; else every row sees all."""
+    keys = tile_start + tl.arange(0, BLOCK_N)
+    key_ok = keys < key_end
+    if MASKED:
+        block = tl.load(table + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+    else:
+        block = tl.load(table + keys // BLOCK_SIZE).to(tl.int64)
+    offset = keys % BLOCK_SIZE
+    k_at = k_cache_ptr + block[:, None] * stride_kb + offset[:, None] * stride_ks + kv_head * stride_kh + dims[None, :]
+    v_at = v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs + kv_head * stride_vh + dims[None, :]
+    kv_mask = key_ok[:, None] & dim_ok[None, :] if MASKED else dim_ok[None, :]
+    k = tl.load(k_at, mask=kv_mask, other=0.0)
+    v = tl.load(v_at, mask=kv_mask, other=0.0)
+    if FP16_DOT:  # e4m3 widens to fp16 in one instruction per pair (to bf16 it takes more), and holds exactly
+        k, v = k.to(tl.float16), v.to(tl.float16)
+    else:  # the cache's values in the query's dtype (an fp8 cache's widened; its scales are applied apart)
+        k, v = k.to(q.dtype), v.to(q.dtype)
+    scores = dot(q, tl.trans(k), IEEE_DOT) * scale_log2
+    if HAS_SOFTCAP:  # Gemma 2: softcap * tanh(score / softcap), on the natural-log score (tanh written out)
+        capped = 2.0 / (1.0 + tl.exp(scores * (-2.0 / (softcap * 1.4426950408889634)))) - 1.0
+        scores = capped * (softcap * 1.4426950408889634)
+    if HAS_BIAS:  # T5: a learned bias per query head and distance back, from a [rows, Hq] table
+        distance = tl.minimum(tl.maximum(position[:, None] - keys[None, :], 0), bias_rows - 1)
+        bias = tl.load(bias_ptr + distance * bias_row_stride + head[:, None],
+                       mask=row_ok[:, None], other=0.0)
+        scores += bias.to(tl.float32) * 1.4426950408889634  # log2(e): the scores are in log2 units
+    if MASKED:
+        visible = key_ok[None, :] & ((keys[None, :] <= position[:, None]) | (not CAUSAL))
+        if USE_WINDOW:
+            visible &= keys[None, :] > position[:, None] - window
+        scores = tl.where(visible, scores, float("-inf"))
+    return online_softmax_update(scores, v, row_max, row_sum, acc, IEEE_DOT)
 
 
 @triton.jit
@@ -47,7 +105,7 @@ def _paged_attention_kernel(
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
         USE_WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-        IEEE_DOT: tl.constexpr, FP16_DOT: tl.constexpr, PDL: tl.constexpr):
+        IEEE_DOT: tl.constexpr, FP16_DOT: tl.constexpr, UNMASKED_TILES: tl.constexpr, PDL: tl.constexpr):
     early_start(PDL)
     seq, tile, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
@@ -88,34 +146,25 @@ def _paged_attention_kernel(
         row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-        for tile_start in range(key_start, key_end, BLOCK_N):
-            keys = tile_start + tl.arange(0, BLOCK_N)
-            key_ok = keys < key_end
-            block = tl.load(table + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
-            offset = keys % BLOCK_SIZE
-            kv_mask = key_ok[:, None] & dim_ok[None, :]
-            k = tl.load(k_cache_ptr + block[:, None] * stride_kb + offset[:, None] * stride_ks
-                        + kv_head * stride_kh + dims[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
-                        + kv_head * stride_vh + dims[None, :], mask=kv_mask, other=0.0)
-            if FP16_DOT:  # e4m3 widens to fp16 in one instruction per pair (to bf16 it takes more), and holds exactly
-                k, v = k.to(tl.float16), v.to(tl.float16)
-            else:  # the cache's values in the query's dtype (an fp8 cache's widened; its scales are applied apart)
-                k, v = k.to(q.dtype), v.to(q.dtype)
-            scores = dot(q, tl.trans(k), IEEE_DOT) * scale_log2
-            if HAS_SOFTCAP:  # Gemma 2: softcap * tanh(score / softcap), on the natural-log score (tanh written out)
-                capped = 2.0 / (1.0 + tl.exp(scores * (-2.0 / (softcap * 1.4426950408889634)))) - 1.0
-                scores = capped * (softcap * 1.4426950408889634)
-            if HAS_BIAS:  # T5: a learned bias per query head and distance back, from a [rows, Hq] table
-                distance = tl.minimum(tl.maximum(position[:, None] - keys[None, :], 0), bias_rows - 1)
-                bias = tl.load(bias_ptr + distance * (tl.num_programs(2) * GROUP) + head[:, None],
-                               mask=row_ok[:, None], other=0.0)
-                scores += bias.to(tl.float32) * 1.4426950408889634  # log2(e): the scores are in log2 units
-            visible = key_ok[None, :] & ((keys[None, :] <= position[:, None]) | (not CAUSAL))
-            if USE_WINDOW:
-                visible &= keys[None, :] > position[:, None] - window
-            scores = tl.where(visible, scores, float("-inf"))
-            row_max, row_sum, acc = online_softmax_update(scores, v, row_max, row_sum, acc, IEEE_DOT)
+        bias_row_stride = tl.num_programs(2) * GROUP  # the bias table's row: one per query head
+        # UNMASKED_TILES: keys every row sees (before the first row's own position, all inside key_end) skip the masks,
+        # whole tiles of them first, then the tiles at the causal edge or the window's, masked
+        full_end = key_start
+        if UNMASKED_TILES and not USE_WINDOW:
+            limit = tl.minimum(key_end, context_len + first_token + 1) if CAUSAL else key_end
+            full_end = key_start + tl.maximum(limit - key_start, 0) // BLOCK_N * BLOCK_N
+        for tile_start in range(key_start, full_end, BLOCK_N):
+            row_max, row_sum, acc = _fold_key_tile(
+                q, k_cache_ptr, v_cache_ptr, table, tile_start, key_end, kv_head, position, head, row_ok, dims,
+                dim_ok, row_max, row_sum, acc, bias_ptr, bias_rows, bias_row_stride, scale_log2, window, softcap,
+                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, BLOCK_N, BLOCK_SIZE, False,
+                USE_WINDOW, CAUSAL, HAS_BIAS, HAS_SOFTCAP, IEEE_DOT, FP16_DOT)
+        for tile_start in range(full_end, key_end, BLOCK_N):
+            row_max, row_sum, acc = _fold_key_tile(
+                q, k_cache_ptr, v_cache_ptr, table, tile_start, key_end, kv_head, position, head, row_ok, dims,
+                dim_ok, row_max, row_sum, acc, bias_ptr, bias_rows, bias_row_stride, scale_log2, window, softcap,
+                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, BLOCK_N, BLOCK_SIZE, True,
+                USE_WINDOW, CAUSAL, HAS_BIAS, HAS_SOFTCAP, IEEE_DOT, FP16_DOT)
         acc = acc * v_scale
         if NUM_SPLITS > 1:  # unnormalised partials, merged by _merge_splits_kernel
             part = (query_start + token).to(tl.int64) * (tl.num_programs(2) * GROUP) + head  # [token row, head]
@@ -217,7 +266,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         block_m, tiles = max(16, group_pad), splits
     else:
         splits = 1
-        block_m = max(16, min(64, triton.next_power_of_2(max_query_len) * group_pad), group_pad)
+        block_m = max(16, min(PREFILL_TILES.rows, triton.next_power_of_2(max_query_len) * group_pad), group_pad)
         tiles = triton.cdiv(max_query_len, block_m // group_pad)
     part_out = part_max = part_sum = out  # unused placeholders without splits
     if splits > 1:
@@ -232,11 +281,14 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         query.stride(0), query.stride(1), *key_cache.stride()[:3], *value_cache.stride()[:3],
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
-        BLOCK_N=max(block_size, 128 if fp16_dot else 64), BLOCK_SIZE=block_size,
+        BLOCK_N=max(block_size, 128 if fp16_dot else 64 if max_query_len == 1 else PREFILL_TILES.keys),
+        BLOCK_SIZE=block_size,
         NUM_SPLITS=splits,
         USE_WINDOW=sliding_window is not None, CAUSAL=causal, HAS_BIAS=position_bias is not None,
         HAS_SOFTCAP=softcap is not None, IEEE_DOT=query.dtype == torch.float32, FP16_DOT=fp16_dot,
-        num_stages=_DECODE_STAGES if max_query_len == 1 else 3, **early_launch(query.device))
+        UNMASKED_TILES=max_query_len > 1,
+        num_warps=4 if max_query_len == 1 else PREFILL_TILES.num_warps,
+        num_stages=_DECODE_STAGES if max_query_len == 1 else PREFILL_TILES.num_stages, **early_launch(query.device))
     if splits > 1:
         _merge_splits_kernel[(num_seqs, num_heads)](
             part_out, part_max, part_sum, query_start_loc, out, out.stride(0), out.stride(1),

@@ -9,6 +9,7 @@ from fasterllm.layers import attention as layers_attention
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytest.importorskip("triton")
+from fasterllm.kernels import paged_attention as paged_attention_module  # noqa: E402
 from fasterllm.kernels.paged_attention import decode_splits, paged_attention, paged_attention_reference  # noqa: E402
 
 gpu_only = pytest.mark.skipif(DEVICE.type != "cuda", reason="real model shapes need a GPU")
@@ -124,6 +125,24 @@ def test_softcap_matches_reference(splits, window):
     args = make_batch(*MIXED, 4, 2, 64, torch.float32)
     args["scale"] *= 4
     check(args, torch.float32, sliding_window=window, softcap=2.0, num_kv_splits=splits)
+
+
+# tiles every query row sees whole (no masks) before the causal edge: a prompt longer than a key tile, chunks whose
+# causal edge crosses a tile boundary or follows a long cached prefix, decodes over several tiles
+LONG = ([0, 60, 150, 200], [140, 40, 40, 1])
+
+
+@pytest.mark.parametrize("tiles", [paged_attention_module.PREFILL_TILES, (128, 32, 8, 2), (32, 128, 4, 3)])
+@pytest.mark.parametrize("extra", [{}, {"softcap": 2.0}, {"sliding_window": 70}])
+def test_unmasked_key_tiles_and_prefill_tile_sizes(monkeypatch, tiles, extra):
+    monkeypatch.setattr(paged_attention_module, "PREFILL_TILES", paged_attention_module.PrefillTiles(*tiles))
+    check(make_batch(*LONG, 4, 2, 32, torch.float32), torch.float32, **extra)
+
+
+def test_unmasked_key_tiles_with_a_position_bias():
+    args = make_batch(*LONG, 4, 2, 32, torch.float32)
+    bias = torch.randn(100, 4, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    check(args, torch.float32, position_bias=bias)
 
 
 def test_mismatched_heads_are_refused():
