@@ -4,9 +4,9 @@ Every (token, choice) slot is grouped by its expert, each expert's run padded to
 (kernels/moe_align.py, no host synchronisation), so one tile of rows belongs to one expert; a step of a few tokens
 skips the grouping and gives each slot a tile of its own. Tile sizes follow the slots an expert gets (tile_config).
 Launch 1, a grouped GEMM over all experts: each tile's tokens times its expert's gate and up rows, act(gate) * up
-written per slot. Launch 2: those rows times the expert's down projection, scaled by the slot's routing weight and
-added into the token's output in the epilogue (fp32 atomics: a token's k slots meet there). The torch reference is
-layers/moe.py's expert loop.
+written per slot; its programs also zero launch 2's fp32 sums. Launch 2: those rows times the expert's down
+projection, scaled by the slot's routing weight and added into the token's output in the epilogue (fp32 atomics: a
+token's k slots meet there). The torch reference is layers/moe.py's expert loop.
 
 Quantized experts (int8 or float8_e4m3fn codes, an fp32 scale per output channel of each expert: quantization='int8',
 'w8a8', 'int4' or 'fp8'): the kernels read the codes (half the bytes), widen them to the activations' dtype for the
@@ -49,11 +49,22 @@ def _tile(slots_ptr, num_slots, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, slots_ptr, tile_experts_ptr, num_slots, hidden, inter,
-                    stride_xt, stride_we, stride_wn, stride_se, stride_os, TOP_K: tl.constexpr,
+def _zero_share(ptr, numel, ZERO_BLOCK: tl.constexpr):
+    """This program's share of the numel fp32 values at ptr set to zero (the grid's programs split them evenly)."""
+    program = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    share = tl.cdiv(numel, tl.num_programs(0) * tl.num_programs(1))
+    for start in range(program * share, tl.minimum(numel, (program + 1) * share), ZERO_BLOCK):
+        at = start + tl.arange(0, ZERO_BLOCK)
+        tl.store(ptr + at, tl.zeros([ZERO_BLOCK], dtype=tl.float32), mask=(at < numel) & (at < (program + 1) * share))
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sums_ptr, num_sums, slots_ptr, tile_experts_ptr, num_slots,
+                    hidden, inter, stride_xt, stride_we, stride_wn, stride_se, stride_os, TOP_K: tl.constexpr,
                     NUM_EXPERTS: tl.constexpr, ACT: tl.constexpr, IEEE: tl.constexpr, SCALED: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     early_start(PDL)
+    _zero_share(sums_ptr, num_sums, 1024)  # the down launch's fp32 sums start at zero: no memset launch of their own
     expert = tl.load(tile_experts_ptr + tl.program_id(0))
     if expert < NUM_EXPERTS:  # tiles past the last expert's run hold no slot
         rows, slots, valid, columns = _tile(slots_ptr, num_slots, BLOCK_M, BLOCK_N)
@@ -181,11 +192,12 @@ def _launch(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     else:
         slots, tile_experts = align_by_expert(experts, num_experts, m)
     gated = torch.empty(slots.shape[0], inter, dtype=hidden.dtype, device=hidden.device)
-    out = torch.zeros(num_tokens, hidden_size, dtype=torch.float32, device=hidden.device)
+    out = torch.empty(num_tokens, hidden_size, dtype=torch.float32, device=hidden.device)  # zeroed by launch 1
     ieee = hidden.dtype == torch.float32  # full fp32 products, not TF32, for fp32 models
     gate_up_scales, down_scales = (w_gate_up, w_down) if scales is None else (s.contiguous() for s in scales)
     _gate_up_kernel[(tile_experts.shape[0], triton.cdiv(inter, n))](
-        hidden, w_gate_up, gate_up_scales, gated, slots, tile_experts, num_tokens * top_k, hidden_size, inter,
+        hidden, w_gate_up, gate_up_scales, gated, out, out.numel(), slots, tile_experts, num_tokens * top_k,
+        hidden_size, inter,
         hidden.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), gate_up_scales.stride(0), gated.stride(0),
         TOP_K=top_k, NUM_EXPERTS=num_experts, ACT=ACTIVATIONS[activation], IEEE=ieee, SCALED=scales is not None,
         BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, num_warps=warps, num_stages=stages, **early_launch(hidden.device))
