@@ -260,8 +260,7 @@ class Engine:
             families.setdefault(request.family[0].request_id, request.family[0])
         outputs = []
         for head in families.values():
-            if head.sampling_params.output_kind is RequestOutputKind.FINAL_ONLY and not all(
-                    member.finished for member in head.family):
+            if head.sampling_params.output_kind is RequestOutputKind.FINAL_ONLY and not head.family_finished:
                 continue  # no output until it ends: building one a step is a large batch's host work
             output = self.output_processor.make_output(head)
             outputs.append(output)

@@ -111,7 +111,7 @@ class OutputProcessor:
             cumulative_logprob=member.cumulative_logprob if tracked else None, logprobs=member.logprobs,
             finish_reason=member.finish_reason, stop_reason=member.stop_reason)
             for index, member in enumerate(head.family)]
-        finished = all(member.finished for member in head.family)
+        finished = head.family_finished
         if finished:
             for member in head.family:
                 self.detokenizers.pop(member.request_id, None)

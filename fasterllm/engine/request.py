@@ -100,6 +100,11 @@ class Request:
     def finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
+    @property
+    def family_finished(self) -> bool:
+        """Whether it and every parallel sample of its family have finished (the family's output is final)."""
+        return all(member.finished for member in self.family)
+
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
