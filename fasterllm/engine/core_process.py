@@ -28,7 +28,7 @@ from fasterllm.engine.engine_loop import SHUTDOWN, AbortRequest, AddRequest, Eng
 from fasterllm.engine.engine_stats import EngineStats
 from fasterllm.engine.frozen_heap import freeze_heap
 from fasterllm.engine.input_processor import InputProcessor
-from fasterllm.engine.output_deltas import OutputDecoder, OutputEncoder
+from fasterllm.engine.output_deltas import OutputEncoder
 from fasterllm.engine.server_side_text import ServerSideText
 from fasterllm.loader.checkpoint import open_checkpoint
 
@@ -64,8 +64,7 @@ class ProcessCore:
         self.max_model_len = ready["max_model_len"]
         self.stats: EngineStats = ready["stats"]
         self.inputs = InputProcessor.for_model(self.tokenizer, checkpoint.config, self.max_model_len)
-        self._decoder = OutputDecoder()
-        self._text = ServerSideText(self.tokenizer, checkpoint.eos_token_ids)
+        self._outputs = ServerSideText(self.tokenizer, checkpoint.eos_token_ids)
 
     def _wait_until_ready(self) -> dict:
         while not self._turns.poll(200):
@@ -94,9 +93,8 @@ class ProcessCore:
         turn: Turn = pickle.loads(message)
         for request_id, error in turn.accepted:
             if error is not None:
-                self._text.forget(request_id)
-        turn.outputs = self._decoder.decode(turn.outputs)
-        self._text.fill(turn.outputs)
+                self._outputs.forget(request_id)
+        turn.outputs = self._outputs.outputs(turn.outputs)
         self._on_turn(turn)
 
     def _exited(self) -> None:
@@ -114,10 +112,9 @@ class ProcessCore:
 
     def send(self, command) -> None:
         if isinstance(command, AbortRequest):
-            self._decoder.forget(command.request_id)
-            self._text.forget(command.request_id)
+            self._outputs.forget(command.request_id)
         elif isinstance(command, AddRequest):
-            self._text.expect(command.request_id, command.params)
+            self._outputs.expect(command.request_id, command.params)
         self._commands.send(pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL))
 
     def shutdown(self, timeout_s: float) -> None:

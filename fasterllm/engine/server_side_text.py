@@ -1,10 +1,15 @@
-"""The text of requests whose engine runs in a process of its own, decoded in the server's process (vLLM's front-end
-does the same): for the requests output_processor.text_decodable_elsewhere allows, the engine sends token ids and
-empty text, and this side runs the same incremental detokenizer over the token ids, so the text is the one the engine
-would have made and the engine's process, which also drives the GPU, spends no time on it."""
+"""The outputs of an engine that runs in a process of its own, as the server's process hands them on: rebuilt from
+the engine's deltas (output_deltas.py), with the text of the requests output_processor.text_decodable_elsewhere
+allows decoded here (vLLM's front-end does the same). For those the engine sends token ids and empty text, and this
+side runs the same incremental detokenizer over the token ids, so the text is the one the engine would have made and
+the engine's process, which also drives the GPU, spends no time on it."""
 from __future__ import annotations
 
+from dataclasses import replace
+
+from fasterllm.engine.output_deltas import OutputDecoder
 from fasterllm.engine.output_processor import IncrementalDetokenizer, detokenizer_for, text_decodable_elsewhere
+from fasterllm.engine.stop_checker import ended_by_eos
 from fasterllm.loader.tokenizer import TokenizerWrapper
 from fasterllm.outputs import RequestOutput
 from fasterllm.sampling_params import BeamSearchParams, SamplingParams
@@ -14,6 +19,7 @@ class ServerSideText:
     def __init__(self, tokenizer: TokenizerWrapper, eos_token_ids: list[int]):
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
+        self._deltas = OutputDecoder()  # every request's outputs so far, as the engine sent them (no text of ours)
         self._params: dict[str, SamplingParams] = {}  # the requests this side decodes
         # request id -> its detokenizer and how many of its tokens were its prompt's (the rest: output tokens fed)
         self._decoding: dict[str, tuple[IncrementalDetokenizer, int]] = {}
@@ -24,30 +30,34 @@ class ServerSideText:
             self._params[request_id] = params
 
     def forget(self, request_id: str) -> None:
+        """The request was aborted or refused: a later request under its id starts afresh."""
+        self._deltas.forget(request_id)
         self._params.pop(request_id, None)
         self._decoding.pop(request_id, None)
 
-    def fill(self, outputs: list[tuple[str, RequestOutput | Exception]]) -> None:
-        """Set the text of the outputs this side decodes (each a new object, not yet handed to anyone)."""
-        for request_id, output in outputs:
+    def outputs(self, encoded: list[tuple]) -> list[tuple[str, RequestOutput | Exception]]:
+        """The outputs of one turn of the engine process (OutputEncoder's form), those decoded here with their text."""
+        outputs = []
+        for request_id, output in self._deltas.decode(encoded):
             params = self._params.get(request_id)
-            if params is None:
-                continue
-            if isinstance(output, Exception):
+            if params is not None and isinstance(output, Exception):
                 self.forget(request_id)
-                continue
-            if request_id not in self._decoding:
-                detokenizer = detokenizer_for(self.tokenizer, output.prompt_token_ids, params)
-                self._decoding[request_id] = (detokenizer, len(detokenizer.tokens))
-            detokenizer, context = self._decoding[request_id]
-            completion = output.outputs[0]
-            token_ids = completion.token_ids
-            end = len(token_ids)
-            # as stop_checker does: an eos that ends the sequence is not decoded
-            if (output.finished and completion.finish_reason == "stop" and completion.stop_reason is None
-                    and not params.ignore_eos and end and token_ids[-1] in self.eos_token_ids):
-                end -= 1
-            detokenizer.add_tokens(token_ids[len(detokenizer.tokens) - context:end])
-            completion.text = detokenizer.visible_text(output.finished)
-            if output.finished:
-                self.forget(request_id)
+            elif params is not None:
+                output = self._with_text(request_id, output, params)
+            outputs.append((request_id, output))
+        return outputs
+
+    def _with_text(self, request_id: str, output: RequestOutput, params: SamplingParams) -> RequestOutput:
+        """A copy of the output with its text decoded (the decoder keeps the engine's own)."""
+        if request_id not in self._decoding:
+            detokenizer = detokenizer_for(self.tokenizer, output.prompt_token_ids, params)
+            self._decoding[request_id] = (detokenizer, len(detokenizer.tokens))
+        detokenizer, context = self._decoding[request_id]
+        completion = output.outputs[0]
+        token_ids = completion.token_ids
+        end = len(token_ids) - ended_by_eos(token_ids, output.finished, params, self.eos_token_ids)
+        detokenizer.add_tokens(token_ids[len(detokenizer.tokens) - context:end])
+        text = detokenizer.visible_text(output.finished)
+        if output.finished:
+            self.forget(request_id)
+        return replace(output, outputs=[replace(completion, text=text)])

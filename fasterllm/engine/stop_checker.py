@@ -4,8 +4,11 @@ finds it; an eos that ends the sequence is not detokenized). A token rule wins o
 completes. A beam search is not checked here: it decides when it ends (beam_search.py)."""
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from fasterllm.engine.output_processor import OutputProcessor
 from fasterllm.engine.request import Request
+from fasterllm.sampling_params import SamplingParams
 
 
 def check_stop(request: Request, output_processor: OutputProcessor | None) -> tuple[str, int | str | None] | None:
@@ -22,3 +25,9 @@ def check_stop(request: Request, output_processor: OutputProcessor | None) -> tu
         stop = ("length", None) if len(request.output_token_ids) >= request.max_tokens else None
     stop_string = output_processor.new_tokens(request, [last]) if output_processor is not None else None
     return stop or (("stop", stop_string) if stop_string is not None else None)
+
+
+def ended_by_eos(token_ids: list[int], finished: bool, params: SamplingParams, eos_token_ids: Collection[int]) -> bool:
+    """Whether a sequence's last token is the eos that ended it, read off its output (token ids, finished): check_stop
+    stops there (unless ignore_eos) without detokenizing it, so text decoded outside the engine leaves it out too."""
+    return finished and not params.ignore_eos and bool(token_ids) and token_ids[-1] in eos_token_ids

@@ -1,6 +1,6 @@
-"""Text decoded in the server's process (an engine in a process of its own sends token ids) equals the text the engine
-makes itself, output by output: eos at the end (decoded or not), special tokens kept, characters split over tokens,
-and the requests whose text the engine keeps (stop strings, several samples)."""
+"""Text decoded in the server's process (an engine in a process of its own sends token ids, as deltas) equals the text
+the engine makes itself, output by output: eos at the end (decoded or not), special tokens kept, characters split over
+tokens, and the requests whose text the engine keeps (stop strings, several samples)."""
 from __future__ import annotations
 
 import pytest
@@ -8,6 +8,7 @@ import pytest
 from fasterllm import SamplingParams
 from fasterllm.config import EngineArgs
 from fasterllm.engine.engine import Engine
+from fasterllm.engine.output_deltas import OutputEncoder
 from fasterllm.engine.server_side_text import ServerSideText
 
 
@@ -28,16 +29,16 @@ def test_text_decoded_on_the_server_side_equals_the_engines_own(engines):
         "stop string": ("The capital of France is", SamplingParams(temperature=0, max_tokens=16, stop=[" is"])),
         "two samples": ("Once upon a time", SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=8)),
     }
-    server_side = ServerSideText(elsewhere.tokenizer, elsewhere.eos_token_ids)
+    encoder, server_side = OutputEncoder(), ServerSideText(elsewhere.tokenizer, elsewhere.eos_token_ids)
     for request_id, (prompt, params) in requests.items():
         whole.add_request(request_id, prompt, params)
         elsewhere.add_request(request_id, prompt, params)
         server_side.expect(request_id, params)
     ends = {}
     while whole.has_unfinished_requests():
-        expected, got = whole.step(), elsewhere.step()
-        server_side.fill([(output.request_id, output) for output in got])
-        assert [(o.request_id, o.outputs) for o in got] == [(o.request_id, o.outputs) for o in expected]
+        expected = whole.step()
+        got = server_side.outputs(encoder.encode([(output.request_id, output) for output in elsewhere.step()]))
+        assert [(request_id, o.outputs) for request_id, o in got] == [(o.request_id, o.outputs) for o in expected]
         ends.update({o.request_id: o.outputs[0] for o in expected if o.finished})
     assert not elsewhere.has_unfinished_requests()
     # the cases happened: an eos ended the chat replies (not decoded, even where special tokens are kept)
