@@ -19,6 +19,13 @@ from fasterllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from fasterllm.sampling_params import SamplingParams
 
 
+def output_after(request_id: str, made: int, done: bool) -> RequestOutput:
+    """A stand-in engine's output of a request that has made `made` tokens (two characters of text each)."""
+    return RequestOutput(request_id, None, [1], [CompletionOutput(0, "ab" * made, list(range(made)), None, None,
+                                                                  "length" if done else None)], done,
+                         RequestMetrics(0.0, 0.0, 0.0, 0.0))
+
+
 class StandInCore:
     """Accepts every request at once; the benchmark hands out the outputs."""
     model_name, max_model_len, tokenizer, inputs, stats, alive = "m", 4096, None, None, None, True
@@ -54,9 +61,7 @@ async def events_per_request_stream(num_requests: int, steps: int, prompts_per_s
     start = time.perf_counter()
     for step in range(1, steps + 1):
         done = step == steps
-        core.on_turn(Turn(outputs=[(rid, RequestOutput(rid, None, [1], [CompletionOutput(
-            0, "ab" * step, list(range(step)), None, None, "length" if done else None)], done,
-            RequestMetrics(0.0, 0.0, 0.0, 0.0))) for ids in streams for rid in ids]))
+        core.on_turn(Turn(outputs=[(rid, output_after(rid, step, done)) for ids in streams for rid in ids]))
         for _ in range(4):  # let every consumer take the step's output before the next
             await asyncio.sleep(0)
     await asyncio.gather(*tasks)

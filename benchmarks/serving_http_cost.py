@@ -25,7 +25,7 @@ def serve(port: int, loop: str, http: str, tokens: int, report) -> None:
     from fasterllm.engine.async_engine import AsyncLLM
     from fasterllm.engine.engine_loop import AddRequest, Turn
     from fasterllm.entrypoints.openai.server import build_app
-    from fasterllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+    from serving_frontend import output_after
 
     class StandInCore:
         """Accepts every request; each step gives every running request one more token until it has `tokens`."""
@@ -57,9 +57,7 @@ def serve(port: int, loop: str, http: str, tokens: int, report) -> None:
                 for request_id in list(self.running):
                     made = self.running[request_id] = self.running[request_id] + 1
                     done = made == tokens
-                    outputs.append((request_id, RequestOutput(request_id, None, [1], [CompletionOutput(
-                        0, "ab" * made, list(range(made)), None, None, "length" if done else None)], done,
-                        RequestMetrics(0.0, 0.0, 0.0, 0.0))))
+                    outputs.append((request_id, output_after(request_id, made, done)))
                     if done:
                         del self.running[request_id]
                 self.events += len(outputs)
