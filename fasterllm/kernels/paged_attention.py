@@ -1,11 +1,12 @@
 """Paged attention over block tables (Triton): prefill, chunked prefill and decode in one launch.
 
-One program per (sequence, query tile, KV head). Its tile's rows are (new token, query head) pairs: all
-G = Hq / Hkv query heads of the KV head for BLOCK_Q consecutive new tokens, so each K/V tile is read once
-for the whole GQA group. Keys are streamed through the block table with an online softmax (exp2 of
+One program per (sequence, query tile, KV head); in launches with prompt rows the query tiles of all sequences are
+packed along the grid's first axis, so a decode beside a long prompt gets one program, not the prompt's count. A
+tile's rows are (new token, query head) pairs: all G = Hq / Hkv query heads of the KV head for BLOCK_Q consecutive
+new tokens, so each K/V tile is read once for the whole GQA group. Keys are streamed through the block table with an online softmax (exp2 of
 log2(e)-scaled scores), bounded by the causal limit and the sliding window; in launches with prompt rows the tiles
 every row sees whole skip the masks, and only the tiles at the causal edge are masked. The grid depends on host ints
-only (number of sequences, max_query_len, KV heads), so a decode batch can be captured in a CUDA graph.
+only (numbers of sequences and tokens, max_query_len, KV heads), so a batch can be captured in a CUDA graph.
 
 Decode batches (max_query_len == 1) split each sequence's keys over several programs (flash-decoding:
 short batches with long contexts would otherwise use a few SMs) and a second kernel merges the partial
@@ -97,6 +98,24 @@ def _fold_key_tile(q, k_cache_ptr, v_cache_ptr, table, tile_start, key_end, kv_h
 
 
 @triton.jit
+def _packed_tile(query_start_ptr, num_seqs, BLOCK_Q: tl.constexpr):
+    """(sequence, query tile) of this program in a launch with prompt rows. Sequence s's tiles are the programs from
+    query_start[s] // BLOCK_Q + s on, cdiv(its query length, BLOCK_Q) of them, which never reach the next sequence's
+    first: so the grid needs only num_tokens // BLOCK_Q + num_seqs programs (host ints), where a grid of every
+    sequence times the longest query's tiles gives each decode beside a long prompt as many idle programs. The
+    sequence is the last whose first program is at or before this one (a binary search); a program past its
+    sequence's tiles finds none and does nothing."""
+    program = tl.program_id(0)
+    low, high = 0, num_seqs - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        at_or_before = tl.load(query_start_ptr + middle) // BLOCK_Q + middle <= program
+        low = tl.where(at_or_before, middle, low)
+        high = tl.where(at_or_before, high, middle - 1)
+    return low, program - (tl.load(query_start_ptr + low) // BLOCK_Q + low)
+
+
+@triton.jit
 def _paged_attention_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr, out_ptr,
         part_out_ptr, part_max_ptr, part_sum_ptr, bias_ptr, bias_rows, scale_log2, v_scale, window, softcap,
@@ -105,10 +124,15 @@ def _paged_attention_kernel(
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
         USE_WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-        IEEE_DOT: tl.constexpr, FP16_DOT: tl.constexpr, UNMASKED_TILES: tl.constexpr, PDL: tl.constexpr):
+        num_seqs, IEEE_DOT: tl.constexpr, FP16_DOT: tl.constexpr, PROMPT_ROWS: tl.constexpr,
+        PDL: tl.constexpr):
     early_start(PDL)
-    seq, tile, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
+    if PROMPT_ROWS:  # the grid's axis 0 runs over every sequence's query tiles, packed (see _packed_tile)
+        seq, tile = _packed_tile(query_start_ptr, num_seqs, BLOCK_Q)
+    else:
+        seq, tile = tl.program_id(0), tl.program_id(1)
+    kv_head = tl.program_id(2)
     query_start = tl.load(query_start_ptr + seq)
     query_len = tl.load(query_start_ptr + seq + 1) - query_start
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -147,10 +171,10 @@ def _paged_attention_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         table = block_tables_ptr + seq.to(tl.int64) * stride_bt
         bias_row_stride = tl.num_programs(2) * GROUP  # the bias table's row: one per query head
-        # UNMASKED_TILES: keys every row sees (before the first row's own position, all inside key_end) skip the masks,
+        # PROMPT_ROWS: keys every row sees (before the first row's own position, all inside key_end) skip the masks,
         # whole tiles of them first, then the tiles at the causal edge or the window's, masked
         full_end = key_start
-        if UNMASKED_TILES and not USE_WINDOW:
+        if PROMPT_ROWS and not USE_WINDOW:
             limit = tl.minimum(key_end, context_len + first_token + 1) if CAUSAL else key_end
             full_end = key_start + tl.maximum(limit - key_start, 0) // BLOCK_N * BLOCK_N
         for tile_start in range(key_start, full_end, BLOCK_N):
@@ -267,13 +291,14 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     else:
         splits = 1
         block_m = max(16, min(PREFILL_TILES.rows, triton.next_power_of_2(max_query_len) * group_pad), group_pad)
-        tiles = triton.cdiv(max_query_len, block_m // group_pad)
+        tiles = num_tokens // (block_m // group_pad) + num_seqs  # packed over the sequences: _packed_tile
     part_out = part_max = part_sum = out  # unused placeholders without splits
     if splits > 1:
         part_max = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32, device=query.device)
         part_sum = torch.empty_like(part_max)
         part_out = torch.empty(num_tokens, num_heads, splits, head_dim, dtype=torch.float32, device=query.device)
-    _paged_attention_kernel[(num_seqs, tiles, num_kv_heads)](
+    grid = (num_seqs, tiles, num_kv_heads) if max_query_len == 1 else (tiles, 1, num_kv_heads)
+    _paged_attention_kernel[grid](
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out,
         part_out, part_max, part_sum, out if position_bias is None else position_bias,
         0 if position_bias is None else position_bias.shape[0], scale * LOG2E * k_scale, v_scale, sliding_window or 0,
@@ -286,7 +311,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         NUM_SPLITS=splits,
         USE_WINDOW=sliding_window is not None, CAUSAL=causal, HAS_BIAS=position_bias is not None,
         HAS_SOFTCAP=softcap is not None, IEEE_DOT=query.dtype == torch.float32, FP16_DOT=fp16_dot,
-        UNMASKED_TILES=max_query_len > 1,
+        num_seqs=num_seqs, PROMPT_ROWS=max_query_len > 1,
         num_warps=4 if max_query_len == 1 else PREFILL_TILES.num_warps,
         num_stages=_DECODE_STAGES if max_query_len == 1 else PREFILL_TILES.num_stages, **early_launch(query.device))
     if splits > 1:
