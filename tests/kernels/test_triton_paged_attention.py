@@ -139,11 +139,12 @@ def test_unmasked_key_tiles_and_prefill_tile_sizes(monkeypatch, tiles, extra):
     check(make_batch(*LONG, 4, 2, 32, torch.float32), torch.float32, **extra)
 
 
+@pytest.mark.parametrize("decodes", [21, 140])
 @pytest.mark.parametrize("order", ["decodes first", "prompts first"])
-def test_many_sequences_pack_their_query_tiles(order):
+def test_many_sequences_pack_their_query_tiles(order, decodes):
     """Query tiles packed over the sequences: each program finds its sequence among many (decodes, prompts of several
-    tiles, an empty padding sequence), whatever their order."""
-    context, queries = [30 + i for i in range(21)] + [0, 60, 9], [1] * 21 + [100, 37, 0]
+    tiles, an empty padding sequence; up to 143 sequences), whatever their order."""
+    context, queries = [30 + i % 40 for i in range(decodes)] + [0, 60, 9], [1] * decodes + [100, 37, 0]
     if order == "prompts first":
         context, queries = context[::-1], queries[::-1]
     check(make_batch(context, queries, 4, 2, 32, torch.float32), torch.float32)
