@@ -5,8 +5,6 @@ side runs the same incremental detokenizer over the token ids, so the text is th
 the engine's process, which also drives the GPU, spends no time on it."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 from fasterllm.engine.output_deltas import OutputDecoder
 from fasterllm.engine.output_processor import IncrementalDetokenizer, detokenizer_for, text_decodable_elsewhere
 from fasterllm.engine.stop_checker import ended_by_eos
@@ -48,7 +46,9 @@ class ServerSideText:
         return outputs
 
     def _with_text(self, request_id: str, output: RequestOutput, params: SamplingParams) -> RequestOutput:
-        """A copy of the output with its text decoded (the decoder keeps the engine's own)."""
+        """The output with its text decoded. The decoder builds a new output each turn (whole from the pickle, or
+        extended from its last), so writing the text into it changes no earlier output; the engine's text of this
+        request is empty, so what the decoder extends next turn is replaced again."""
         if request_id not in self._decoding:
             detokenizer = detokenizer_for(self.tokenizer, output.prompt_token_ids, params)
             self._decoding[request_id] = (detokenizer, len(detokenizer.tokens))
@@ -57,7 +57,7 @@ class ServerSideText:
         token_ids = completion.token_ids
         end = len(token_ids) - ended_by_eos(token_ids, output.finished, params, self.eos_token_ids)
         detokenizer.add_tokens(token_ids[len(detokenizer.tokens) - context:end])
-        text = detokenizer.visible_text(output.finished)
+        completion.text = detokenizer.visible_text(output.finished)
         if output.finished:
             self.forget(request_id)
-        return replace(output, outputs=[replace(completion, text=text)])
+        return output

@@ -29,5 +29,6 @@ def check_stop(request: Request, output_processor: OutputProcessor | None) -> tu
 
 def ended_by_eos(token_ids: list[int], finished: bool, params: SamplingParams, eos_token_ids: Collection[int]) -> bool:
     """Whether a sequence's last token is the eos that ended it, read off its output (token ids, finished): check_stop
-    stops there (unless ignore_eos) without detokenizing it, so text decoded outside the engine leaves it out too."""
+    tests eos before every other rule and stops there (unless ignore_eos) without detokenizing it, so a finished
+    sequence ending in an eos ended by it, and text decoded outside the engine leaves it out too."""
     return finished and not params.ignore_eos and bool(token_ids) and token_ids[-1] in eos_token_ids

@@ -50,12 +50,13 @@ def _tile(slots_ptr, num_slots, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _zero_share(ptr, numel, ZERO_BLOCK: tl.constexpr):
-    """This program's share of the numel fp32 values at ptr set to zero (the grid's programs split them evenly)."""
+    """This program's share of the numel fp32 values at ptr set to zero: the grid's programs take whole ZERO_BLOCK
+    runs in turn (aligned stores), as many each as it takes to cover them all."""
     program = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-    share = tl.cdiv(numel, tl.num_programs(0) * tl.num_programs(1))
+    share = tl.cdiv(tl.cdiv(numel, tl.num_programs(0) * tl.num_programs(1)), ZERO_BLOCK) * ZERO_BLOCK
     for start in range(program * share, tl.minimum(numel, (program + 1) * share), ZERO_BLOCK):
         at = start + tl.arange(0, ZERO_BLOCK)
-        tl.store(ptr + at, tl.zeros([ZERO_BLOCK], dtype=tl.float32), mask=(at < numel) & (at < (program + 1) * share))
+        tl.store(ptr + at, tl.zeros([ZERO_BLOCK], dtype=tl.float32), mask=at < numel)
 
 
 @triton.jit

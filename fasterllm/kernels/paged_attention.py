@@ -3,10 +3,11 @@
 One program per (sequence, query tile, KV head); in launches with prompt rows the query tiles of all sequences are
 packed along the grid's first axis, so a decode beside a long prompt gets one program, not the prompt's count. A
 tile's rows are (new token, query head) pairs: all G = Hq / Hkv query heads of the KV head for BLOCK_Q consecutive
-new tokens, so each K/V tile is read once for the whole GQA group. Keys are streamed through the block table with an online softmax (exp2 of
-log2(e)-scaled scores), bounded by the causal limit and the sliding window; in launches with prompt rows the tiles
-every row sees whole skip the masks, and only the tiles at the causal edge are masked. The grid depends on host ints
-only (numbers of sequences and tokens, max_query_len, KV heads), so a batch can be captured in a CUDA graph.
+new tokens, so each K/V tile is read once for the whole GQA group. Keys are streamed through the block table with an
+online softmax (exp2 of log2(e)-scaled scores), bounded by the causal limit and the sliding window; in launches with
+prompt rows and no window the tiles every row sees whole skip the masks, and only the tiles at the causal edge are
+masked. The grid depends on host ints only (numbers of sequences and tokens, max_query_len, KV heads), so a batch
+can be captured in a CUDA graph.
 
 Decode batches (max_query_len == 1) split each sequence's keys over several programs (flash-decoding:
 short batches with long contexts would otherwise use a few SMs) and a second kernel merges the partial
@@ -44,8 +45,8 @@ _DECODE_STAGES = 2
 
 class PrefillTiles(NamedTuple):
     """The tiles of a launch with prompt rows (max_query_len > 1)."""
-    rows: int  # the most (token, query head) rows a program holds
-    keys: int  # keys per K/V tile
+    rows: int  # the most (token, query head) rows a program holds (a power of two)
+    keys: int  # keys per K/V tile (a power of two)
     num_warps: int
     num_stages: int
 
@@ -171,18 +172,19 @@ def _paged_attention_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         table = block_tables_ptr + seq.to(tl.int64) * stride_bt
         bias_row_stride = tl.num_programs(2) * GROUP  # the bias table's row: one per query head
-        # PROMPT_ROWS: keys every row sees (before the first row's own position, all inside key_end) skip the masks,
-        # whole tiles of them first, then the tiles at the causal edge or the window's, masked
+        # launches with prompt rows: the keys every row sees (at or before the first row's own position; inside
+        # key_end, so the bounds need no clamp) skip the masks, whole tiles of them first, and only the tiles after
+        # them (the causal edge) are masked. Under a sliding window, and in decode launches, every tile is masked
         full_end = key_start
         if PROMPT_ROWS and not USE_WINDOW:
-            limit = tl.minimum(key_end, context_len + first_token + 1) if CAUSAL else key_end
-            full_end = key_start + tl.maximum(limit - key_start, 0) // BLOCK_N * BLOCK_N
-        for tile_start in range(key_start, full_end, BLOCK_N):
-            row_max, row_sum, acc = _fold_key_tile(
-                q, k_cache_ptr, v_cache_ptr, table, tile_start, key_end, kv_head, position, head, row_ok, dims,
-                dim_ok, row_max, row_sum, acc, bias_ptr, bias_rows, bias_row_stride, scale_log2, window, softcap,
-                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, BLOCK_N, BLOCK_SIZE, False,
-                USE_WINDOW, CAUSAL, HAS_BIAS, HAS_SOFTCAP, IEEE_DOT, FP16_DOT)
+            limit = context_len + first_token + 1 if CAUSAL else key_end
+            full_end = key_start + (limit - key_start) // BLOCK_N * BLOCK_N
+            for tile_start in range(key_start, full_end, BLOCK_N):
+                row_max, row_sum, acc = _fold_key_tile(
+                    q, k_cache_ptr, v_cache_ptr, table, tile_start, key_end, kv_head, position, head, row_ok, dims,
+                    dim_ok, row_max, row_sum, acc, bias_ptr, bias_rows, bias_row_stride, scale_log2, window, softcap,
+                    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, BLOCK_N, BLOCK_SIZE, False,
+                    USE_WINDOW, CAUSAL, HAS_BIAS, HAS_SOFTCAP, IEEE_DOT, FP16_DOT)
         for tile_start in range(full_end, key_end, BLOCK_N):
             row_max, row_sum, acc = _fold_key_tile(
                 q, k_cache_ptr, v_cache_ptr, table, tile_start, key_end, kv_head, position, head, row_ok, dims,
@@ -243,7 +245,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
 
     key_cache/value_cache [num_blocks, block_size, Hkv, D]; block_tables [S, max_blocks] int32;
     seq_lens [S] int32 (cached tokens including this step's, already stored); query_start_loc [S + 1]
-    int32. num_kv_splits overrides the decode split count (tests; None picks one from the shapes).
+    int32, from 0 (the rows of sequence s: query_start_loc[s] up to [s + 1]). num_kv_splits overrides the decode
+    split count (tests; None picks one from the shapes).
     causal=False: cross-attention, every query of a sequence sees all its seq_lens keys (the encoder's).
     position_bias [R, Hq]: added to the score of a query and a key d positions back (d >= R - 1: row R - 1), T5's
     relative-position bias of a causal stack, tabulated by the model. softcap: each score becomes
@@ -287,17 +290,18 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     block_d = max(16, triton.next_power_of_2(head_dim))
     if max_query_len == 1:
         splits = num_kv_splits or decode_splits(num_seqs, num_kv_heads, block_tables.shape[1] * block_size)
-        block_m, tiles = max(16, group_pad), splits
+        block_m, block_n = max(16, group_pad), 128 if fp16_dot else 64
+        grid = (num_seqs, splits, num_kv_heads)
     else:
         splits = 1
         block_m = max(16, min(PREFILL_TILES.rows, triton.next_power_of_2(max_query_len) * group_pad), group_pad)
-        tiles = num_tokens // (block_m // group_pad) + num_seqs  # packed over the sequences: _packed_tile
+        block_n = PREFILL_TILES.keys
+        grid = (num_tokens // (block_m // group_pad) + num_seqs, 1, num_kv_heads)  # tiles packed: _packed_tile
     part_out = part_max = part_sum = out  # unused placeholders without splits
     if splits > 1:
         part_max = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32, device=query.device)
         part_sum = torch.empty_like(part_max)
         part_out = torch.empty(num_tokens, num_heads, splits, head_dim, dtype=torch.float32, device=query.device)
-    grid = (num_seqs, tiles, num_kv_heads) if max_query_len == 1 else (tiles, 1, num_kv_heads)
     _paged_attention_kernel[grid](
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out,
         part_out, part_max, part_sum, out if position_bias is None else position_bias,
@@ -306,7 +310,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         query.stride(0), query.stride(1), *key_cache.stride()[:3], *value_cache.stride()[:3],
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
-        BLOCK_N=max(block_size, 128 if fp16_dot else 64 if max_query_len == 1 else PREFILL_TILES.keys),
+        BLOCK_N=max(block_size, block_n),
         BLOCK_SIZE=block_size,
         NUM_SPLITS=splits,
         USE_WINDOW=sliding_window is not None, CAUSAL=causal, HAS_BIAS=position_bias is not None,

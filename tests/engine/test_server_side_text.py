@@ -29,6 +29,12 @@ def test_text_decoded_on_the_server_side_equals_the_engines_own(engines):
         "stop string": ("The capital of France is", SamplingParams(temperature=0, max_tokens=16, stop=[" is"])),
         "two samples": ("Once upon a time", SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=8)),
     }
+    eos = whole.eos_token_ids[0]
+    forced = dict(temperature=0, max_tokens=4, logit_bias={eos: 100.0}, skip_special_tokens=False)
+    requests.update({  # eos forced under ignore_eos: decoded, also where it ends the request as a stop token id
+        "eos ignored": ("Hi", SamplingParams(**forced, ignore_eos=True)),
+        "eos as a stop token id": ("Hi", SamplingParams(**forced, ignore_eos=True, stop_token_ids=[eos])),
+    })
     encoder, server_side = OutputEncoder(), ServerSideText(elsewhere.tokenizer, elsewhere.eos_token_ids)
     for request_id, (prompt, params) in requests.items():
         whole.add_request(request_id, prompt, params)
@@ -38,10 +44,15 @@ def test_text_decoded_on_the_server_side_equals_the_engines_own(engines):
     while whole.has_unfinished_requests():
         expected = whole.step()
         got = server_side.outputs(encoder.encode([(output.request_id, output) for output in elsewhere.step()]))
-        assert [(request_id, o.outputs) for request_id, o in got] == [(o.request_id, o.outputs) for o in expected]
+        assert ([(request_id, o.outputs, o.finished) for request_id, o in got]
+                == [(o.request_id, o.outputs, o.finished) for o in expected])
         ends.update({o.request_id: o.outputs[0] for o in expected if o.finished})
     assert not elsewhere.has_unfinished_requests()
+    assert not (server_side._params or server_side._decoding or server_side._deltas._last)  # nothing left behind
     # the cases happened: an eos ended the chat replies (not decoded, even where special tokens are kept)
     assert ends["eos"].finish_reason == ends["eos, special tokens kept"].finish_reason == "stop"
     assert ends["eos, special tokens kept"].text == ends["eos"].text != ""
     assert ends["stop string"].stop_reason == " is"
+    assert ends["eos ignored"].token_ids == [eos] * 4 and ends["eos ignored"].text != ""
+    stopped = ends["eos as a stop token id"]
+    assert stopped.token_ids == [eos] and stopped.stop_reason == eos and stopped.text != ""

@@ -104,9 +104,10 @@ def batch(context_lens, query_lens, num_heads=4, num_kv_heads=2, head_dim=64, bl
 @pytest.mark.parametrize("splits", [None, 1, 3])
 @pytest.mark.parametrize("causal", [True, False])
 def test_attention_over_an_fp8_cache_matches_the_dequantized_reference(splits, causal, query_dtype):
-    """A prompt, a chunk over cached context and two decodes (mixed) or decodes alone (split keys); causal, and
-    cross-attention's non-causal form. bf16 queries (a GPU: they multiply the cache's values in fp16) too."""
-    lens = ([0, 19, 40, 5], [20, 7, 1, 1]) if splits is None else ([0, 150, 33], [1, 1, 1])
+    """A prompt, chunks over cached context (one past a whole key tile) and two decodes (mixed) or decodes alone
+    (split keys); causal, and cross-attention's non-causal form. bf16 queries (a GPU: they multiply the cache's values
+    in fp16) too."""
+    lens = ([0, 19, 40, 90, 5], [20, 7, 1, 12, 1]) if splits is None else ([0, 150, 33], [1, 1, 1])
     args = batch(*lens)
     got = paged_attention_kernel(**{**args, "query": args["query"].to(query_dtype)}, causal=causal,
                                  num_kv_splits=splits, k_scale=SCALES[0], v_scale=SCALES[1])

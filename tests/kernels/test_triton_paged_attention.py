@@ -128,8 +128,9 @@ def test_softcap_matches_reference(splits, window):
 
 
 # tiles every query row sees whole (no masks) before the causal edge: a prompt longer than a key tile, chunks whose
-# causal edge crosses a tile boundary or follows a long cached prefix, decodes over several tiles
-LONG = ([0, 60, 150, 200], [140, 40, 40, 1])
+# causal edge crosses a tile boundary, ends one or two keys before one, or follows a long cached prefix, decodes over
+# several tiles
+LONG = ([0, 60, 62, 63, 150, 200], [140, 40, 40, 40, 40, 1])
 
 
 @pytest.mark.parametrize("tiles", [paged_attention_module.PREFILL_TILES, (128, 32, 8, 2), (32, 128, 4, 3)])
@@ -176,10 +177,10 @@ def test_model_shapes_mixed_and_decode(dtype, heads):
 def test_cross_attention_sees_every_encoder_key(splits):
     """causal=False (an encoder-decoder's cross-attention): each sequence's new tokens, however many, attend to all
     its seq_lens keys, including a query longer than the keys; equal to the model's torch path (build_cross)."""
-    encoder_lens, query_lens = [37, 5, 16], [1, 9, 3]
-    args = make_batch(encoder_lens, [1] * 3, 4, 4, 64, torch.float32)  # blocks for the encoder's keys
+    encoder_lens, query_lens = [37, 5, 150, 16], [1, 9, 40, 3]  # 150 keys: two whole key tiles, unmasked
+    args = make_batch(encoder_lens, [1] * 4, 4, 4, 64, torch.float32)  # blocks for the encoder's keys
     if splits is not None:  # a decode batch: one query each
-        query_lens = [1, 1, 1]
+        query_lens = [1] * 4
     starts = torch.tensor([0] + query_lens).cumsum(0).to(torch.int32)
     generator = torch.Generator().manual_seed(1)
     args.update(query=torch.randn(sum(query_lens), 4, 64, generator=generator).to(DEVICE),
@@ -188,7 +189,8 @@ def test_cross_attention_sees_every_encoder_key(splits):
     got = paged_attention(**args, causal=False, num_kv_splits=splits)
     torch.testing.assert_close(got, paged_attention_reference(**args, causal=False), atol=1e-4, rtol=1e-4)
     tables = [row[:-(-n // 16)] for row, n in zip(args["block_tables"].tolist(), encoder_lens)]
-    meta = layers_attention.AttentionMetadata.build(query_lens, query_lens, [[0]] * 3, 16, DEVICE)
+    self_tables = [list(range(-(-q // 16))) for q in query_lens]
+    meta = layers_attention.AttentionMetadata.build(query_lens, query_lens, self_tables, 16, DEVICE)
     meta.cross = layers_attention.AttentionMetadata.build_cross(query_lens, encoder_lens, tables, 16, DEVICE)
     kv_cache = torch.stack([args["key_cache"], args["value_cache"]])
     expected = layers_attention.paged_attention(args["query"], None, None, kv_cache, meta.cross, args["scale"])
