@@ -18,17 +18,22 @@ class ServerSideText:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self._deltas = OutputDecoder()  # every request's outputs so far, as the engine sent them (no text of ours)
+        # the requests added and not ended: an output of any other id is stale (its request was aborted while the turn
+        # was on its way) and is dropped, not kept by the decoder for good
+        self._live: set[str] = set()
         self._params: dict[str, SamplingParams] = {}  # the requests this side decodes
         # request id -> its detokenizer and how many of its tokens were its prompt's (the rest: output tokens fed)
         self._decoding: dict[str, tuple[IncrementalDetokenizer, int]] = {}
 
     def expect(self, request_id: str, params: SamplingParams | BeamSearchParams) -> None:
-        """A request is being added: note it if its text is decoded here."""
+        """A request is being added: note it, and whether its text is decoded here."""
+        self._live.add(request_id)
         if text_decodable_elsewhere(params):
             self._params[request_id] = params
 
     def forget(self, request_id: str) -> None:
-        """The request was aborted or refused: a later request under its id starts afresh."""
+        """The request ended, or was aborted or refused: a later request under its id starts afresh."""
+        self._live.discard(request_id)
         self._deltas.forget(request_id)
         self._params.pop(request_id, None)
         self._decoding.pop(request_id, None)
@@ -36,12 +41,13 @@ class ServerSideText:
     def outputs(self, encoded: list[tuple]) -> list[tuple[str, RequestOutput | Exception]]:
         """The outputs of one turn of the engine process (OutputEncoder's form), those decoded here with their text."""
         outputs = []
-        for request_id, output in self._deltas.decode(encoded):
+        live = [entry for entry in encoded if entry[1] in self._live]  # entries are (kind, request id, body)
+        for request_id, output in self._deltas.decode(live):
             params = self._params.get(request_id)
-            if params is not None and isinstance(output, Exception):
-                self.forget(request_id)
-            elif params is not None:
+            if params is not None and not isinstance(output, Exception):
                 output = self._with_text(request_id, output, params)
+            if isinstance(output, Exception) or output.finished:
+                self.forget(request_id)
             outputs.append((request_id, output))
         return outputs
 
@@ -58,6 +64,4 @@ class ServerSideText:
         end = len(token_ids) - ended_by_eos(token_ids, output.finished, params, self.eos_token_ids)
         detokenizer.add_tokens(token_ids[len(detokenizer.tokens) - context:end])
         completion.text = detokenizer.visible_text(output.finished)
-        if output.finished:
-            self.forget(request_id)
         return output

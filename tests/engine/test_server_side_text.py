@@ -10,6 +10,7 @@ from fasterllm.config import EngineArgs
 from fasterllm.engine.engine import Engine
 from fasterllm.engine.output_deltas import OutputEncoder
 from fasterllm.engine.server_side_text import ServerSideText
+from fasterllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +57,19 @@ def test_text_decoded_on_the_server_side_equals_the_engines_own(engines):
     assert ends["eos ignored"].token_ids == [eos] * 4 and ends["eos ignored"].text != ""
     stopped = ends["eos as a stop token id"]
     assert stopped.token_ids == [eos] and stopped.stop_reason == eos and stopped.text != ""
+
+
+def test_outputs_of_an_aborted_request_on_their_way_are_dropped_not_kept():
+    """An abort sent while a turn with the request's first output was on its way: that output is dropped (the decoder
+    would otherwise keep it for good), and the id may be added again afresh."""
+    completion = CompletionOutput(0, "ab", [1, 2], None, None)
+    first = RequestOutput("r", "p", [5], [completion], False, RequestMetrics(1.0))
+    server_side = ServerSideText(tokenizer=None, eos_token_ids=[])
+    params = SamplingParams(max_tokens=8, stop=["x"])  # the engine keeps this one's text: no tokenizer here
+    server_side.expect("r", params)
+    server_side.forget("r")  # aborted
+    encoded = OutputEncoder().encode([("r", first)])
+    assert server_side.outputs(encoded) == [] and not server_side._deltas._last
+    server_side.expect("r", params)  # the id added again: its outputs pass
+    assert server_side.outputs(encoded) == [("r", first)]
+    assert server_side.outputs(OutputEncoder().encode([("never added", first)])) == []
