@@ -198,8 +198,8 @@ def _launch(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     gate_up_scales, down_scales = (w_gate_up, w_down) if scales is None else (s.contiguous() for s in scales)
     _gate_up_kernel[(tile_experts.shape[0], triton.cdiv(inter, n))](
         hidden, w_gate_up, gate_up_scales, gated, out, out.numel(), slots, tile_experts, num_tokens * top_k,
-        hidden_size, inter,
-        hidden.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), gate_up_scales.stride(0), gated.stride(0),
+        hidden_size, inter, hidden.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), gate_up_scales.stride(0),
+        gated.stride(0),
         TOP_K=top_k, NUM_EXPERTS=num_experts, ACT=ACTIVATIONS[activation], IEEE=ieee, SCALED=scales is not None,
         BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, num_warps=warps, num_stages=stages, **early_launch(hidden.device))
     _down_kernel[(tile_experts.shape[0], triton.cdiv(hidden_size, n))](

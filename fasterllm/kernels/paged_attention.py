@@ -87,8 +87,7 @@ def _fold_key_tile(q, k_cache_ptr, v_cache_ptr, table, tile_start, key_end, kv_h
         scores = capped * (softcap * 1.4426950408889634)
     if HAS_BIAS:  # T5: a learned bias per query head and distance back, from a [rows, Hq] table
         distance = tl.minimum(tl.maximum(position[:, None] - keys[None, :], 0), bias_rows - 1)
-        bias = tl.load(bias_ptr + distance * bias_row_stride + head[:, None],
-                       mask=row_ok[:, None], other=0.0)
+        bias = tl.load(bias_ptr + distance * bias_row_stride + head[:, None], mask=row_ok[:, None], other=0.0)
         scores += bias.to(tl.float32) * 1.4426950408889634  # log2(e): the scores are in log2 units
     if MASKED:
         visible = key_ok[None, :] & ((keys[None, :] <= position[:, None]) | (not CAUSAL))
@@ -310,9 +309,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         query.stride(0), query.stride(1), *key_cache.stride()[:3], *value_cache.stride()[:3],
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
-        BLOCK_N=max(block_size, block_n),
-        BLOCK_SIZE=block_size,
-        NUM_SPLITS=splits,
+        BLOCK_N=max(block_size, block_n), BLOCK_SIZE=block_size, NUM_SPLITS=splits,
         USE_WINDOW=sliding_window is not None, CAUSAL=causal, HAS_BIAS=position_bias is not None,
         HAS_SOFTCAP=softcap is not None, IEEE_DOT=query.dtype == torch.float32, FP16_DOT=fp16_dot,
         num_seqs=num_seqs, PROMPT_ROWS=max_query_len > 1,
