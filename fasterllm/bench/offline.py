@@ -37,8 +37,7 @@ def run_engine(engine: Engine, prompts: list[list[int]], output_len: int | list[
     output_len: one for all, or each prompt's. sequences > 1: that many per prompt, sampled (n, temperature 1) or,
     with beam_search, beams. Inter-token latencies (ITL) are those of the prompts' requests, the late one excluded.
     final_only (not with late_prompt, which waits for every request's first token): each request yields its final
-    output only, as LLM.generate asks; TTFT and TPOT then come from the
-    requests' timestamps, and there is no ITL.
+    output only, as LLM.generate asks; TTFT and TPOT then come from the requests' timestamps, and there is no ITL.
     """
     kind = RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.CUMULATIVE
     output_lens = output_len if isinstance(output_len, list) else [output_len] * len(prompts)

@@ -7,6 +7,7 @@ first output and its finished one whole, and in between only what each completio
 """
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import replace
 
 from fasterllm.outputs import CompletionOutput, RequestOutput
@@ -48,10 +49,14 @@ class OutputDecoder:
     def __init__(self) -> None:
         self._last: dict[str, RequestOutput] = {}
 
-    def decode(self, encoded: list[tuple]) -> list[tuple[str, RequestOutput | Exception]]:
-        """The outputs; a delta of a request this side has forgotten (aborted meanwhile) is dropped."""
+    def decode(self, encoded: list[tuple], live: Container[str] | None = None
+               ) -> list[tuple[str, RequestOutput | Exception]]:
+        """The outputs; a delta of a request this side has forgotten (aborted meanwhile) is dropped, and so is any
+        output of a request not in live, where given (the requests added and not ended)."""
         outputs = []
         for kind, request_id, body in encoded:
+            if live is not None and request_id not in live:
+                continue
             if kind == _DELTA:
                 last = self._last.get(request_id)
                 if last is None:

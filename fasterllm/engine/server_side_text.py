@@ -41,8 +41,7 @@ class ServerSideText:
     def outputs(self, encoded: list[tuple]) -> list[tuple[str, RequestOutput | Exception]]:
         """The outputs of one turn of the engine process (OutputEncoder's form), those decoded here with their text."""
         outputs = []
-        live = [entry for entry in encoded if entry[1] in self._live]  # entries are (kind, request id, body)
-        for request_id, output in self._deltas.decode(live):
+        for request_id, output in self._deltas.decode(encoded, self._live):
             params = self._params.get(request_id)
             if params is not None and not isinstance(output, Exception):
                 output = self._with_text(request_id, output, params)
