@@ -6,6 +6,7 @@ import torch
 from fasterllm.config import PREQUANTIZED_METHODS
 from fasterllm.distributed.tensor_parallel import SINGLE_DEVICE, TensorParallel, check_tensor_parallel
 from fasterllm.layers.linear import can_pack
+from fasterllm.layers.norm import release_fp32_bit_equality
 from fasterllm.layers.quantization import check_stored_supported, check_supported, quantize_model
 from fasterllm.layers.quantization.gguf import prepare_gguf_linears
 from fasterllm.layers.quantization.stored import prepare_stored_linears
@@ -56,6 +57,7 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
     if quantization is not None:
         # the output head too (a tied head: a quantized copy); a pre-quantized checkpoint's stored codes as stored
         quantize_model(model, quantization, device, checkpoint.stored_layout)
+        release_fp32_bit_equality(model)
     elif device.type == "cuda":  # batch-1 decode through the matrix-vector kernel, the head too
         from fasterllm.layers.gpu_linear import use_gemv_linears  # Triton: only with CUDA
 

@@ -13,7 +13,7 @@ from fasterllm.layers import norm
 @pytest.mark.parametrize("fused", [True, False], ids=["fused-op", "written-out"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_rms_norm_equals_transformers(monkeypatch, fused, dtype):
-    monkeypatch.setattr(cpu_rms_norm, "runs", lambda x, weight: False)  # the torch path
+    monkeypatch.setattr(cpu_rms_norm, "runs", lambda x, weight, fp32=False: False)  # the torch path
     if fused and norm._fused_fp32_rms_norm is None:
         pytest.skip("this torch has no torch._fused_rms_norm")
     if not fused:
@@ -44,3 +44,20 @@ def test_the_cpu_extension_runs_bf16_within_a_bf16_step_of_transformers(cpu_kern
         alone, same = ours(hidden)  # no residual: the input is the residual stream
         assert same is hidden
         assert ((alone.float() - reference(hidden).float()).abs() <= reference(hidden).float().abs() * 2 ** -7).all()
+
+
+def test_quantized_models_run_fp32_through_the_cpu_extension(cpu_kernels_on, monkeypatch):
+    """bit_equal_fp32 off (what build_decoder sets on a quantized model): fp32 rows go to our C++ op, within a few
+    fp32 ulps of transformers; on (the default) they stay on torch's bit-equal op."""
+    torch.manual_seed(0)
+    ours, reference = norm.RMSNorm(576, 1e-5), LlamaRMSNorm(576, eps=1e-5)
+    ours.weight.data = reference.weight.data = torch.randn(576)
+    calls = []
+    native = cpu_rms_norm.add_rms_norm
+    monkeypatch.setattr(cpu_rms_norm, "add_rms_norm", lambda *args: calls.append(1) or native(*args))
+    hidden, residual = torch.randn(37, 576) * 100.0, torch.randn(37, 576)
+    assert torch.equal(ours(hidden, residual)[0], reference(hidden + residual)) and not calls
+    norm.release_fp32_bit_equality(torch.nn.Sequential(ours))
+    normed, new_residual = ours(hidden, residual)
+    assert calls and torch.equal(new_residual, hidden + residual)
+    torch.testing.assert_close(normed, reference(hidden + residual), rtol=1e-6, atol=1e-6)

@@ -56,7 +56,9 @@ def test_greedy_decode_is_the_fp32_product_of_the_same_weights(gguf, method, isa
     try:
         llm = LLM(str(gguf), quantization=method, dtype="float32", max_model_len=256, num_kv_blocks=64,
                   enable_prefix_caching=False)  # the reference must compute every prompt again
-        assert llm.engine.executor.runner.model.layers[0].qkv_proj.native is not None
+        layer = llm.engine.executor.runner.model.layers[0]
+        assert layer.qkv_proj.native is not None
+        assert not layer.input_layernorm.bit_equal_fp32  # quantized: fp32 norms through the C++ op as well
         ours = greedy(llm)
         dense: dict[int, torch.Tensor] = {}  # by id of the packed weights
 
