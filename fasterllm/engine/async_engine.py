@@ -4,7 +4,9 @@ serve` runs) or a thread of this one (core_thread.ThreadCore). Either runs engin
 turn's accepted adds and outputs back to the event loop, where this class delivers them.
 
 A request's generator aborts its request when the consumer stops early (a client that disconnects), which frees its
-KV blocks on the engine's next turn.
+KV blocks on the engine's next turn. An aborted id may be added again once the engine has applied the abort (its
+turn says so): until then a turn already on its way may still carry the old request's outputs, which must not reach
+the new one, so such an add waits for it.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ class AsyncLLM:
         self.dead_reason: str | None = None
         self._accepting: dict[str, asyncio.Future] = {}
         self._queues: dict[str, asyncio.Queue] = {}
+        self._retiring: dict[str, asyncio.Future] = {}  # aborted ids whose abort the engine has not applied yet
         self._started = False
 
     @classmethod
@@ -93,6 +96,9 @@ class AsyncLLM:
 
         Raises ValueError for a request the engine refuses and EngineDeadError when it is not running.
         """
+        retiring = self._retiring.get(request_id)
+        if retiring is not None:  # an aborted request of this id: its outputs may still be on their way
+            await asyncio.shield(retiring)
         if not self.healthy:
             raise EngineDeadError(f"the engine is not running: {self.dead_reason or 'not started'}")
         if request_id in self._queues:
@@ -136,6 +142,8 @@ class AsyncLLM:
     def abort(self, request_id: str) -> None:
         """Stop a request and free its blocks (a no-op for one that has finished)."""
         if self._queues.pop(request_id, None) is not None and self.dead_reason is None:
+            if request_id not in self._retiring:
+                self._retiring[request_id] = asyncio.get_running_loop().create_future()
             self.core.send(AbortRequest(request_id))
 
     def _on_turn(self, turn: Turn) -> None:
@@ -151,6 +159,10 @@ class AsyncLLM:
             outputs = self._queues.get(request_id)
             if outputs is not None:  # gone: its consumer stopped and has already asked for an abort
                 outputs.put_nowait(item)
+        for request_id in turn.aborted:  # no output of the aborted request follows: its id is free again
+            retired = self._retiring.pop(request_id, None)
+            if retired is not None:
+                retired.set_result(None)
         if turn.stats is not None:
             self.stats = turn.stats
         if turn.dead_reason is not None:
@@ -166,3 +178,6 @@ class AsyncLLM:
                 future.set_exception(EngineDeadError(reason))
         for outputs in self._queues.values():
             outputs.put_nowait(EngineDeadError(reason))
+        for retiring in self._retiring.values():  # the adds waiting on them find the engine dead
+            retiring.set_result(None)
+        self._retiring.clear()

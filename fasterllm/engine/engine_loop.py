@@ -49,9 +49,11 @@ SHUTDOWN = None  # the command that stops the loop
 
 @dataclass
 class Turn:
-    """What one turn of the loop produced, in order: the adds it accepted (None) or refused (the error), the
-    outputs (or the error that failed a request), the engine's stats after it, and why the loop stopped, if it did."""
+    """What one turn of the loop produced, in order: the adds it accepted (None) or refused (the error), the aborts
+    it applied (no output of those requests follows), the outputs (or the error that failed a request), the engine's
+    stats after it, and why the loop stopped, if it did."""
     accepted: list[tuple[str, Exception | None]] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
     outputs: list[tuple[str, RequestOutput | Exception]] = field(default_factory=list)
     stats: EngineStats | None = None
     dead_reason: str | None = None
@@ -89,6 +91,7 @@ class EngineLoop:
     def _apply(self, command: AddRequest | AbortRequest, turn: Turn) -> None:
         if isinstance(command, AbortRequest):
             self.engine.abort_request(command.request_id)
+            turn.aborted.append(command.request_id)
             return
         try:
             self.engine.add_request(command.request_id, command.prompt, command.params, command.arrival_time)

@@ -1,5 +1,6 @@
 """AsyncLLM's side of the engine loop, over a stand-in core: a consumer that falls behind gets the latest cumulative
-output only, errors and the end still reach it, and a dead engine fails what waits."""
+output only, errors and the end still reach it, a dead engine fails what waits, and an aborted id added again gets
+none of the old request's outputs."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +8,7 @@ import asyncio
 import pytest
 
 from fasterllm.engine.async_engine import AsyncLLM, EngineDeadError
-from fasterllm.engine.engine_loop import AddRequest, Turn
+from fasterllm.engine.engine_loop import AbortRequest, AddRequest, Turn
 from fasterllm.outputs import CompletionOutput, RequestOutput
 from fasterllm.sampling_params import SamplingParams
 
@@ -73,3 +74,53 @@ def test_a_dead_engine_fails_a_waiting_consumer():
         return got
 
     assert asyncio.run(run()) == []  # the error, queued behind the output, is what the consumer gets
+
+
+def test_an_aborted_id_added_again_waits_for_the_abort_and_gets_only_its_own_outputs():
+    """A client stops reading "r" and adds "r" again at once, while a turn with the old request's output is still on
+    its way: the new add is sent only once the engine's turn says the abort was applied, and the stale output
+    reaches nobody."""
+    async def run():
+        core, llm = await request_with_outputs(Turn(outputs=[("r", output(1))]))
+        stream = llm.outputs("r")
+        await stream.__anext__()
+        await stream.aclose()  # the consumer stops early: "r" is aborted
+        assert isinstance(core.sent[-1], AbortRequest)
+        again = asyncio.create_task(llm.add_request("r", [1], SamplingParams(max_tokens=4)))
+        await asyncio.sleep(0)
+        assert not again.done() and isinstance(core.sent[-1], AbortRequest)  # waiting for the abort's turn
+        core.on_turn(Turn(outputs=[("r", output(2))]))  # the old request's output, computed before the abort
+        core.on_turn(Turn(aborted=["r"]))
+        await again  # sent and accepted now
+        assert isinstance(core.sent[-1], AddRequest)
+        core.on_turn(Turn(outputs=[("r", output(3, finished=True))]))
+        return [len(item.outputs[0].token_ids) async for item in llm.outputs("r")]
+
+    assert asyncio.run(run()) == [3]
+
+
+def test_a_dead_engine_releases_an_add_waiting_for_an_abort():
+    async def run():
+        core, llm = await request_with_outputs(Turn(outputs=[("r", output(1))]))
+        stream = llm.outputs("r")
+        await stream.__anext__()
+        await stream.aclose()
+        again = asyncio.create_task(llm.add_request("r", [1], SamplingParams(max_tokens=4)))
+        await asyncio.sleep(0)
+        core.on_turn(Turn(dead_reason="the engine process exited with code -9"))
+        with pytest.raises(EngineDeadError, match="exited with code -9"):
+            await asyncio.wait_for(again, timeout=10)  # not left waiting for a turn that never comes
+
+    asyncio.run(run())
+
+
+def test_data_parallel_answers_an_abort_of_a_request_no_replica_holds():
+    """A request that finished (its last output handed on) has left its replica: the abort's turn comes from the
+    data-parallel core itself, or an add of the same id would wait for it for ever."""
+    from fasterllm.engine.core_data_parallel import DataParallelCore
+
+    core = DataParallelCore.__new__(DataParallelCore)  # no replica processes: none holds "r"
+    core.replicas, core._replica_of, turns = [], {}, []
+    core._on_turn = turns.append
+    core.send(AbortRequest("r"))
+    assert turns == [Turn(aborted=["r"])]

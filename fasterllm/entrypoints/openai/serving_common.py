@@ -222,7 +222,7 @@ class OpenAIServing:
     def stream_response(self, request_id: str, request_ids: list[str],
                         chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
         """Server-sent events; the requests are aborted after it ends, even if it never started (a client gone)."""
-        def abort_all() -> None:
+        async def abort_all() -> None:  # async: Starlette runs it on the event loop, where AsyncLLM lives
             for engine_request_id in request_ids:
                 self.llm.abort(engine_request_id)
 
