@@ -11,7 +11,7 @@ import asyncio
 import time
 
 from fasterllm.engine.async_engine import AsyncLLM
-from fasterllm.engine.engine_loop import AddRequest, Turn
+from fasterllm.engine.engine_loop import AbortRequest, AddRequest, Turn
 from fasterllm.entrypoints.openai.metrics import ServerMetrics
 from fasterllm.entrypoints.openai.protocol import CompletionRequest
 from fasterllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -36,6 +36,8 @@ class StandInCore:
     def send(self, command):
         if isinstance(command, AddRequest):
             asyncio.get_running_loop().call_soon(self.on_turn, Turn(accepted=[(command.request_id, None)]))
+        elif isinstance(command, AbortRequest):  # applied at once, as the engine loop's next turn says
+            asyncio.get_running_loop().call_soon(self.on_turn, Turn(aborted=[command.request_id]))
 
 
 async def events_per_request_stream(num_requests: int, steps: int, prompts_per_stream: int) -> float:

@@ -23,7 +23,7 @@ def serve(port: int, loop: str, http: str, tokens: int, report) -> None:
     import uvicorn
 
     from fasterllm.engine.async_engine import AsyncLLM
-    from fasterllm.engine.engine_loop import AddRequest, Turn
+    from fasterllm.engine.engine_loop import AbortRequest, AddRequest, Turn
     from fasterllm.entrypoints.openai.server import build_app
     from serving_frontend import output_after
 
@@ -49,6 +49,9 @@ def serve(port: int, loop: str, http: str, tokens: int, report) -> None:
                 self.on_turn(Turn(accepted=[(command.request_id, None)]))
                 if self.cpu_start is None:
                     self.cpu_start = time.process_time()
+            elif isinstance(command, AbortRequest):  # applied at once, as the engine loop's next turn says
+                self.running.pop(command.request_id, None)
+                asyncio.get_running_loop().call_soon(self.on_turn, Turn(aborted=[command.request_id]))
 
         async def steps(self):
             while True:

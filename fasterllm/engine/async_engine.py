@@ -35,6 +35,7 @@ class AsyncLLM:
         self._accepting: dict[str, asyncio.Future] = {}
         self._queues: dict[str, asyncio.Queue] = {}
         self._retiring: dict[str, asyncio.Future] = {}  # aborted ids whose abort the engine has not applied yet
+        self._loop: asyncio.AbstractEventLoop | None = None  # the one start() ran on, where turns are delivered
         self._started = False
 
     @classmethod
@@ -81,6 +82,7 @@ class AsyncLLM:
 
     def start(self) -> None:
         """Start the engine loop; outputs are delivered to the event loop running now."""
+        self._loop = asyncio.get_running_loop()
         self.core.start(self._on_turn)
         self._started = True
 
@@ -96,8 +98,7 @@ class AsyncLLM:
 
         Raises ValueError for a request the engine refuses and EngineDeadError when it is not running.
         """
-        retiring = self._retiring.get(request_id)
-        if retiring is not None:  # an aborted request of this id: its outputs may still be on their way
+        while (retiring := self._retiring.get(request_id)) is not None:  # its outputs may still be on their way
             await asyncio.shield(retiring)
         if not self.healthy:
             raise EngineDeadError(f"the engine is not running: {self.dead_reason or 'not started'}")
@@ -143,7 +144,7 @@ class AsyncLLM:
         """Stop a request and free its blocks (a no-op for one that has finished)."""
         if self._queues.pop(request_id, None) is not None and self.dead_reason is None:
             if request_id not in self._retiring:
-                self._retiring[request_id] = asyncio.get_running_loop().create_future()
+                self._retiring[request_id] = self._loop.create_future()
             self.core.send(AbortRequest(request_id))
 
     def _on_turn(self, turn: Turn) -> None:

@@ -78,7 +78,8 @@ class DataParallelCore:
             if index is not None:
                 self._done(command.request_id)
                 self.replicas[index].send(command)
-            else:  # finished already, in a replica's turn that has been handed on: nothing of it follows
+            else:  # finished already, in a replica's turn that has been handed on: nothing of it follows (AsyncLLM
+                # takes this turn inside its abort(), which has made the future this turn resolves before sending)
                 self._on_turn(Turn(aborted=[command.request_id]))
         else:
             for replica in self.replicas:

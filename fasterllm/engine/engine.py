@@ -183,8 +183,13 @@ class Engine:
 
     def _fail_batch(self, batch: ScheduledBatch, exc: Exception) -> None:
         """A step that failed fails its requests (a failed sample its whole request: the samples not in this step
-        too) and raises StepFailedError naming them."""
-        ids = list(dict.fromkeys(item.request.family[0].request_id for item in batch.scheduled))
+        too) and raises StepFailedError naming them. A request of the batch that has ended since (a lookahead's,
+        aborted meanwhile) is not failed, nor a new request that took its id."""
+        heads = [item.request.family[0] for item in batch.scheduled]
+        ids = list(dict.fromkeys(head.request_id for head in heads if self.requests.get(head.request_id) is head))
+        if not ids:
+            logger.warning("a step of requests that have all ended since failed: %r", exc)
+            return
         logger.error("step failed; failing requests %s", ids, exc_info=exc)
         for request_id in ids:
             self.abort_request(request_id, "error")

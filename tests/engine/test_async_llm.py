@@ -124,3 +124,28 @@ def test_data_parallel_answers_an_abort_of_a_request_no_replica_holds():
     core._on_turn = turns.append
     core.send(AbortRequest("r"))
     assert turns == [Turn(aborted=["r"])]
+
+
+def test_the_engine_loop_says_which_aborts_it_applied_and_the_turn_crosses_processes():
+    """The real loop's side of the wait above: a turn that applies an abort names it, also when the engine is
+    idle, and the name survives the pickle that carries turns out of the engine's process."""
+    import pickle
+
+    from fasterllm.engine.engine_loop import SHUTDOWN, EngineLoop
+
+    class IdleEngine:
+        aborted = []
+
+        def abort_request(self, request_id):
+            self.aborted.append(request_id)
+
+        def has_unfinished_requests(self):
+            return False
+
+        def stats(self):
+            return None
+
+    commands, turns = [[AbortRequest("r")], [SHUTDOWN]], []
+    EngineLoop(IdleEngine(), lambda idle: commands.pop(0), turns.append).run()
+    assert IdleEngine.aborted == ["r"]
+    assert pickle.loads(pickle.dumps(turns[0])).aborted == ["r"]

@@ -105,6 +105,28 @@ def test_a_reused_request_id_never_gets_a_dropped_lookahead_token(engines):
     assert run(lookahead) == run(sync)
 
 
+def test_a_failed_lookahead_fails_neither_an_aborted_request_nor_a_new_one_of_its_id(engines, monkeypatch):
+    """A lookahead step whose grammar masks could not be applied fails its requests at the next step. If its one
+    request was aborted meanwhile and its id added again, the new request runs on untouched."""
+    _, lookahead = engines
+    engine = lookahead.engine
+    ids = lookahead.get_tokenizer().encode(PROMPTS[0])
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    engine.add_request("same", ids, params)
+    engine.step()  # the prompt; its lookahead (the first decode) is in flight
+    assert engine._in_flight is not None
+    failed_batch, engine._in_flight = engine._in_flight[0], None
+    engine._failed_lookahead = (failed_batch, RuntimeError("masks could not be applied"))
+    engine.abort_request("same")
+    engine.add_request("same", ids, params)
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert [o.outputs[0].finish_reason for o in outputs if o.finished] == ["length"]
+    engine.step()
+    assert engine.kv_cache.usage == 0
+
+
 def test_prompt_chunks_and_admissions_go_on_while_a_step_is_in_flight(monkeypatch):
     """Long prompts in chunks of 8 and more requests than max_num_seqs: lookahead steps carry the next chunk of a
     prompt whose chunk is in flight and admit waiting requests, and every output is the synchronous engine's."""

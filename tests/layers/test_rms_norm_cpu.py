@@ -1,7 +1,7 @@
 """The CPU RMSNorm (residual add, then the fp32 norm, rounded once before the weight) against transformers'
 LlamaRMSNorm on the same weight: bit-equal, as greedy parity needs, through torch's fused op where this torch
-has it and through the written-out form; our C++ op (bf16 only, kernels/native/cpu_rms_norm.py) within one bf16
-step of it."""
+has it and through the written-out form; our C++ op (kernels/native/cpu_rms_norm.py: bf16, and fp32 for quantized
+models) within one bf16 step of it, or a few fp32 ulps."""
 import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
