@@ -33,8 +33,21 @@ def test_int8_experts_are_codes_and_answer_as_their_float_values(name, tiny_chec
     # token whose router then picks another expert moves more), as it moves a dense tiny model's (measured: 1.7-3.2%)
     assert (quantized - unquantized).abs().mean() < 0.06 * unquantized.std()
     assert (quantized.argmax(-1) == unquantized.argmax(-1)).float().mean() > 0.8
-    for moe in moes:  # the same model with each expert's codes * scales as float weights: the same logits
+    # each MoE layer, on the input it had, answers as the same layer over its codes * scales as float weights. Layer
+    # by layer, not through the model: the int8 layers around the experts round their inputs, so the last bits of a
+    # difference upstream can flip one rounding and move a logit by 1e-3 (seen at one of 60 positions)
+    seen = {}
+
+    def keep(module, args, out) -> None:  # None: the layer's output stays as it is
+        seen.setdefault(module, (args[0], out))
+
+    hooks = [moe.register_forward_hook(keep) for moe in moes]
+    full_logits(model, ids)
+    for hook in hooks:
+        hook.remove()
+    for moe in moes:
+        hidden, out = seen[moe]
         moe.w_gate_up = torch.nn.Parameter(moe.w_gate_up.float() * moe.scales[0][..., None], requires_grad=False)
         moe.w_down = torch.nn.Parameter(moe.w_down.float() * moe.scales[1][..., None], requires_grad=False)
         moe.scales = None
-    assert max_abs_diff(full_logits(model, ids), quantized) < 1e-4
+        assert max_abs_diff(moe(hidden), out) < 1e-5
