@@ -83,11 +83,22 @@ class ProcessCore:
         turns = zmq.asyncio.Socket.shadow(self._turns.underlying)
 
         async def read() -> None:
-            while True:
-                self._deliver(await turns.recv())
+            while self._take(await turns.recv()):
+                pass
 
         self._reader = loop.create_task(read())
         loop.add_reader(self.process.sentinel, self._exited)
+
+    def _take(self, message: bytes) -> bool:
+        """Deliver one turn; False where this process could not (a bug on the server's side): the engine is then
+        reported dead, so its requests fail and /health says why, instead of their waiting for ever."""
+        try:
+            self._deliver(message)
+        except Exception as exc:
+            logger.exception("the server could not take a turn of the engine; it stops serving")
+            self._on_turn(Turn(dead_reason=f"the server could not take a turn of the engine: {exc!r}"))
+            return False
+        return True
 
     def _deliver(self, message: bytes) -> None:
         turn: Turn = pickle.loads(message)
@@ -101,8 +112,8 @@ class ProcessCore:
         """The engine process is gone: hand on what it sent last (it may say why it stopped), then its exit."""
         self._loop.remove_reader(self.process.sentinel)
         self._reader.cancel()
-        while self._turns.poll(100):
-            self._deliver(self._turns.recv())
+        while self._turns.poll(100) and self._take(self._turns.recv()):
+            pass
         self.process.join()
         self._on_turn(Turn(dead_reason=f"the engine process exited with code {self.process.exitcode}"))
 

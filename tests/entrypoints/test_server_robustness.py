@@ -132,6 +132,30 @@ def test_an_engine_process_that_dies_fails_its_requests_and_reports_unhealthy_wi
         handle.stop()
 
 
+def test_a_turn_the_server_cannot_take_fails_its_requests_and_reports_unhealthy_without_hanging(tmp_path):
+    """A bug on the server's side of the engine process (here its text decoding raising) stops the service the
+    way a dead engine does, instead of leaving every request waiting for a reader that has died."""
+    from fasterllm.config import EngineArgs
+    from fasterllm.engine.async_engine import AsyncLLM
+
+    handle = ServerThread(AsyncLLM.from_engine_args(EngineArgs(model=str(tiny_model(tmp_path)), dtype="float32",
+                                                               device="cpu", num_kv_blocks=64)))
+    try:
+        client = handle.client().with_options(timeout=20, max_retries=0)  # a hang fails the test, in 20 s
+        name = client.models.list().data[0].id
+        stream = client.completions.create(model=name, prompt=[5, 6, 7], max_tokens=250, stream=True,
+                                           extra_body={"ignore_eos": True})
+        assert next(iter(stream)).choices
+
+        def broken_outputs(encoded):
+            raise RuntimeError("text decoding bug")
+
+        handle.llm.core._outputs.outputs = broken_outputs
+        assert_engine_down(handle, stream, "text decoding bug", time.time())
+    finally:
+        handle.stop()
+
+
 def test_an_engine_that_breaks_reports_unhealthy_and_refuses_without_hanging(tiny_server):
     client = tiny_server.client()
     name = client.models.list().data[0].id
