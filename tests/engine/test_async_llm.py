@@ -76,18 +76,25 @@ def test_a_dead_engine_fails_a_waiting_consumer():
     assert asyncio.run(run()) == []  # the error, queued behind the output, is what the consumer gets
 
 
+async def aborted_and_added_again() -> tuple[StandInCore, AsyncLLM, asyncio.Task]:
+    """Request "r" with one output read, its consumer stopped (so "r" is aborted), and an add of "r" again started
+    (the task) and run up to where it waits."""
+    core, llm = await request_with_outputs(Turn(outputs=[("r", output(1))]))
+    stream = llm.outputs("r")
+    await stream.__anext__()
+    await stream.aclose()  # the consumer stops early: "r" is aborted
+    assert isinstance(core.sent[-1], AbortRequest)
+    again = asyncio.create_task(llm.add_request("r", [1], SamplingParams(max_tokens=4)))
+    await asyncio.sleep(0)
+    return core, llm, again
+
+
 def test_an_aborted_id_added_again_waits_for_the_abort_and_gets_only_its_own_outputs():
     """A client stops reading "r" and adds "r" again at once, while a turn with the old request's output is still on
     its way: the new add is sent only once the engine's turn says the abort was applied, and the stale output
     reaches nobody."""
     async def run():
-        core, llm = await request_with_outputs(Turn(outputs=[("r", output(1))]))
-        stream = llm.outputs("r")
-        await stream.__anext__()
-        await stream.aclose()  # the consumer stops early: "r" is aborted
-        assert isinstance(core.sent[-1], AbortRequest)
-        again = asyncio.create_task(llm.add_request("r", [1], SamplingParams(max_tokens=4)))
-        await asyncio.sleep(0)
+        core, llm, again = await aborted_and_added_again()
         assert not again.done() and isinstance(core.sent[-1], AbortRequest)  # waiting for the abort's turn
         core.on_turn(Turn(outputs=[("r", output(2))]))  # the old request's output, computed before the abort
         core.on_turn(Turn(aborted=["r"]))
@@ -101,12 +108,7 @@ def test_an_aborted_id_added_again_waits_for_the_abort_and_gets_only_its_own_out
 
 def test_a_dead_engine_releases_an_add_waiting_for_an_abort():
     async def run():
-        core, llm = await request_with_outputs(Turn(outputs=[("r", output(1))]))
-        stream = llm.outputs("r")
-        await stream.__anext__()
-        await stream.aclose()
-        again = asyncio.create_task(llm.add_request("r", [1], SamplingParams(max_tokens=4)))
-        await asyncio.sleep(0)
+        core, _, again = await aborted_and_added_again()
         core.on_turn(Turn(dead_reason="the engine process exited with code -9"))
         with pytest.raises(EngineDeadError, match="exited with code -9"):
             await asyncio.wait_for(again, timeout=10)  # not left waiting for a turn that never comes
