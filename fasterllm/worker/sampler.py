@@ -111,6 +111,15 @@ def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax: on a GPU one Triton kernel spread over the row (torch's takes one block per row)."""
+    if x.is_cuda:
+        from fasterllm.kernels.argmax import argmax_rows as argmax_kernel
+
+        return argmax_kernel(x)
+    return x.argmax(dim=-1)
+
+
 def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
     """logits: [S, V] fp32, one row per request that samples this step."""
     raw_logits = logits
@@ -118,7 +127,7 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         logits = md.controls.apply(logits)
     if md.allowed is not None:
         logits = logits.masked_fill(~md.allowed, float("-inf"))
-    greedy_tokens = logits.argmax(dim=-1)
+    greedy_tokens = argmax_rows(logits)
     if md.all_greedy:
         tokens = greedy_tokens
     else:
@@ -127,7 +136,7 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         for row, generator in enumerate(md.generators):
             if generator is not None:
                 noise[row].exponential_(generator=generator)
-        tokens = torch.where(md.greedy, greedy_tokens, (probs / noise).argmax(dim=-1))
+        tokens = torch.where(md.greedy, greedy_tokens, argmax_rows(probs / noise))
     if md.max_num_logprobs is None:
         return SamplerOutput(tokens)
     # logprobs of the model's own distribution, before any penalty or filter (as vLLM reports them)
