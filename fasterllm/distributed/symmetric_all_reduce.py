@@ -18,7 +18,7 @@ class SymmetricAllReduce:
     def __init__(self, hidden_size: int, dtype: torch.dtype, device: torch.device):
         import torch.distributed._symmetric_memory as symm_mem
 
-        from fasterllm.kernels.one_shot_all_reduce import COPIES, EMPTY
+        from fasterllm.kernels.one_shot_all_reduce import COPIES, EMPTY, RankBuffers
 
         if dtype.itemsize != 2:
             raise ValueError(f"the fused all-reduce takes 16-bit models (bf16, fp16), not {dtype}")
@@ -29,6 +29,7 @@ class SymmetricAllReduce:
         handle = symm_mem.rendezvous(self._buffer, dist.group.WORLD)
         self.buffers = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
         self.epochs = torch.zeros(MAX_ROWS, dtype=torch.int32, device=device)  # each row slot's calls so far
+        self.target = RankBuffers(self.buffers, self.epochs, self.rank, self.world)
         self._handle = handle  # keeps the peers' mappings alive as long as this object
         torch.cuda.synchronize(device)
         dist.barrier()  # every rank's slots are empty before any rank writes one
@@ -36,6 +37,24 @@ class SymmetricAllReduce:
     def fits(self, x: torch.Tensor) -> bool:
         return (x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.shape[1] == self.hidden_size and x.dtype == self.dtype
                 and x.is_contiguous())
+
+    def takes_product(self, linear: torch.nn.Module, x: torch.Tensor) -> bool:
+        """Whether linear(x) can push its row straight into the buffers: one row through our matrix-vector kernel
+        (GPULinear), as wide as the rows this all-reduce sums."""
+        from fasterllm.layers.gpu_linear import GPULinear
+
+        return (type(linear) is GPULinear and linear.padded_weight is None and x.dim() == 2 and x.shape[0] == 1
+                and x.is_contiguous() and x.dtype == self.dtype and linear.out_features == self.hidden_size)
+
+    def product_add_rms_norm(self, linear: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor,
+                             weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """add_rms_norm(linear(x), ...) where takes_product(linear, x): the product's kernel writes this rank's
+        row into every rank's buffer on its way out, and the all-reduce launch only waits, sums and normalises."""
+        from fasterllm.kernels.one_shot_all_reduce import all_reduce_add_rms_norm
+
+        linear.push_row(x, self.target)
+        return all_reduce_add_rms_norm(None, residual.contiguous(), weight, eps, self.buffers, self.epochs,
+                                       self.rank, self.world)
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
                      ) -> tuple[torch.Tensor, torch.Tensor]:

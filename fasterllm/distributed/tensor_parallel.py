@@ -73,6 +73,19 @@ class TensorParallel:
             dist.all_reduce(x)
         return norm(x, residual)
 
+    def row_parallel_add_norm(self, linear: nn.Module | None, x: torch.Tensor, residual: torch.Tensor,
+                              norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """all_reduce_add_norm(linear(x), residual, norm) for a row-parallel linear (None: x as it is). Where the
+        fused path takes a one-row product, the product's kernel writes its row into every rank's buffer itself,
+        so the row travels while the product finishes and the all-reduce's launch only waits, sums and
+        normalises."""
+        if linear is None:
+            return self.all_reduce_add_norm(x, residual, norm)
+        if (self.size > 1 and self.symmetric is not None and type(norm) is RMSNorm
+                and self.symmetric.takes_product(linear, x)):
+            return self.symmetric.product_add_rms_norm(linear, x, residual, norm.weight, norm.eps)
+        return self.all_reduce_add_norm(linear(x), residual, norm)
+
     def gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
         """[..., n] on every rank -> [..., size * n], rank order (the vocabulary shards of the logits), on every
         rank: each samples the same tokens from the same logits, so every rank holds them for the next step."""

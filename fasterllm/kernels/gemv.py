@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from fasterllm.kernels.dependent_launch import early_launch, early_start
+from fasterllm.kernels.one_shot_all_reduce import RankBuffers, copy_offset, push_to_every_rank
 
 # (BLOCK_N, BLOCK_B weights per row per step (int4: bytes), num_warps): small BLOCK_N keeps thousands of programs
 # streaming for 4096-wide outputs; larger chunks keep more bytes in flight per program
@@ -45,9 +46,10 @@ def small_int_to_float(u, offset: tl.constexpr):
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, N, K, stride_wn, stride_gn,
-                 GROUPED_BITS: tl.constexpr, GROUP: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, PDL: tl.constexpr):
+def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, buffers_ptr, epochs_ptr, N, K, stride_wn,
+                 stride_gn, GROUPED_BITS: tl.constexpr, GROUP: tl.constexpr, HAS_SCALE: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+                 PUSH: tl.constexpr, ROWS: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, PDL: tl.constexpr):
     early_start(PDL)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
@@ -104,14 +106,22 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, N, K, stri
             acc = acc * tl.load(scale_ptr + rn, mask=n_mask, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + rn, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+    if PUSH:  # the row goes to the all-reduce's slot in every rank's buffer, not to out
+        next_call = copy_offset(tl.load(epochs_ptr) + 1, WORLD * ROWS * N)
+        push_to_every_rank(acc.to(out_ptr.dtype.element_ty), rn, n_mask, buffers_ptr, next_call, 0, N, ROWS, RANK,
+                           WORLD)
+    else:
+        tl.store(out_ptr + rn, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-         minimums: torch.Tensor | None = None, group_size: int = 0, code_bits: int = 4) -> torch.Tensor:
+         minimums: torch.Tensor | None = None, group_size: int = 0, code_bits: int = 4,
+         push_to: RankBuffers | None = None) -> torch.Tensor | None:
     """One row x [1, K] (contiguous) times W^T -> [1, N] in x's dtype. W is a float weight [N, K] used as it is
     (scales None), int8 codes [N, K] with a scale per row, or grouped codes with per-group scales and minimums:
-    int4 bytes [N, K/2] (code_bits 4) or uint8 codes [N, K] (code_bits 8) (quant_weight_only.py's layouts)."""
+    int4 bytes [N, K/2] (code_bits 4) or uint8 codes [N, K] (code_bits 8) (quant_weight_only.py's layouts).
+    push_to: a row-parallel layer's partial row goes straight into the fused all-reduce's buffers
+    (kernels/one_shot_all_reduce.py, whose launch must come next, with x None), and None is returned."""
     k = x.shape[-1]
     n = weight.shape[0]
     grouped_bits = code_bits if minimums is not None else 0
@@ -121,19 +131,23 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = No
                          f"{tuple(weight.shape)}")
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
 
-    def launch(config: tuple[int, int, int]) -> None:
+    def launch(config: tuple[int, int, int], push: RankBuffers | None = None) -> None:
         block_n, block_b, warps = config
         if grouped_bits:
             block_b = max(block_b, group_size // per_byte)  # whole groups per chunk
         _gemv_kernel[(triton.cdiv(n, block_n),)](
             x, weight, scales if scales is not None else out, minimums if grouped_bits else out,
-            bias if bias is not None else out, out, n, k, weight.stride(0), scales.stride(0) if grouped_bits else 0,
+            bias if bias is not None else out, out, out if push is None else push.buffers,
+            out if push is None else push.epochs, n, k, weight.stride(0), scales.stride(0) if grouped_bits else 0,
             GROUPED_BITS=grouped_bits, GROUP=group_size if grouped_bits else 1, HAS_SCALE=scales is not None,
             HAS_BIAS=bias is not None, EVEN_K=(k // per_byte) % block_b == 0, BLOCK_N=block_n, BLOCK_B=block_b,
-            num_warps=warps, **early_launch(x.device))
+            PUSH=push is not None, ROWS=1 if push is None else push.epochs.shape[0],
+            RANK=0 if push is None else push.rank, WORLD=1 if push is None else push.world, num_warps=warps,
+            **early_launch(x.device))
 
-    launch(_config_for((n, k, weight.dtype, group_size, grouped_bits, x.dtype, x.device), launch))
-    return out
+    # the tile is timed writing out, never pushing: a timed push would fill a slot no all-reduce empties
+    launch(_config_for((n, k, weight.dtype, group_size, grouped_bits, x.dtype, x.device), launch), push_to)
+    return out if push_to is None else None
 
 
 def _config_for(key: tuple, launch) -> tuple[int, int, int]:

@@ -6,7 +6,9 @@ buffer directly. One program per row pushes its row of x into its own slot of th
 then polls its own buffer until every rank's slot holds a value, sums them in rank order in fp32, adds the
 residual and normalises as kernels/rms_norm.py does. No flag and no remote read: an empty slot holds -0.0's bits in
 every element (a rank sends -0.0 as +0.0, which sums the same), so an element is there once its bits are not
--0.0's, whichever order the NVLink writes land in (the "Lamport" one-shot all-reduce).
+-0.0's, whichever order the NVLink writes land in (the "Lamport" one-shot all-reduce). A one-row product whose
+output is the all-reduce's input can push its row itself, from its epilogue (kernels/gemv.py, push_to): its row
+travels while it finishes, and the all-reduce's launch only polls, sums and normalises (x None).
 
 The buffer holds three copies of every slot, used in turn by a row's calls: a rank can be at most one call ahead
 of another (it waits for every rank's row at each call), so while a rank reads call c's copy the others write
@@ -17,6 +19,8 @@ NCCL + the fused norm, -0.0 sums aside); with more ranks NCCL rounds after each 
 rank adds in the same order, so all ranks get the same bits.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -29,26 +33,58 @@ COPIES = 3
 _EMPTY, _COPIES = tl.constexpr(EMPTY), tl.constexpr(COPIES)
 
 
+@dataclass(frozen=True)
+class RankBuffers:
+    """What push_to_every_rank writes to: every rank's buffer address (an int64 device tensor, rank order), this
+    rank's call count per row slot (int32 device tensor), this rank and the number of ranks."""
+    buffers: torch.Tensor
+    epochs: torch.Tensor
+    rank: int
+    world: int
+
+
+@triton.jit
+def copy_offset(epoch, copy_size):
+    """Where call `epoch` of a row (its epochs entry + 1) reads and writes in a buffer: its copy's first element."""
+    return (epoch % _COPIES).to(tl.int64) * copy_size
+
+
+@triton.jit
+def push_to_every_rank(values, cols, mask, buffers_ptr, this_copy, row, HIDDEN, ROWS: tl.constexpr,
+                       RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Write this rank's part of row `row` (values at columns cols, 16-bit floats) into its slot of the copy at
+    this_copy (copy_offset of the row's call) in every rank's buffer, a -0.0 as +0.0 (an empty slot is -0.0). A
+    matrix product whose output is this all-reduce's input calls it in its epilogue (kernels/gemv.py), with the
+    call about to be made (its epochs entry + 1: only the all-reduce's launch counts it), so the row travels
+    while the product finishes."""
+    bits = values.to(tl.int16, bitcast=True)
+    bits = tl.where(bits == _EMPTY, 0, bits).to(tl.int16)
+    slot = tl.cast(RANK * ROWS + row, tl.int64) * HIDDEN + cols
+    for rank in tl.static_range(WORLD):
+        peer = tl.load(buffers_ptr + rank).to(tl.pointer_type(tl.int16))
+        tl.store(peer + this_copy + slot, bits, mask=mask)
+
+
 @triton.jit
 def _all_reduce_add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, y_ptr, new_residual_ptr, buffers_ptr,
                                     epochs_ptr, eps, HIDDEN: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
-                                    RANK: tl.constexpr, WORLD: tl.constexpr, PDL: tl.constexpr):
+                                    RANK: tl.constexpr, WORLD: tl.constexpr, PUSHED: tl.constexpr,
+                                    PDL: tl.constexpr):
     early_start(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < HIDDEN
     offsets = row.to(tl.int64) * HIDDEN + cols
     epoch = tl.load(epochs_ptr + row) + 1  # this row's calls so far, the same count on every rank
-    tl.store(epochs_ptr + row, epoch)
     copy_size: tl.constexpr = WORLD * ROWS * HIDDEN
-    this_copy = (epoch % _COPIES).to(tl.int64) * copy_size
-    last_copy = ((epoch + _COPIES - 1) % _COPIES).to(tl.int64) * copy_size
-    bits = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.int16, bitcast=True)
-    bits = tl.where(bits == _EMPTY, 0, bits).to(tl.int16)
-    slot = (RANK * ROWS + row).to(tl.int64) * HIDDEN + cols
-    for rank in tl.static_range(WORLD):
-        peer = tl.load(buffers_ptr + rank).to(tl.pointer_type(tl.int16))
-        tl.store(peer + this_copy + slot, bits, mask=mask)
+    this_copy = copy_offset(epoch, copy_size)
+    last_copy = copy_offset(epoch + _COPIES - 1, copy_size)
+    if not PUSHED:  # else the product before this launch pushed this rank's row already
+        push_to_every_rank(tl.load(x_ptr + offsets, mask=mask, other=0.0), cols, mask, buffers_ptr, this_copy, row,
+                           HIDDEN, ROWS, RANK, WORLD)
+    # every warp has read the count before one stores the next: a warp that read it late would poll another copy
+    tl.debug_barrier()
+    tl.store(epochs_ptr + row, epoch)
     own = tl.load(buffers_ptr + RANK).to(tl.pointer_type(tl.int16))
     ranks = tl.arange(0, WORLD)
     slots = (ranks[:, None] * ROWS + row).to(tl.int64) * HIDDEN + cols[None, :]  # [WORLD, BLOCK]
@@ -71,19 +107,20 @@ def _all_reduce_add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, y_ptr, new_
     tl.store(y_ptr + offsets, (normed * weight).to(dtype), mask=mask)
 
 
-def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+def all_reduce_add_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                             buffers: torch.Tensor, epochs: torch.Tensor, rank: int, world: int
                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(sum over ranks of x + residual) * weight, that sum + residual) for contiguous 16-bit x, residual
     [T, H]. buffers: an int64 device tensor of every rank's symmetric buffer address, in rank order, each buffer
     COPIES x world x R x H int16 filled with EMPTY at first; epochs: this rank's R int32 call counts (zero at
-    first). T <= R; every rank calls it with the same T, in the same order."""
-    num_tokens, hidden = x.shape
-    y, new_residual = torch.empty_like(x), torch.empty_like(x)
+    first). T <= R; every rank calls it with the same T, in the same order. x None: the launch before this one
+    pushed this rank's rows already (push_to_every_rank)."""
+    num_tokens, hidden = residual.shape
+    y, new_residual = torch.empty_like(residual), torch.empty_like(residual)
     if num_tokens:
         block = triton.next_power_of_2(hidden)
         _all_reduce_add_rms_norm_kernel[(num_tokens,)](
-            x, residual, weight, y, new_residual, buffers, epochs, eps, HIDDEN=hidden, BLOCK=block,
-            ROWS=epochs.shape[0], RANK=rank, WORLD=world, num_warps=4 if block <= 1024 else 8,
-            **early_launch(x.device))
+            residual if x is None else x, residual, weight, y, new_residual, buffers, epochs, eps, HIDDEN=hidden,
+            BLOCK=block, ROWS=epochs.shape[0], RANK=rank, WORLD=world, PUSHED=x is None,
+            num_warps=4 if block <= 1024 else 8, **early_launch(residual.device))
     return y, new_residual

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fasterllm.kernels.gemv import gemv
+from fasterllm.kernels.one_shot_all_reduce import RankBuffers
 from fasterllm.layers.linear import FlatLinear, replace_linears
 
 
@@ -42,6 +43,11 @@ class GPULinear(FlatLinear):
         if self.padded_weight is not None:
             return F.linear(x, self.padded_weight, self.padded_bias)[:, :self.out_features]
         return F.linear(x, self.weight, self.bias)
+
+    def push_row(self, x: torch.Tensor, push_to: RankBuffers) -> None:
+        """One row's product, a row-parallel layer's partial sums, written straight into the fused all-reduce's
+        buffers (distributed/symmetric_all_reduce.py) instead of to an output."""
+        gemv(x, self.weight, bias=self.bias, push_to=push_to)
 
 
 def _padded_rows(weight: torch.Tensor) -> torch.Tensor | None:

@@ -67,7 +67,7 @@ class LatentAttentionDecoderLayer(DecoderLayer):
 
     def _attention(self, hidden: torch.Tensor, rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
                    kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
-        """The normed rows -> the attention's output (after o_proj). rope: the whole cos/sin table (kernels) or this
+        """The normed rows -> the attention's output heads, o_proj's input. rope: the whole cos/sin table (kernels) or this
         step's (cos, sin) rows (torch path), of the rotated width."""
         heads, nope = self.num_q_heads, self.nope_dim
         queries = self._queries(hidden).view(-1, heads, nope + self.rope_dim)
@@ -90,7 +90,7 @@ class LatentAttentionDecoderLayer(DecoderLayer):
         key[..., nope:] = rotated_key
         value[..., :self.v_dim] = keys_values[..., nope:]
         attended = self.attn(qkv, None, kv_cache, meta).view(-1, heads, nope + self.rope_dim)[..., :self.v_dim]
-        return self.o_proj(attended.reshape(-1, heads * self.v_dim))
+        return attended.reshape(-1, heads * self.v_dim)
 
 
 class DeepseekV2ForCausalLM(LlamaForCausalLM):

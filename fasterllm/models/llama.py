@@ -58,6 +58,10 @@ class DecoderLayer(nn.Module):
             self.moe = None
             self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.intermediate_size, bias=cfg.mlp_bias)
             self.down_proj = nn.Linear(self.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        # a dense FFN without sandwich norms leaves its down projection to whoever reads its output (the next
+        # layer's norm or the final one: TensorParallel.row_parallel_add_norm), so that with tensor parallelism a
+        # one-row product can hand its row to the all-reduce itself
+        self.leaves_down_proj = self.moe is None and not cfg.sandwich_norms
 
     def _init_attention(self, cfg: ModelConfig, tp: TensorParallel, index: int) -> None:
         """The attention's projections and layer: fused q/k/v (this rank's heads, named in fused_parts), optional q/k
@@ -83,42 +87,48 @@ class DecoderLayer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None,
                 rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor | None,
-                meta: AttentionMetadata, incoming_norm: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                meta: AttentionMetadata, incoming_norm: nn.Module | None = None,
+                incoming_projection: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden: the embedding's rows (residual None), or the previous layer's output: with sandwich norms its
         FFN output, summed over the ranks, which goes through incoming_norm (that layer's post-FFN norm) before the
-        residual add and this layer's norm (one launch); else its FFN's partial sums over the ranks, summed here with
-        the residual add and norm (one fused launch where the tensor-parallel group can). Returns the same for the
-        next layer."""
+        residual add and this layer's norm (one launch); else its FFN's partial sums over the ranks, or, where that
+        layer leaves its down projection (leaves_down_proj), the projection's input and incoming_projection the
+        projection: projected, summed here with the residual add and norm (one fused launch where the
+        tensor-parallel group can). Returns the same for the next layer."""
         if residual is None:
             hidden, residual = self.input_layernorm(hidden, residual)  # W8A8 / FP8: quantized rows, not a tensor
         elif self.pre_feedforward_layernorm is not None:
             hidden, residual = norm_add_norm(hidden, residual, incoming_norm, self.input_layernorm)
         else:
-            hidden, residual = self.tp.all_reduce_add_norm(hidden, residual, self.input_layernorm)
+            hidden, residual = self.tp.row_parallel_add_norm(incoming_projection, hidden, residual,
+                                                             self.input_layernorm)
         # row-parallel o_proj and down_proj: each rank's partial sum, summed over ranks before the residual add
-        attention = self._attention(hidden, rope, kv_cache, meta)
+        attended = self._attention(hidden, rope, kv_cache, meta)
         if self.pre_feedforward_layernorm is None:
-            hidden, residual = self.tp.all_reduce_add_norm(attention, residual, self.post_attention_layernorm)
+            hidden, residual = self.tp.row_parallel_add_norm(self.o_proj, attended, residual,
+                                                             self.post_attention_layernorm)
             return self._ffn(hidden), residual
-        hidden, residual = norm_add_norm(self.tp.all_reduce(attention), residual, self.post_attention_layernorm,
-                                         self.pre_feedforward_layernorm)
+        hidden, residual = norm_add_norm(self.tp.all_reduce(self.o_proj(attended)), residual,
+                                         self.post_attention_layernorm, self.pre_feedforward_layernorm)
         return self.tp.all_reduce(self._ffn(hidden)), residual
 
     def _attention(self, hidden: torch.Tensor, rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
                    kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
-        """The normed rows -> this rank's partial sums of the attention's output (after o_proj)."""
+        """The normed rows -> this rank's heads of the attention's output, o_proj's input."""
         qkv = self.qkv_proj(hidden).view(-1, *self.qkv_shape)
         if self.q_norm is not None:
             qkv = self._norm_heads(qkv)
         if self.clip_qkv is not None:
             qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
-        return self.o_proj(self.attn(qkv, rope, kv_cache, meta))
+        return self.attn(qkv, rope, kv_cache, meta)
 
     def _ffn(self, hidden: torch.Tensor) -> torch.Tensor:
-        """This rank's partial sums of the FFN's output."""
+        """This rank's partial sums of the FFN's output; where the layer leaves its down projection, that
+        projection's input."""
         if self.moe is not None:
             return self.moe(hidden)
-        return self.down_proj(self.act(self.gate_up_proj(hidden)))
+        activated = self.act(self.gate_up_proj(hidden))
+        return activated if self.leaves_down_proj else self.down_proj(activated)
 
     def _norm_heads(self, qkv: torch.Tensor) -> torch.Tensor:
         """The query heads through q_norm and the key heads through k_norm, the value heads as they are."""
@@ -200,14 +210,19 @@ class LlamaForCausalLM(nn.Module):
         residual = None
         caches = kv_caches if kv_caches is not None else [None] * len(self.layers)
         incoming_norm = None  # sandwich norms: the previous layer's post-FFN norm, applied by the next norm's launch
+        incoming_projection = None  # the down projection the previous layer left to this one
         for layer, kv_cache, rope in zip(self.layers, caches, self.rope_of_layer):
-            hidden, residual = layer(hidden, residual, ropes[rope], kv_cache, meta, incoming_norm)
+            hidden, residual = layer(hidden, residual, ropes[rope], kv_cache, meta, incoming_norm,
+                                     incoming_projection)
             incoming_norm = layer.post_feedforward_layernorm
+            incoming_projection = layer.down_proj if layer.leaves_down_proj else None
         if rows is not None:
+            if incoming_projection is not None:  # project every row, as the layer would have, then take rows
+                hidden, incoming_projection = incoming_projection(hidden), None
             hidden, residual = hidden[rows], residual[rows]
         if self.config.sandwich_norms:  # the last layer's output is summed over the ranks already
             return norm_add_norm(hidden, residual, incoming_norm, self.norm)[0]
-        return self.tp.all_reduce_add_norm(hidden, residual, self.norm)[0]
+        return self.tp.row_parallel_add_norm(incoming_projection, hidden, residual, self.norm)[0]
 
     def load_weights(self, weights: Iterable[tuple[str, WeightSource]]) -> None:
         """Copy checkpoint tensors (Hugging Face names) in: models/llama_checkpoint.py."""

@@ -50,3 +50,33 @@ def test_rank_zero_sums_both_rows_and_cycles_its_copies(rows):
         assert (buffers[0][(call - 1) % COPIES] == EMPTY).all(), "the last call's copy was not emptied"
         residual = new_residual
     assert epochs.tolist() == [4] * rows + [0] * (MAX_ROWS - rows)
+
+
+def test_a_product_that_pushes_its_row_gives_what_the_all_reduce_of_its_output_gives():
+    """A row-parallel layer's one-row product (kernels/gemv.py) writes its row into every rank's buffer itself and
+    the all-reduce launch only sums: the same rows as the product's output sent by the all-reduce launch, call after
+    call (the product pushes into the copy of the call about to be made)."""
+    from fasterllm.kernels.gemv import gemv
+    from fasterllm.kernels.one_shot_all_reduce import RankBuffers
+
+    generator = torch.Generator().manual_seed(7)
+    pushed, sent = ([torch.full((COPIES, WORLD, MAX_ROWS, HIDDEN), EMPTY, dtype=torch.int16) for _ in range(WORLD)]
+                    for _ in range(2))
+    targets = [RankBuffers(torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64),
+                           torch.zeros(MAX_ROWS, dtype=torch.int32), 0, WORLD) for buffers in (pushed, sent)]
+    weight = (torch.rand(HIDDEN, generator=generator) + 0.5).to(torch.bfloat16)
+    projection = (torch.randint(-8, 8, (HIDDEN, 32), generator=generator) / 8).to(torch.bfloat16)
+    residual = (torch.randint(-64, 64, (1, HIDDEN), generator=generator) / 16).to(torch.bfloat16)
+    for call in range(1, 5):
+        x = (torch.randint(-8, 8, (1, 32), generator=generator) / 8).to(torch.bfloat16)
+        theirs = (torch.randint(-64, 64, (1, HIDDEN), generator=generator) / 16).to(torch.bfloat16)
+        for buffers in (pushed, sent):
+            buffers[0][call % COPIES, 1, :1] = theirs.view(torch.int16)
+        assert gemv(x, projection, push_to=targets[0]) is None
+        via_push = _in_time(lambda: all_reduce_add_rms_norm(None, residual, weight, 1e-6, targets[0].buffers,
+                                                            targets[0].epochs, 0, WORLD))
+        via_output = _in_time(lambda: all_reduce_add_rms_norm(gemv(x, projection), residual, weight, 1e-6,
+                                                              targets[1].buffers, targets[1].epochs, 0, WORLD))
+        assert all(torch.equal(a, b) for a, b in zip(via_push, via_output)), f"call {call}"
+        assert torch.equal(pushed[1], sent[1]), f"call {call}: rank 1 was sent another row"
+        residual = via_push[1]

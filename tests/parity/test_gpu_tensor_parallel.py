@@ -134,8 +134,45 @@ def _fused_rank(rank: int, world: int, port: int, results) -> None:
                 if not same:
                     failures.append(f"{rows} rows, {how}, {name}: max diff "
                                     f"{(got.float() - want.float()).abs().max().item()}")
+    failures += _pushed_product_failures(fused, weight, rank, world)
     results.put((rank, failures))
     dist.destroy_process_group()
+
+
+def _pushed_product_failures(fused, weight: torch.Tensor, rank: int, world: int) -> list[str]:
+    """A one-row row-parallel product that pushes its row into the all-reduce's buffers itself
+    (SymmetricAllReduce.product_add_rms_norm) against the product's output through NCCL and the fused norm, eager
+    and replayed from a CUDA graph, call after call."""
+    import torch.distributed as dist
+
+    from fasterllm.kernels.rms_norm import fused_add_rms_norm
+    from fasterllm.layers.gpu_linear import GPULinear
+
+    device, hidden = weight.device, weight.shape[0]
+    generator = torch.Generator().manual_seed(rank)
+    linear = GPULinear(torch.randn(hidden, 1024, generator=generator).to(device, torch.bfloat16) / 32, None)
+    x = torch.randn(1, 1024, generator=generator).to(device, torch.bfloat16)
+    residual = torch.randn(1, hidden, generator=torch.Generator().manual_seed(7)).to(device, torch.bfloat16)
+    assert fused.takes_product(linear, x)
+    summed = linear(x)
+    dist.all_reduce(summed)
+    expected = fused_add_rms_norm(summed, residual, weight, 1e-6)
+    failures = []
+    answers = [("eager", fused.product_add_rms_norm(linear, x, residual, weight, 1e-6)) for _ in range(2)]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        answers.append(("graph", fused.product_add_rms_norm(linear, x, residual, weight, 1e-6)))
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    for how, ours in answers:
+        for name, got, want in zip(("normed", "residual"), ours, expected):
+            same = torch.equal(got, want) if world == 2 else torch.allclose(got.float(), want.float(), rtol=2**-6,
+                                                                              atol=2**-6)
+            if not same:
+                failures.append(f"pushed product, {how}, {name}: max diff "
+                                f"{(got.float() - want.float()).abs().max().item()}")
+    return failures
 
 
 @pytest.mark.parametrize("world", [2, 4])
