@@ -36,7 +36,7 @@ _EMPTY, _COPIES = tl.constexpr(EMPTY), tl.constexpr(COPIES)
 @dataclass(frozen=True)
 class RankBuffers:
     """What push_to_every_rank writes to: every rank's buffer address (an int64 device tensor, rank order), this
-    rank's call count per row slot (int32 device tensor), this rank and the number of ranks."""
+    rank's call count per row slot modulo COPIES (int32 device tensor), this rank and the number of ranks."""
     buffers: torch.Tensor
     epochs: torch.Tensor
     rank: int
@@ -45,7 +45,8 @@ class RankBuffers:
 
 @triton.jit
 def copy_offset(epoch, copy_size):
-    """Where call `epoch` of a row (its epochs entry + 1) reads and writes in a buffer: its copy's first element."""
+    """Where call `epoch` of a row (its epochs entry + 1, modulo COPIES or not) reads and writes in a buffer: its
+    copy's first element."""
     return (epoch % _COPIES).to(tl.int64) * copy_size
 
 
@@ -84,7 +85,7 @@ def _all_reduce_add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, y_ptr, new_
                            HIDDEN, ROWS, RANK, WORLD)
     # every warp has read the count before one stores the next: a warp that read it late would poll another copy
     tl.debug_barrier()
-    tl.store(epochs_ptr + row, epoch)
+    tl.store(epochs_ptr + row, epoch % _COPIES)  # only the copy counts: an int32 count would wrap within days
     own = tl.load(buffers_ptr + RANK).to(tl.pointer_type(tl.int16))
     ranks = tl.arange(0, WORLD)
     slots = (ranks[:, None] * ROWS + row).to(tl.int64) * HIDDEN + cols[None, :]  # [WORLD, BLOCK]
@@ -112,8 +113,8 @@ def all_reduce_add_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, weig
                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(sum over ranks of x + residual) * weight, that sum + residual) for contiguous 16-bit x, residual
     [T, H]. buffers: an int64 device tensor of every rank's symmetric buffer address, in rank order, each buffer
-    COPIES x world x R x H int16 filled with EMPTY at first; epochs: this rank's R int32 call counts (zero at
-    first). T <= R; every rank calls it with the same T, in the same order. x None: the launch before this one
+    COPIES x world x R x H int16 filled with EMPTY at first; epochs: this rank's R int32 call counts modulo COPIES
+    (zero at first). T <= R; every rank calls it with the same T, in the same order. x None: the launch before this one
     pushed this rank's rows already (push_to_every_rank)."""
     num_tokens, hidden = residual.shape
     y, new_residual = torch.empty_like(residual), torch.empty_like(residual)

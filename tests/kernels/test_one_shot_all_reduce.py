@@ -49,7 +49,7 @@ def test_rank_zero_sums_both_rows_and_cycles_its_copies(rows):
         assert torch.equal(buffers[1][call % COPIES, 0, :rows], mine.view(torch.int16)), "row not pushed to rank 1"
         assert (buffers[0][(call - 1) % COPIES] == EMPTY).all(), "the last call's copy was not emptied"
         residual = new_residual
-    assert epochs.tolist() == [4] * rows + [0] * (MAX_ROWS - rows)
+    assert epochs.tolist() == [4 % COPIES] * rows + [0] * (MAX_ROWS - rows), "the count is kept modulo the copies"
 
 
 def test_a_product_that_pushes_its_row_gives_what_the_all_reduce_of_its_output_gives():
