@@ -1,7 +1,7 @@
 """The all-reduce that ends a row-parallel layer, fused with the residual add and RMSNorm after it, for a few token
 rows on GPUs that reach each other's memory (NVLink): kernels/one_shot_all_reduce.py over buffers in torch's
 symmetric memory. Larger batches (prefill chunks), and setups without symmetric memory, keep NCCL and the separate
-norm: TensorParallel.all_reduce_add_norm chooses, the same way on every rank."""
+norm: TensorParallel.all_reduce_add_norm and row_parallel_add_norm choose, the same way on every rank."""
 from __future__ import annotations
 
 import logging
@@ -43,8 +43,9 @@ class SymmetricAllReduce:
         (GPULinear), as wide as the rows this all-reduce sums."""
         from fasterllm.layers.gpu_linear import GPULinear
 
-        return (type(linear) is GPULinear and linear.padded_weight is None and x.dim() == 2 and x.shape[0] == 1
-                and x.is_contiguous() and x.dtype == self.dtype and linear.out_features == self.hidden_size)
+        return (type(linear) is GPULinear and linear.padded_weight is None and isinstance(x, torch.Tensor)
+                and x.dim() == 2 and x.shape[0] == 1 and x.is_contiguous() and x.dtype == self.dtype
+                and linear.out_features == self.hidden_size)
 
     def product_add_rms_norm(self, linear: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor,
                              weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -48,11 +48,16 @@ def _row_argmax_kernel(values_ptr, indices_ptr, out_ptr, CHUNKS: tl.constexpr, B
     tl.store(out_ptr + row, tl.sum(tl.where(chunks == best, indices, 0), axis=0))
 
 
+def fits(x: torch.Tensor) -> bool:
+    """Whether argmax_rows reads x: 2-D, last dim contiguous, a float it compares exactly in fp32 (not float64)."""
+    return x.dim() == 2 and x.stride(-1) == 1 and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+
+
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """x [S, V] (float, last dim contiguous) -> [S] int64, the index of each row's largest value."""
-    if x.dim() != 2 or x.stride(-1) != 1 or not x.is_floating_point():
-        raise ValueError(f"argmax_rows takes a float [rows, width] tensor with a contiguous last dim, got "
-                         f"{x.dtype} {tuple(x.shape)} with strides {x.stride()}")
+    if not fits(x):
+        raise ValueError(f"argmax_rows takes a 16- or 32-bit float [rows, width] tensor with a contiguous last dim, "
+                         f"got {x.dtype} {tuple(x.shape)} with strides {x.stride()}")
     rows, width = x.shape
     if width == 0:
         return torch.argmax(x, dim=-1)  # torch's own error: an empty row has no largest value

@@ -67,8 +67,8 @@ class LatentAttentionDecoderLayer(DecoderLayer):
 
     def _attention(self, hidden: torch.Tensor, rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
                    kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
-        """The normed rows -> the attention's output heads, o_proj's input. rope: the whole cos/sin table (kernels) or this
-        step's (cos, sin) rows (torch path), of the rotated width."""
+        """The normed rows -> the attention's output heads, o_proj's input. rope: the whole cos/sin table (kernels)
+        or this step's (cos, sin) rows (torch path), of the rotated width."""
         heads, nope = self.num_q_heads, self.nope_dim
         queries = self._queries(hidden).view(-1, heads, nope + self.rope_dim)
         latent, shared_key = self.kv_a_proj_with_mqa(hidden).split([self.kv_lora_rank, self.rope_dim], dim=-1)

@@ -111,12 +111,13 @@ def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
-def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
     """Each row's argmax: on a GPU one Triton kernel spread over the row (torch's takes one block per row)."""
     if x.is_cuda:
-        from fasterllm.kernels.argmax import argmax_rows as argmax_kernel
+        from fasterllm.kernels import argmax
 
-        return argmax_kernel(x)
+        if argmax.fits(x):
+            return argmax.argmax_rows(x)
     return x.argmax(dim=-1)
 
 
@@ -127,7 +128,7 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         logits = md.controls.apply(logits)
     if md.allowed is not None:
         logits = logits.masked_fill(~md.allowed, float("-inf"))
-    greedy_tokens = argmax_rows(logits)
+    greedy_tokens = row_argmax(logits)
     if md.all_greedy:
         tokens = greedy_tokens
     else:
@@ -136,7 +137,7 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         for row, generator in enumerate(md.generators):
             if generator is not None:
                 noise[row].exponential_(generator=generator)
-        tokens = torch.where(md.greedy, greedy_tokens, argmax_rows(probs / noise))
+        tokens = torch.where(md.greedy, greedy_tokens, row_argmax(probs / noise))
     if md.max_num_logprobs is None:
         return SamplerOutput(tokens)
     # logprobs of the model's own distribution, before any penalty or filter (as vLLM reports them)

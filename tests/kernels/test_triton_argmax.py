@@ -38,3 +38,5 @@ def test_refuses_what_it_cannot_read():
         argmax_rows(torch.randn(4, 3, device=DEVICE).t())
     with pytest.raises(ValueError, match="float"):
         argmax_rows(torch.arange(6, device=DEVICE).view(2, 3))
+    with pytest.raises(ValueError, match="32-bit float"):  # fp32 comparisons would lose float64's order
+        argmax_rows(torch.tensor([[1e39, 1e40]], dtype=torch.float64, device=DEVICE))
