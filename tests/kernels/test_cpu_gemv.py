@@ -210,3 +210,48 @@ def test_a_bad_override_names_the_value_and_the_choices(monkeypatch):
     finally:
         monkeypatch.undo()
         cpu_extension.kernel_isa.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, k", SHAPES)
+def test_int4_with_int8_inputs_is_the_exact_product_of_the_quantized_inputs(dtype, n, k):
+    """FASTERLLM_CPU_INT4_INPUTS=int8: the inputs quantized per block of 32 (quantize_rows_int8, the reference), the
+    codes times those integers summed exactly, each group's scale times the block's input scale, plus the minimum times
+    the block's exact input sum: within fp32 rounding of that, for every pass size of the AVX2 kernel."""
+    if "avx2" not in cpu_extension.supported_isas():
+        pytest.skip("this CPU cannot run the avx2 kernels")
+    torch.manual_seed(n * k)
+    codes, scales, minimums = quantize_int4_grouped(torch.randn(n, k))
+    packed = cpu_gemv.pack_int4(codes, scales, minimums)
+    groups = codes.double().reshape(n, k // GROUP_SIZE, GROUP_SIZE)
+    for rows in ROWS:
+        x = activations(rows, k, dtype)
+        values, input_scales = cpu_gemv.quantize_rows_int8(x)
+        # [rows, n, groups]: each group's sum of code x quantized input, exact in float64
+        sums = torch.einsum("ngj,rgj->rng", groups, values.double().reshape(rows, k // GROUP_SIZE, GROUP_SIZE))
+        exact = ((sums * scales.double() * input_scales.double()[:, None, :]).sum(-1)
+                 + x.double().reshape(rows, -1, GROUP_SIZE).sum(-1) @ minimums.double().t())
+        got = cpu_gemv.int4_gemv(x, packed, "avx2", int8_inputs=True)
+        magnitudes = ((sums.abs() * scales.double() * input_scales.double()[:, None, :]).sum(-1)
+                      + x.double().reshape(rows, -1, GROUP_SIZE).abs().sum(-1) @ minimums.double().abs().t())
+        bound = SUMMATION_ERROR * magnitudes + (exact.abs() * 2 ** -8 if dtype == torch.bfloat16 else 0)
+        assert got.dtype == dtype and ((got.double() - exact).abs() <= bound).all(), rows
+        # and it is not the fp32 inputs' product: the inputs were rounded
+        assert not torch.equal(got, cpu_gemv.int4_gemv(x, packed, "avx2"))
+
+
+def test_the_int4_inputs_switch_names_its_choices(monkeypatch):
+    for value, int8 in (("int8", True), ("fp32", False), ("", False), ("int4", None)):
+        monkeypatch.setenv(cpu_gemv.INT4_INPUTS_ENV, value)
+        cpu_gemv.int4_int8_inputs.cache_clear()
+        try:
+            if int8 is None:
+                with pytest.raises(ValueError, match=r"FASTERLLM_CPU_INT4_INPUTS='int4' is not 'fp32'"):
+                    cpu_gemv.int4_int8_inputs()
+            else:
+                assert cpu_gemv.int4_int8_inputs() is int8
+        finally:
+            cpu_gemv.int4_int8_inputs.cache_clear()
+    monkeypatch.delenv(cpu_gemv.INT4_INPUTS_ENV)
+    assert cpu_gemv.int4_int8_inputs() is False
+    cpu_gemv.int4_int8_inputs.cache_clear()

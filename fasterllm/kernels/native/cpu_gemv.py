@@ -5,15 +5,21 @@ issue 27), and decode on a CPU is a read of every weight per step.
 The weights are repacked once into tiles of 16 output rows (cpu/gemv.h says the byte order). The input rows are
 multiplied as they come (fp32, or bf16 widened to fp32, never rounded): the codes are turned into fp32 in registers
 and multiplied by the inputs with fp32 FMAs (8 lanes on AVX2, 16 on AVX-512), each group's (int4, uint8_grouped) or
-row's (int8) scale applied once to the sum; the output comes back in the input's dtype.
+row's (int8) scale applied once to the sum; the output comes back in the input's dtype. With
+FASTERLLM_CPU_INT4_INPUTS=int8 the int4 products quantize the input rows to int8 per block of 32 first and multiply
+in integers (AVX2's byte multiply-adds), as llama.cpp does.
 """
 from __future__ import annotations
 
+import functools
+import os
 from typing import NamedTuple
 
 import torch
 
 from fasterllm.kernels.native.cpu_extension import kernel_isa
+
+INT4_INPUTS_ENV = "FASTERLLM_CPU_INT4_INPUTS"
 
 BLOCK = 32  # weights per int4 group, and the kernels' step along K
 TILE_ROWS = 16  # output rows per tile
@@ -100,10 +106,36 @@ def pack_uint8_grouped(codes: torch.Tensor, scales: torch.Tensor, minimums: torc
                                _group_values_by_tile(minimums), codes.shape[0])
 
 
-def int4_gemv(x: torch.Tensor, weights: Int4Weights, isa: str | None = None) -> torch.Tensor:
-    """x [M, K] (fp32/bf16) @ w.T -> [M, N] fp32, w = code * scale + minimum per group of 32 (pack_int4's weights)."""
+@functools.cache
+def int4_int8_inputs() -> bool:
+    """Whether the int4 layers quantize their inputs to int8 per block of 32 (FASTERLLM_CPU_INT4_INPUTS=int8, as
+    llama.cpp does on a CPU: byte multiply-adds instead of a conversion and an FMA per weight; SmolLM2's
+    perplexity moved by -0.1% / +0.2% (int4 / gguf) from the fp32 inputs', benchmarks/RESULTS.md) rather than
+    multiply them as they come (unset or "fp32": the exact product of the quantized weights)."""
+    asked = os.environ.get(INT4_INPUTS_ENV, "").strip().lower() or "fp32"
+    if asked not in ("fp32", "int8"):
+        raise ValueError(f"{INT4_INPUTS_ENV}={asked!r} is not 'fp32' (the default: inputs as they come) or 'int8' "
+                         "(inputs quantized per block of 32, faster)")
+    return asked == "int8"
+
+
+def int4_gemv(x: torch.Tensor, weights: Int4Weights, isa: str | None = None, int8_inputs: bool = False
+              ) -> torch.Tensor:
+    """x [M, K] (fp32/bf16) @ w.T -> [M, N] fp32, w = code * scale + minimum per group of 32 (pack_int4's weights).
+    int8_inputs: x quantized to int8 per block of 32 first (quantize_rows_int8), the products in integers (AVX2)."""
     return torch.ops.fasterllm_cpu.int4_gemv(x, weights.codes, weights.scales, weights.minimums, weights.rows,
-                                             isa or kernel_isa())
+                                             isa or kernel_isa(), int8_inputs)
+
+
+def quantize_rows_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int8 inputs int4_gemv(int8_inputs=True) multiplies, in torch (the reference): x [M, K] fp32 -> values
+    [M, K] int8 in k order and scales [M, K/32], x ~= value * scale per block of 32; max |x| / 127 the scale."""
+    blocks = x.float().reshape(x.shape[0], -1, BLOCK)
+    largest = blocks.abs().amax(dim=-1, keepdim=True)
+    # a true fp32 division, as the kernel's (127 / tensor is 127 x its reciprocal: another rounding)
+    inverse = torch.where(largest > 0, torch.full_like(largest, 127) / largest, torch.zeros_like(largest))
+    values = torch.round(blocks * inverse).to(torch.int8).reshape(x.shape)
+    return values, (largest / 127).squeeze(-1)
 
 
 def int8_gemv(x: torch.Tensor, weights: Int8Weights, isa: str | None = None) -> torch.Tensor:

@@ -63,7 +63,7 @@ class Int4WeightOnlyLinear(FlatLinear):
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.native is not None:
-            out = cpu_gemv.int4_gemv(x, self.native)  # in x's dtype
+            out = cpu_gemv.int4_gemv(x, self.native, int8_inputs=cpu_gemv.int4_int8_inputs())  # in x's dtype
         else:
             out = torch._weight_int4pack_mm_for_cpu(x.to(PACKED_KERNEL_DTYPE), self.packed, GROUP_SIZE,
                                                     self.scales_and_zeros).to(x.dtype)

@@ -42,6 +42,22 @@ struct FloatRows {
   int64_t width;
 };
 
+// M input rows quantized to int8 per block of 32 inputs (as llama.cpp's Q8 inputs), for int4 weights whose
+// products then run in integers: values in the kernel's order (per block, per chunk c of 8 inputs: those at k = 8c,
+// 8c + 2, 8c + 4, 8c + 6, then 8c + 1, 8c + 3, 8c + 5, 8c + 7, matching the int4 words' low and high nibbles),
+// x_k ~= value_k * scale of its block; sums: each block's exact fp32 sum of x (for the minimums)
+struct Int8Rows {
+  const int8_t* values;  // [M, K]
+  const float* scales;   // [M, K/32]
+  const float* sums;     // [M, K/32]
+  int64_t rows;
+  int64_t width;
+};
+
+// x [rows, width] fp32 (width a multiple of 32) -> values and scales of Int8Rows: scale = max |x| / 127 over the
+// block, value = x * (127 / max |x|) rounded to nearest even (0 for a block of zeros)
+void quantize_rows(const float* x, int64_t rows, int64_t width, int8_t* values, float* scales);
+
 // x [rows, width] fp32, or bf16 as its uint16 bits, width a multiple of 32 -> values [rows, width] fp32 and, where
 // sums is not null, sums [rows, width / group] (group 16 or 32)
 void widen_rows(const float* x, int64_t rows, int64_t width, float* values, float* sums, int64_t group);
@@ -52,6 +68,10 @@ void int4_tiles_avx2(const uint8_t* codes, const float* scales, const float* min
                      int64_t t1, int64_t N, float* out);
 void int4_tiles_avx512(const uint8_t* codes, const float* scales, const float* mins, const FloatRows& x, int64_t t0,
                        int64_t t1, int64_t N, float* out);
+// int4 codes times Int8Rows (AVX2): per block, sum_k code * value in int16 pairs and int32, then
+// x scale * input scale + minimum * the block's input sum
+void int4_tiles_int8_inputs_avx2(const uint8_t* codes, const float* scales, const float* mins, const Int8Rows& x,
+                                 int64_t t0, int64_t t1, int64_t N, float* out);
 void int8_tiles_avx2(const int8_t* weight, const float* scales, const FloatRows& x, int64_t t0, int64_t t1, int64_t N,
                      float* out);
 void int8_tiles_avx512(const int8_t* weight, const float* scales, const FloatRows& x, int64_t t0, int64_t t1,

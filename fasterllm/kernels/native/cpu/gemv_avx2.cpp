@@ -10,8 +10,8 @@
 namespace fasterllm_cpu {
 namespace {
 
-// input rows per pass over a tile (its two halves of 8 rows side by side): 2 x 2 int4 and 4 x 2 int8 accumulators,
-// with the rest of a pass's registers, fit AVX2's 16
+// input rows per pass over a tile (its two halves of 8 rows side by side): 2 x 2 int4 (int4 with int8 inputs: 2 x 2
+// pair sums and 2 x 2 products) and 4 x 2 int8 accumulators, with the rest of a pass's registers, fit AVX2's 16
 constexpr int kMaxInt4Rows = 2;
 constexpr int kMaxInt8Rows = 4;
 
@@ -94,6 +94,55 @@ void int4_tile(const uint8_t* tile, const float* scales, const float* mins, cons
       }
     }
     add_group(products, sums, scales + b * kTileRows, mins + b * kTileRows, x.sums + m * blocks + b, blocks);
+  }
+  for (int r = 0; r < R; ++r) store_rows(out + (m + r) * N, products[r], count);
+}
+
+// out rows m..m+R-1 of one tile, the inputs quantized (Int8Rows): each 32-bit lane (one output row) of a chunk holds
+// 8 codes; its low nibbles times the chunk's 4 even inputs and its high nibbles times the 4 odd ones, multiplied and
+// summed in pairs into int16 (maddubs: at most 2 x 15 x 127 each, 8 of them per block stay below 2^15), then the
+// block's pairs summed into int32, turned into fp32 once per block and scaled
+template <int R>
+void int4_tile_int8_inputs(const uint8_t* tile, const float* scales, const float* mins, const Int8Rows& x, int64_t m,
+                           bool fetch, float* out, int64_t N, int64_t count) {
+  const int64_t K = x.width, blocks = K / kBlock;
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 products[R][2];
+  for (int r = 0; r < R; ++r) products[r][0] = products[r][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = tile + b * kInt4TileBytes;
+    if (fetch) prefetch(block, kInt4TileBytes);
+    __m256i pairs[R][2];
+    for (int r = 0; r < R; ++r) pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      __m256i low[2], high[2];
+      for (int h = 0; h < 2; ++h) {
+        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * c + 32 * h));
+        low[h] = _mm256_and_si256(packed, low_nibbles);
+        high[h] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
+      }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* in = x.values + (m + r) * K + b * kBlock + 8 * c;
+        int32_t even, odd;
+        __builtin_memcpy(&even, in, 4);
+        __builtin_memcpy(&odd, in + 4, 4);
+        const __m256i inputs[2] = {_mm256_set1_epi32(even), _mm256_set1_epi32(odd)};
+        for (int h = 0; h < 2; ++h)
+          pairs[r][h] = _mm256_add_epi16(pairs[r][h], _mm256_add_epi16(_mm256_maddubs_epi16(low[h], inputs[0]),
+                                                                       _mm256_maddubs_epi16(high[h], inputs[1])));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (m + r) * blocks + b;
+      const __m256 input_scale = _mm256_set1_ps(x.scales[at]), input_sum = _mm256_set1_ps(x.sums[at]);
+      for (int h = 0; h < 2; ++h) {
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs[r][h], ones));
+        const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(scales + b * kTileRows + 8 * h), input_scale);
+        products[r][h] = _mm256_fmadd_ps(dot, scale, products[r][h]);
+        products[r][h] = _mm256_fmadd_ps(_mm256_loadu_ps(mins + b * kTileRows + 8 * h), input_sum, products[r][h]);
+      }
+    }
   }
   for (int r = 0; r < R; ++r) store_rows(out + (m + r) * N, products[r], count);
 }
@@ -200,6 +249,19 @@ void int4_tiles_avx2(const uint8_t* codes, const float* scales, const float* min
     in_row_groups<kMaxInt4Rows>(x.rows, [&](auto rows, int64_t m) {
       int4_tile<decltype(rows)::value>(codes + t * blocks * kInt4TileBytes, scales + t * blocks * kTileRows,
                                        mins + t * blocks * kTileRows, x, m, m == 0, out + n, N, N - n);
+    });
+  }
+}
+
+void int4_tiles_int8_inputs_avx2(const uint8_t* codes, const float* scales, const float* mins, const Int8Rows& x,
+                                 int64_t t0, int64_t t1, int64_t N, float* out) {
+  const int64_t blocks = x.width / kBlock;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t n = t * kTileRows;
+    in_row_groups<kMaxInt4Rows>(x.rows, [&](auto rows, int64_t m) {
+      int4_tile_int8_inputs<decltype(rows)::value>(codes + t * blocks * kInt4TileBytes,
+                                                   scales + t * blocks * kTileRows, mins + t * blocks * kTileRows, x,
+                                                   m, m == 0, out + n, N, N - n);
     });
   }
 }

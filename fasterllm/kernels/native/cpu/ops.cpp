@@ -84,8 +84,10 @@ at::Tensor over_tiles(const at::Tensor& x, int64_t N, int64_t tiles, Run&& run) 
   return out.to(x.scalar_type());
 }
 
+// int8_inputs: the input rows quantized to int8 per block first (gemv.h's Int8Rows), the products in integers, by
+// the AVX2 kernel whatever the isa (every CPU with AVX-512 here has AVX2)
 at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
-                     int64_t N, const std::string& isa) {
+                     int64_t N, const std::string& isa, bool int8_inputs) {
   const bool wide = use_avx512(isa);
   const int64_t tiles = tiles_of(codes, N, kInt4TileBytes, "cpu_gemv.pack_int4"), blocks = codes.size(1);
   check_weight(codes, at::kByte, {tiles, blocks, kInt4TileBytes}, "codes");
@@ -94,6 +96,16 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   const Widened in = widen(x, blocks * kBlock, kBlock);
   const uint8_t* c = codes.data_ptr<uint8_t>();
   const float *s = scales.data_ptr<float>(), *m = mins.data_ptr<float>();
+  if (int8_inputs) {
+    const int64_t M = in.rows.rows, K = in.rows.width;
+    const at::Tensor values = at::empty({M * K}, x.options().dtype(at::kChar));
+    const at::Tensor input_scales = at::empty({M * K / kBlock}, x.options().dtype(at::kFloat));
+    quantize_rows(in.rows.values, M, K, values.data_ptr<int8_t>(), input_scales.data_ptr<float>());
+    const Int8Rows quantized{values.data_ptr<int8_t>(), input_scales.data_ptr<float>(), in.rows.sums, M, K};
+    return over_tiles(x, N, tiles, [&](int64_t t0, int64_t t1, float* o) {
+      int4_tiles_int8_inputs_avx2(c, s, m, quantized, t0, t1, N, o);
+    });
+  }
   return over_tiles(x, N, tiles, [&](int64_t t0, int64_t t1, float* o) {
     if (wide) int4_tiles_avx512(c, s, m, in.rows, t0, t1, N, o);
     else int4_tiles_avx2(c, s, m, in.rows, t0, t1, N, o);
@@ -165,7 +177,8 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_op(const at::Tensor& x, const st
 }  // namespace fasterllm_cpu
 
 TORCH_LIBRARY(fasterllm_cpu, m) {
-  m.def("int4_gemv(Tensor x, Tensor codes, Tensor scales, Tensor mins, int N, str isa) -> Tensor",
+  m.def("int4_gemv(Tensor x, Tensor codes, Tensor scales, Tensor mins, int N, str isa, bool int8_inputs=False) -> "
+        "Tensor",
         &fasterllm_cpu::int4_gemv);
   m.def("int8_gemv(Tensor x, Tensor codes, Tensor scales, int N, str isa) -> Tensor", &fasterllm_cpu::int8_gemv);
   m.def("uint8_grouped_gemv(Tensor x, Tensor codes, Tensor scales, Tensor mins, int N, str isa) -> Tensor",
