@@ -63,7 +63,7 @@ def test_greedy_decode_is_the_fp32_product_of_the_same_weights(gguf, method, isa
         dense: dict[int, torch.Tensor] = {}  # by id of the packed weights
 
         def reference(unpack):
-            def product(x, weights, isa=None):
+            def product(x, weights, isa=None, int8_inputs=False):
                 if id(weights) not in dense:
                     dense[id(weights)] = unpack(weights)
                 return (x.float() @ dense[id(weights)].t()).to(x.dtype)

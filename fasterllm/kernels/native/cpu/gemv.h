@@ -5,7 +5,8 @@
 //
 // The inputs are multiplied as they come: widened to fp32 (widen_rows.cpp), never rounded, and every product is an
 // fp32 FMA of a weight code (exact in fp32) and an input; each group's (int4, uint8 grouped) or row's (int8) scale
-// applies once to the sum. A decode product is bound by the weight bytes it reads, so the codes are turned into fp32
+// applies once to the sum. The one exception, opt-in: int4 codes times inputs quantized to int8 per block
+// (Int8Rows, int4_tiles_int8_inputs_avx2). A decode product is bound by the weight bytes it reads, so the codes are turned into fp32
 // in registers.
 //
 // Weights are stored in tiles of 16 output rows (N padded with zero rows to a multiple of 16), each tile's bytes in

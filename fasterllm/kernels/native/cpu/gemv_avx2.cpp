@@ -10,8 +10,9 @@
 namespace fasterllm_cpu {
 namespace {
 
-// input rows per pass over a tile (its two halves of 8 rows side by side): 2 x 2 int4 (int4 with int8 inputs: 2 x 2
-// pair sums and 2 x 2 products) and 4 x 2 int8 accumulators, with the rest of a pass's registers, fit AVX2's 16
+// input rows per pass over a tile (its two halves of 8 rows side by side): 2 x 2 int4 and 4 x 2 int8 accumulators,
+// with the rest of a pass's registers, fit AVX2's 16 (int4 with int8 inputs: 2 x 2 pair sums and 2 x 2 products,
+// which GCC's unrolled chunks spill from: not yet tuned)
 constexpr int kMaxInt4Rows = 2;
 constexpr int kMaxInt8Rows = 4;
 
