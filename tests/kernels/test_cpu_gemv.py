@@ -240,6 +240,22 @@ def test_int4_with_int8_inputs_is_the_exact_product_of_the_quantized_inputs(dtyp
         assert not torch.equal(got, cpu_gemv.int4_gemv(x, packed, "avx2"))
 
 
+def test_int4_with_int8_inputs_does_not_overflow_at_the_largest_codes_and_inputs():
+    """The kernel sums a block's 32 products of a code (up to 15) and an input (up to 127 in magnitude) in int16
+    pairs: all codes 15 and every input the block's largest (each one +127 or -127) is the largest such sum."""
+    if "avx2" not in cpu_extension.supported_isas():
+        pytest.skip("this CPU cannot run the avx2 kernels")
+    n, k = 32, 96
+    codes = torch.full((n, k), 15, dtype=torch.uint8)
+    scales, minimums = torch.full((n, k // GROUP_SIZE), 0.5), torch.zeros(n, k // GROUP_SIZE)
+    packed = cpu_gemv.pack_int4(codes, scales, minimums)
+    for sign in (1.0, -1.0):
+        x = torch.full((1, k), 3.0 * sign)
+        got = cpu_gemv.int4_gemv(x, packed, "avx2", int8_inputs=True)
+        # every input quantizes to exactly +-127 with scale 3 / 127: the product is exact
+        assert torch.allclose(got, torch.full((1, n), sign * 15 * 0.5 * 3.0 * k), rtol=1e-6), got[0, :4]
+
+
 def test_the_int4_inputs_switch_names_its_choices(monkeypatch):
     for value, int8 in (("int8", True), ("fp32", False), ("", False), ("int4", None)):
         monkeypatch.setenv(cpu_gemv.INT4_INPUTS_ENV, value)
