@@ -256,6 +256,27 @@ def test_int4_with_int8_inputs_does_not_overflow_at_the_largest_codes_and_inputs
         assert torch.allclose(got, torch.full((1, n), sign * 15 * 0.5 * 3.0 * k), rtol=1e-6), got[0, :4]
 
 
+def test_the_int4_layer_follows_the_inputs_switch(monkeypatch):
+    """FASTERLLM_CPU_INT4_INPUTS=int8 reaches the int4 layer: its output is the int8-input product, not the fp32
+    one; fp32, the fp32 one."""
+    if "avx2" not in cpu_extension.supported_isas() or cpu_extension.kernel_isa() is None:
+        pytest.skip("the layers run torch's kernels here (no AVX2, or FASTERLLM_CPU_KERNELS=off)")
+    torch.manual_seed(3)
+    layer = Int4WeightOnlyLinear.from_float(torch.randn(64, 96), None)
+    assert layer.native is not None
+    x = activations(2, 96, torch.float32)
+    isa = cpu_extension.kernel_isa()
+    for value, int8 in (("int8", True), ("fp32", False)):
+        monkeypatch.setenv(cpu_gemv.INT4_INPUTS_ENV, value)
+        cpu_gemv.int4_int8_inputs.cache_clear()
+        try:
+            expected = cpu_gemv.int4_gemv(x, layer.native, isa, int8_inputs=int8)
+            assert torch.equal(layer(x), expected), value
+            assert not torch.equal(layer(x), cpu_gemv.int4_gemv(x, layer.native, isa, int8_inputs=not int8)), value
+        finally:
+            cpu_gemv.int4_int8_inputs.cache_clear()
+
+
 def test_the_int4_inputs_switch_names_its_choices(monkeypatch):
     for value, int8 in (("int8", True), ("fp32", False), ("", False), ("int4", None)):
         monkeypatch.setenv(cpu_gemv.INT4_INPUTS_ENV, value)
