@@ -23,13 +23,13 @@ class SymmetricAllReduce:
         if dtype.itemsize != 2:
             raise ValueError(f"the fused all-reduce takes 16-bit models (bf16, fp16), not {dtype}")
         self.hidden_size, self.dtype = hidden_size, dtype
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self._buffer = symm_mem.empty(COPIES * self.world * MAX_ROWS * hidden_size, dtype=torch.int16, device=device)
+        world = dist.get_world_size()
+        self._buffer = symm_mem.empty(COPIES * world * MAX_ROWS * hidden_size, dtype=torch.int16, device=device)
         self._buffer.fill_(EMPTY)
         handle = symm_mem.rendezvous(self._buffer, dist.group.WORLD)
-        self.buffers = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
-        self.epochs = torch.zeros(MAX_ROWS, dtype=torch.int32, device=device)  # each row slot's calls so far
-        self.target = RankBuffers(self.buffers, self.epochs, self.rank, self.world)
+        # every rank's buffer, and each row slot's calls so far
+        self.target = RankBuffers(torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device),
+                                  torch.zeros(MAX_ROWS, dtype=torch.int32, device=device), dist.get_rank(), world)
         self._handle = handle  # keeps the peers' mappings alive as long as this object
         torch.cuda.synchronize(device)
         dist.barrier()  # every rank's slots are empty before any rank writes one
@@ -54,15 +54,13 @@ class SymmetricAllReduce:
         from fasterllm.kernels.one_shot_all_reduce import all_reduce_add_rms_norm
 
         linear.push_row(x, self.target)
-        return all_reduce_add_rms_norm(None, residual.contiguous(), weight, eps, self.buffers, self.epochs,
-                                       self.rank, self.world)
+        return all_reduce_add_rms_norm(None, residual.contiguous(), weight, eps, self.target)
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         from fasterllm.kernels.one_shot_all_reduce import all_reduce_add_rms_norm
 
-        return all_reduce_add_rms_norm(x, residual.contiguous(), weight, eps, self.buffers, self.epochs, self.rank,
-                                       self.world)
+        return all_reduce_add_rms_norm(x, residual.contiguous(), weight, eps, self.target)
 
 
 def try_symmetric_all_reduce(hidden_size: int, dtype: torch.dtype, device: torch.device

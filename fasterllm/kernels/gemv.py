@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from fasterllm.kernels.dependent_launch import early_launch, early_start
-from fasterllm.kernels.one_shot_all_reduce import RankBuffers, copy_offset, push_to_every_rank
+from fasterllm.kernels.one_shot_all_reduce import RankBuffers, push_for_next_call
 
 # (BLOCK_N, BLOCK_B weights per row per step (int4: bytes), num_warps): small BLOCK_N keeps thousands of programs
 # streaming for 4096-wide outputs; larger chunks keep more bytes in flight per program
@@ -107,8 +107,7 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, buffers_pt
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
     if PUSH:  # the row goes to the all-reduce's slot in every rank's buffer, not to out
-        next_call = copy_offset(tl.load(epochs_ptr) + 1, WORLD * ROWS * N)
-        push_to_every_rank(acc.to(out_ptr.dtype.element_ty), rn, n_mask, buffers_ptr, next_call, 0, N, ROWS, RANK,
+        push_for_next_call(acc.to(out_ptr.dtype.element_ty), rn, n_mask, buffers_ptr, epochs_ptr, 0, N, ROWS, RANK,
                            WORLD)
     else:
         tl.store(out_ptr + rn, acc.to(out_ptr.dtype.element_ty), mask=n_mask)

@@ -7,7 +7,8 @@ then polls its own buffer until every rank's slot holds a value, sums them in ra
 residual and normalises as kernels/rms_norm.py does. No flag and no remote read: an empty slot holds -0.0's bits in
 every element (a rank sends -0.0 as +0.0, which sums the same), so an element is there once its bits are not
 -0.0's, whichever order the NVLink writes land in (the "Lamport" one-shot all-reduce). A one-row product whose
-output is the all-reduce's input can push its row itself, from its epilogue (kernels/gemv.py, push_to): its row
+output is the all-reduce's input can push its row itself, from its epilogue (push_for_next_call; kernels/gemv.py's
+push_to): its row
 travels while it finishes, and the all-reduce's launch only polls, sums and normalises (x None).
 
 The buffer holds three copies of every slot, used in turn by a row's calls: a rank can be at most one call ahead
@@ -54,16 +55,23 @@ def copy_offset(epoch, copy_size):
 def push_to_every_rank(values, cols, mask, buffers_ptr, this_copy, row, HIDDEN, ROWS: tl.constexpr,
                        RANK: tl.constexpr, WORLD: tl.constexpr):
     """Write this rank's part of row `row` (values at columns cols, 16-bit floats) into its slot of the copy at
-    this_copy (copy_offset of the row's call) in every rank's buffer, a -0.0 as +0.0 (an empty slot is -0.0). A
-    matrix product whose output is this all-reduce's input calls it in its epilogue (kernels/gemv.py), with the
-    call about to be made (its epochs entry + 1: only the all-reduce's launch counts it), so the row travels
-    while the product finishes."""
+    this_copy (copy_offset of the row's call) in every rank's buffer, a -0.0 as +0.0 (an empty slot is -0.0)."""
     bits = values.to(tl.int16, bitcast=True)
     bits = tl.where(bits == _EMPTY, 0, bits).to(tl.int16)
     slot = tl.cast(RANK * ROWS + row, tl.int64) * HIDDEN + cols
     for rank in tl.static_range(WORLD):
         peer = tl.load(buffers_ptr + rank).to(tl.pointer_type(tl.int16))
         tl.store(peer + this_copy + slot, bits, mask=mask)
+
+
+@triton.jit
+def push_for_next_call(values, cols, mask, buffers_ptr, epochs_ptr, row, HIDDEN, ROWS: tl.constexpr,
+                       RANK: tl.constexpr, WORLD: tl.constexpr):
+    """push_to_every_rank for the row's call about to be made (its epochs entry + 1: only the all-reduce's launch
+    counts it). A matrix product whose output is this all-reduce's input calls it in its epilogue (kernels/gemv.py),
+    so the row travels while the product finishes."""
+    next_call = copy_offset(tl.load(epochs_ptr + row) + 1, WORLD * ROWS * HIDDEN)
+    push_to_every_rank(values, cols, mask, buffers_ptr, next_call, row, HIDDEN, ROWS, RANK, WORLD)
 
 
 @triton.jit
@@ -109,19 +117,18 @@ def _all_reduce_add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, y_ptr, new_
 
 
 def all_reduce_add_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                            buffers: torch.Tensor, epochs: torch.Tensor, rank: int, world: int
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
+                            ranks: RankBuffers) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(sum over ranks of x + residual) * weight, that sum + residual) for contiguous 16-bit x, residual
-    [T, H]. buffers: an int64 device tensor of every rank's symmetric buffer address, in rank order, each buffer
-    COPIES x world x R x H int16 filled with EMPTY at first; epochs: this rank's R int32 call counts modulo COPIES
-    (zero at first). T <= R; every rank calls it with the same T, in the same order. x None: the launch before this one
-    pushed this rank's rows already (push_to_every_rank)."""
+    [T, H]. ranks.buffers: every rank's symmetric buffer, each COPIES x world x R x H int16 filled with EMPTY at first;
+    ranks.epochs: this rank's R call counts (zero at first). T <= R; every rank calls it with the same T, in the
+    same order. x None: the launch before this one pushed this rank's rows already (push_for_next_call)."""
     num_tokens, hidden = residual.shape
     y, new_residual = torch.empty_like(residual), torch.empty_like(residual)
     if num_tokens:
         block = triton.next_power_of_2(hidden)
         _all_reduce_add_rms_norm_kernel[(num_tokens,)](
-            residual if x is None else x, residual, weight, y, new_residual, buffers, epochs, eps, HIDDEN=hidden,
-            BLOCK=block, ROWS=epochs.shape[0], RANK=rank, WORLD=world, PUSHED=x is None,
+            residual if x is None else x, residual, weight, y, new_residual, ranks.buffers, ranks.epochs, eps,
+            HIDDEN=hidden, BLOCK=block, ROWS=ranks.epochs.shape[0], RANK=ranks.rank, WORLD=ranks.world,
+            PUSHED=x is None,
             num_warps=4 if block <= 1024 else 8, **early_launch(residual.device))
     return y, new_residual

@@ -21,6 +21,8 @@ if shutil.which(os.environ.get("CXX", "c++")) is None:
 ISAS = [pytest.param(isa, marks=pytest.mark.skipif(isa not in cpu_extension.supported_isas(),
                                                    reason=f"this CPU cannot run the {isa} kernels"))
         for isa in cpu_extension.ISA_FLAGS]
+needs_avx2 = pytest.mark.skipif("avx2" not in cpu_extension.supported_isas(),
+                                reason="this CPU cannot run the avx2 kernels")
 # N not a multiple of 8 or 16, K a multiple of 32 but not of 64 (an odd number of blocks), and SmolLM2's shapes
 SHAPES = [(1, 32), (17, 96), (77, 160), (40, 1536), (960, 576)]
 # passes over a tile take up to 8 rows (AVX-512), 4 (AVX2 int8) or 2 (AVX2 int4), the rest in groups of 4, 2, 1
@@ -212,14 +214,13 @@ def test_a_bad_override_names_the_value_and_the_choices(monkeypatch):
         cpu_extension.kernel_isa.cache_clear()
 
 
+@needs_avx2
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n, k", SHAPES)
 def test_int4_with_int8_inputs_is_the_exact_product_of_the_quantized_inputs(dtype, n, k):
     """FASTERLLM_CPU_INT4_INPUTS=int8: the inputs quantized per block of 32 (quantize_rows_int8, the reference), the
     codes times those integers summed exactly, each group's scale times the block's input scale, plus the minimum times
     the block's exact input sum: within fp32 rounding of that, for every pass size of the AVX2 kernel."""
-    if "avx2" not in cpu_extension.supported_isas():
-        pytest.skip("this CPU cannot run the avx2 kernels")
     torch.manual_seed(n * k)
     codes, scales, minimums = quantize_int4_grouped(torch.randn(n, k))
     packed = cpu_gemv.pack_int4(codes, scales, minimums)
@@ -240,11 +241,10 @@ def test_int4_with_int8_inputs_is_the_exact_product_of_the_quantized_inputs(dtyp
         assert not torch.equal(got, cpu_gemv.int4_gemv(x, packed, "avx2"))
 
 
+@needs_avx2
 def test_int4_with_int8_inputs_does_not_overflow_at_the_largest_codes_and_inputs():
     """The kernel sums a block's 32 products of a code (up to 15) and an input (up to 127 in magnitude) in int16
     pairs: all codes 15 and every input the block's largest (each one +127 or -127) is the largest such sum."""
-    if "avx2" not in cpu_extension.supported_isas():
-        pytest.skip("this CPU cannot run the avx2 kernels")
     n, k = 32, 96
     codes = torch.full((n, k), 15, dtype=torch.uint8)
     scales, minimums = torch.full((n, k // GROUP_SIZE), 0.5), torch.zeros(n, k // GROUP_SIZE)
@@ -256,11 +256,12 @@ def test_int4_with_int8_inputs_does_not_overflow_at_the_largest_codes_and_inputs
         assert torch.allclose(got, torch.full((1, n), sign * 15 * 0.5 * 3.0 * k), rtol=1e-6), got[0, :4]
 
 
+@needs_avx2
 def test_the_int4_layer_follows_the_inputs_switch(monkeypatch):
     """FASTERLLM_CPU_INT4_INPUTS=int8 reaches the int4 layer: its output is the int8-input product, not the fp32
     one; fp32, the fp32 one."""
-    if "avx2" not in cpu_extension.supported_isas() or cpu_extension.kernel_isa() is None:
-        pytest.skip("the layers run torch's kernels here (no AVX2, or FASTERLLM_CPU_KERNELS=off)")
+    if cpu_extension.kernel_isa() is None:
+        pytest.skip("the layers run torch's kernels here (FASTERLLM_CPU_KERNELS=off)")
     torch.manual_seed(3)
     layer = Int4WeightOnlyLinear.from_float(torch.randn(64, 96), None)
     assert layer.native is not None

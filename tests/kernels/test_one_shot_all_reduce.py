@@ -11,7 +11,7 @@ import torch
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test; GPUs run the multi-rank test")
 pytest.importorskip("triton")
-from fasterllm.kernels.one_shot_all_reduce import COPIES, EMPTY, all_reduce_add_rms_norm  # noqa: E402
+from fasterllm.kernels.one_shot_all_reduce import COPIES, EMPTY, RankBuffers, all_reduce_add_rms_norm  # noqa: E402
 from fasterllm.kernels.rms_norm import fused_add_rms_norm  # noqa: E402
 
 WORLD, MAX_ROWS, HIDDEN = 2, 4, 64
@@ -31,8 +31,8 @@ def _in_time(call, seconds: float = 120.0):
 def test_rank_zero_sums_both_rows_and_cycles_its_copies(rows):
     generator = torch.Generator().manual_seed(rows)
     buffers = [torch.full((COPIES, WORLD, MAX_ROWS, HIDDEN), EMPTY, dtype=torch.int16) for _ in range(WORLD)]
-    addresses = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
     epochs = torch.zeros(MAX_ROWS, dtype=torch.int32)
+    ranks = RankBuffers(torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64), epochs, 0, WORLD)
     weight = (torch.rand(HIDDEN, generator=generator) + 0.5).to(torch.bfloat16)
     residual = (torch.randint(-64, 64, (rows, HIDDEN), generator=generator) / 16).to(torch.bfloat16)
     for call in range(1, 5):
@@ -42,8 +42,7 @@ def test_rank_zero_sums_both_rows_and_cycles_its_copies(rows):
         theirs[0, :5] = -0.0
         buffers[0][call % COPIES, 1, :rows] = theirs.view(torch.int16).masked_fill(theirs.view(torch.int16) == EMPTY,
                                                                                    0)
-        normed, new_residual = _in_time(lambda: all_reduce_add_rms_norm(mine, residual, weight, 1e-6, addresses,
-                                                                        epochs, 0, WORLD))
+        normed, new_residual = _in_time(lambda: all_reduce_add_rms_norm(mine, residual, weight, 1e-6, ranks))
         expected = fused_add_rms_norm(mine + theirs, residual, weight, 1e-6)
         assert torch.equal(normed, expected[0]) and torch.equal(new_residual, expected[1]), f"call {call}"
         assert torch.equal(buffers[1][call % COPIES, 0, :rows], mine.view(torch.int16)), "row not pushed to rank 1"
@@ -57,7 +56,6 @@ def test_a_product_that_pushes_its_row_gives_what_the_all_reduce_of_its_output_g
     the all-reduce launch only sums: the same rows as the product's output sent by the all-reduce launch, call after
     call (the product pushes into the copy of the call about to be made)."""
     from fasterllm.kernels.gemv import gemv
-    from fasterllm.kernels.one_shot_all_reduce import RankBuffers
 
     generator = torch.Generator().manual_seed(7)
     pushed, sent = ([torch.full((COPIES, WORLD, MAX_ROWS, HIDDEN), EMPTY, dtype=torch.int16) for _ in range(WORLD)]
@@ -73,10 +71,9 @@ def test_a_product_that_pushes_its_row_gives_what_the_all_reduce_of_its_output_g
         for buffers in (pushed, sent):
             buffers[0][call % COPIES, 1, :1] = theirs.view(torch.int16)
         assert gemv(x, projection, push_to=targets[0]) is None
-        via_push = _in_time(lambda: all_reduce_add_rms_norm(None, residual, weight, 1e-6, targets[0].buffers,
-                                                            targets[0].epochs, 0, WORLD))
+        via_push = _in_time(lambda: all_reduce_add_rms_norm(None, residual, weight, 1e-6, targets[0]))
         via_output = _in_time(lambda: all_reduce_add_rms_norm(gemv(x, projection), residual, weight, 1e-6,
-                                                              targets[1].buffers, targets[1].epochs, 0, WORLD))
+                                                              targets[1]))
         assert all(torch.equal(a, b) for a, b in zip(via_push, via_output)), f"call {call}"
         assert torch.equal(pushed[1], sent[1]), f"call {call}: rank 1 was sent another row"
         residual = via_push[1]
