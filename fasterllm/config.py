@@ -243,6 +243,9 @@ class EngineArgs:
     swap_space_gib: float = 4.0  # size of that CPU pool
     watermark: float = 0.01
     long_prefill_token_threshold: int = 0
+    # a step that carries decodes gives prompt chunks at most this many tokens: each decode waits for the whole step,
+    # so this bounds the time between a stream's tokens while prompts arrive (0: max_num_batched_tokens alone)
+    max_prefill_tokens_beside_decodes: int = 0
     task: str = "generate"  # or "embed": an encoder (BERT family) that returns one vector per input
     # shard the model over this many devices (one process each; the GPUs of one machine, or CPU processes)
     tensor_parallel_size: int = 1
@@ -306,6 +309,9 @@ class EngineArgs:
         if self.long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold={self.long_prefill_token_threshold} must be >= 0 "
                              "(0 = no cap)")
+        if self.max_prefill_tokens_beside_decodes < 0:
+            raise ValueError(f"max_prefill_tokens_beside_decodes={self.max_prefill_tokens_beside_decodes} must be >= 0 "
+                             "(0 = no cap)")
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
@@ -351,6 +357,7 @@ class SchedulerConfig:
     preemption_mode: str = "recompute"
     watermark: float = 0.0  # fraction of blocks new admissions leave free for running requests
     long_prefill_token_threshold: int = 0  # most prompt tokens one request may take per step; 0 = no cap
+    max_prefill_tokens_beside_decodes: int = 0  # most prompt tokens of a step that carries decodes; 0 = no cap
 
 
 # kv_cache_dtype's names: None keeps the model's dtype

@@ -56,7 +56,8 @@ class Engine:
         self.inputs = InputProcessor.for_model(self.tokenizer, self.model_config, self.max_model_len)
         self.scheduler_config = SchedulerConfig(args.max_num_seqs, max_batched, self.max_model_len,
                                                 args.preemption_mode, args.watermark,
-                                                args.long_prefill_token_threshold)
+                                                args.long_prefill_token_threshold,
+                                                args.max_prefill_tokens_beside_decodes)
         self.executor = make_executor(WorkerConfig(args, self.max_model_len, self.scheduler_config, self.dtype),
                                       checkpoint)
         cache = CacheConfig(args.block_size)

@@ -115,21 +115,30 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         out = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
+        prompt_budget = self._prompt_budget(any(_decodes(r) for r in self.running))
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new, num_slots = self._next_chunk(request, budget)
-            if num_new > 0:  # 0: a search whose slots do not all fit the budget left
+            prompt = not _decodes(request)
+            num_new, num_slots = self._next_chunk(request, min(budget, prompt_budget) if prompt else budget)
+            if num_new > 0:  # 0: a search whose slots do not all fit the budget left, or no prompt budget left
                 if not self._allocate_or_preempt(request, num_new, num_slots, out, index):
                     break  # it was preempted itself: nothing after it runs either
                 out.scheduled.append(ScheduledRequest(request, num_new, num_slots=num_slots))
                 budget -= num_new * num_slots
+                prompt_budget -= num_new * num_slots if prompt else 0
             index += 1
         if not out.preempted:  # admitting work in a step that had to preempt would only thrash
             budget = self._swap_in(out, budget)
             if not self.swapped:  # swapped-out requests come back before new ones start
-                self._admit_waiting(out, budget)
+                self._admit_waiting(out, min(budget, prompt_budget))
         return self._with_message(out)
+
+    def _prompt_budget(self, with_decodes: bool) -> int:
+        """The tokens a step may give prompt chunks (new requests, chunked prompts, recomputation): every decode in
+        the step waits for them, so beside decodes max_prefill_tokens_beside_decodes bounds them where set."""
+        cap = self.config.max_prefill_tokens_beside_decodes
+        return cap if cap and with_decodes else self.config.max_num_batched_tokens
 
     def _with_message(self, out: ScheduledBatch) -> ScheduledBatch:
         """Fill in the worker's message: it learns a request when first scheduled, then only what changed."""
@@ -349,27 +358,33 @@ class AsyncScheduler(Scheduler):
         in_flight_chunks = {id(item.request): item.num_new_tokens for item in in_flight.scheduled if not item.samples}
         out = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
+        decoding = [r for r in self.running if r.request_id in flying and len(r.output_token_ids) + 1 < r.max_tokens]
+        prompt_budget = self._prompt_budget(bool(decoding))
         # decodes first (they are the latency), then chunks, as schedule() orders its budget
-        for request in sorted(self.running, key=lambda r: r.request_id not in flying):
+        for request in decoding + [r for r in self.running if r.request_id not in flying]:
             if request.request_id in flying:
-                if len(request.output_token_ids) + 1 >= request.max_tokens:
-                    continue
                 item = ScheduledRequest(request, 1, lookahead=True)
                 ahead = request.num_tokens - request.num_computed_tokens + 1  # the in-flight token, then this one
             else:
                 start = request.num_computed_tokens + in_flight_chunks.get(id(request), 0)
-                num_new = self._chunk(request, budget, start)
+                num_new = self._chunk(request, min(budget, prompt_budget), start)
                 if num_new <= 0:
                     continue
                 item = ScheduledRequest(request, num_new, start=start)
                 ahead = start - request.num_computed_tokens + num_new
+                prompt_budget -= num_new
             if budget < item.num_new_tokens or not self.kv_cache.allocate_slots(request, ahead):
                 return None  # what was taken stays in the tables: the next step needs it anyway
             out.scheduled.append(item)
             budget -= item.num_new_tokens
-        if budget > 0:
-            self._admit_waiting(out, budget)
+        if min(budget, prompt_budget) > 0:
+            self._admit_waiting(out, min(budget, prompt_budget))
         return self._with_message(out) if out.scheduled else None
+
+def _decodes(request: Request) -> bool:
+    """Whether a running request's next chunk is its last token alone (a search's slots: one position each)."""
+    return request.num_computed_tokens >= request.num_tokens - 1
+
 
 def _num_sequences(requests: list[Request]) -> int:
     """The sequences these requests run as, or will once their first step forks them: a search its width, a

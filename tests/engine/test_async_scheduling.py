@@ -150,3 +150,45 @@ def test_prompt_chunks_and_admissions_go_on_while_a_step_is_in_flight(monkeypatc
         sync.generate(prompts, params, use_tqdm=False))
     assert chunked
     assert lookahead.engine.kv_cache.usage == 0
+
+
+def test_the_prefill_cap_beside_decodes_changes_no_output(engines):
+    """Requests arriving while others decode, with their prompts' share of such steps capped at 4 tokens (chunks
+    in both engines' steps, lookahead ones included): every output is the uncapped engine's (tokens, text; the
+    logprobs of prompts computed in other chunks to fp32 rounding), no step carrying a decode gives prompts more than
+    4 tokens, and every block comes back."""
+    sync, _ = engines
+    capped = LLM(None, dtype="float32", device="cpu", max_model_len=256, num_kv_blocks=64, block_size=16,
+                 async_scheduling=True, max_prefill_tokens_beside_decodes=4)
+    params = SamplingParams(temperature=0, max_tokens=8, logprobs=1)
+
+    def staggered(llm: LLM) -> tuple[list, list[int]]:
+        engine, outputs, prompt_tokens = llm.engine, [], []
+        original = engine.scheduler._with_message
+
+        def spy(out):  # the prompt tokens of each step that carries a decode
+            if any(item.num_new_tokens == 1 and item.samples and item.request.output_token_ids for item in out.scheduled):
+                prompt_tokens.append(sum(item.num_new_tokens for item in out.scheduled
+                                         if not (item.lookahead or item.request.output_token_ids)))
+            return original(out)
+        engine.scheduler._with_message = spy
+        try:
+            for i, prompt in enumerate(PROMPTS):
+                engine.add_request(str(i), prompt, params)
+                outputs += engine.step()
+            while engine.has_unfinished_requests():
+                outputs += engine.step()
+        finally:
+            del engine.scheduler._with_message
+        return sorted((o for o in outputs if o.finished), key=lambda o: int(o.request_id)), prompt_tokens
+
+    expected, uncapped = staggered(sync)
+    got, capped_steps = staggered(capped)
+    assert [(o.outputs[0].token_ids, o.outputs[0].text) for o in got] == [
+        (o.outputs[0].token_ids, o.outputs[0].text) for o in expected]
+    for output, reference in zip(got, expected):
+        for step, reference_step in zip(output.outputs[0].logprobs, reference.outputs[0].logprobs):
+            assert step.keys() == reference_step.keys()
+            assert all(abs(step[t].logprob - reference_step[t].logprob) < 1e-4 for t in step)
+    assert max(uncapped) > 4 and 0 < max(capped_steps) <= 4
+    assert capped.engine.kv_cache.usage == 0

@@ -3,7 +3,7 @@ import pytest
 from fasterllm.config import SchedulerConfig
 from fasterllm.engine.kv_cache_manager import KVCacheManager
 from fasterllm.engine.request import Request, RequestStatus
-from fasterllm.engine.scheduler import Scheduler
+from fasterllm.engine.scheduler import AsyncScheduler, Scheduler
 from fasterllm.engine.stop_checker import check_stop
 from fasterllm.sampling_params import SamplingParams
 
@@ -15,8 +15,11 @@ def make_request(request_id: str, num_prompt_tokens: int, max_tokens: int = 4) -
                    SamplingParams(max_tokens=max_tokens, ignore_eos=True), [0], 1024)
 
 
-def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=64) -> Scheduler:
-    return Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, 1024), KVCacheManager(num_blocks, block_size))
+def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
+                   max_prefill_tokens_beside_decodes=0, scheduler=Scheduler) -> Scheduler:
+    config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, 1024,
+                             max_prefill_tokens_beside_decodes=max_prefill_tokens_beside_decodes)
+    return scheduler(config, KVCacheManager(num_blocks, block_size))
 
 
 def run_step(scheduler: Scheduler, token: int = 7):
@@ -64,6 +67,28 @@ def test_budget_is_shared_and_waiting_requests_wait_for_it():
     assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [("a", 6), ("b", 4)]
     assert [r.request_id for r in scheduler.waiting] == ["c"]
     assert out.num_tokens == 10
+
+
+def test_beside_decodes_prompts_take_at_most_the_prefill_cap_and_alone_the_whole_budget():
+    scheduler = make_scheduler(max_num_batched_tokens=32, max_prefill_tokens_beside_decodes=5)
+    scheduler.add_request(make_request("a", 20))
+    assert [(s.request.request_id, s.num_new_tokens) for s in run_step(scheduler).scheduled] == [("a", 20)]
+    for name in "bc":
+        scheduler.add_request(make_request(name, 4))
+    # a decodes: the new prompts share 5 tokens (b whole, c's first chunk), then c goes on within the cap
+    steps = [[(s.request.request_id, s.num_new_tokens) for s in run_step(scheduler).scheduled] for _ in range(2)]
+    assert steps == [[("a", 1), ("b", 4), ("c", 1)], [("a", 1), ("b", 1), ("c", 3)]]
+
+
+def test_a_lookahead_step_keeps_the_prefill_cap_beside_its_decodes():
+    scheduler = make_scheduler(max_num_batched_tokens=32, max_prefill_tokens_beside_decodes=5, scheduler=AsyncScheduler)
+    scheduler.add_request(make_request("a", 6, max_tokens=8))
+    in_flight = scheduler.schedule()
+    scheduler.add_request(make_request("b", 12))
+    # a's token is in flight: the next step decodes it and admits 5 of b's prompt tokens
+    ahead = scheduler.schedule_lookahead(in_flight, ["a"])
+    assert [(s.request.request_id, s.num_new_tokens, s.lookahead) for s in ahead.scheduled] == [
+        ("a", 1, True), ("b", 5, False)]
 
 
 def test_max_num_seqs_limits_admission():
