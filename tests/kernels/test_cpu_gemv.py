@@ -257,6 +257,23 @@ def test_int4_with_int8_inputs_does_not_overflow_at_the_largest_codes_and_inputs
 
 
 @needs_avx2
+def test_int8_inputs_round_halves_to_even_as_the_reference():
+    """Inputs at x * 127 / max |x| = n + 1/2 (max |x| = 127: the factor is 1) quantize to the even neighbour in the
+    kernel as in quantize_rows_int8: a value off by one would move the product by a whole weight, far past the
+    bound."""
+    block = torch.cat([torch.tensor([127.0]), torch.arange(-16, 15) + 0.5])
+    x = torch.stack([block.repeat(3), -block.repeat(3)])
+    torch.manual_seed(5)
+    codes, scales, minimums = quantize_int4_grouped(torch.randn(32, 96))
+    values, input_scales = cpu_gemv.quantize_rows_int8(x)
+    assert (input_scales == 1).all() and values[0, 1:5].tolist() == [-16, -14, -14, -12]  # -15.5 ... -12.5
+    scaled = (codes.double().reshape(32, 3, 32) * scales.double()[..., None]).reshape(32, 96)
+    exact = values.double() @ scaled.t() + x.double().reshape(2, 3, 32).sum(-1) @ minimums.double().t()
+    got = cpu_gemv.int4_gemv(x, cpu_gemv.pack_int4(codes, scales, minimums), "avx2", int8_inputs=True)
+    assert ((got.double() - exact).abs() <= 1e-4 * exact.abs().max()).all()
+
+
+@needs_avx2
 def test_the_int4_layer_follows_the_inputs_switch(monkeypatch):
     """FASTERLLM_CPU_INT4_INPUTS=int8 reaches the int4 layer: its output is the int8-input product, not the fp32
     one; fp32, the fp32 one."""
