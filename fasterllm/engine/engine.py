@@ -54,10 +54,10 @@ class Engine:
         max_batched = args.max_num_batched_tokens or (8192 if self.device.type == "cuda" else 2048)
         encoder_decoder = self.model_config.is_encoder_decoder
         self.inputs = InputProcessor.for_model(self.tokenizer, self.model_config, self.max_model_len)
-        self.scheduler_config = SchedulerConfig(args.max_num_seqs, max_batched, self.max_model_len,
-                                                args.preemption_mode, args.watermark,
-                                                args.long_prefill_token_threshold,
-                                                args.max_prefill_tokens_beside_decodes)
+        self.scheduler_config = SchedulerConfig(
+            args.max_num_seqs, max_batched, self.max_model_len, args.preemption_mode, args.watermark,
+            long_prefill_token_threshold=args.long_prefill_token_threshold,
+            max_prefill_tokens_beside_decodes=args.max_prefill_tokens_beside_decodes)
         self.executor = make_executor(WorkerConfig(args, self.max_model_len, self.scheduler_config, self.dtype),
                                       checkpoint)
         cache = CacheConfig(args.block_size)

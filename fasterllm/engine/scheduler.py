@@ -102,6 +102,11 @@ class Scheduler:
             raise ValueError(f"beam_width={width} is more than max_num_batched_tokens="
                              f"{self.config.max_num_batched_tokens}, and a search's beams decode in one step; lower "
                              "beam_width or raise max_num_batched_tokens")
+        cap = self.config.max_prefill_tokens_beside_decodes
+        if request.group and cap and width > cap:
+            raise ValueError(f"beam_width={width} is more than max_prefill_tokens_beside_decodes={cap}, and a search "
+                             "recomputing after a preemption computes its beams' positions together beside decodes; "
+                             "lower beam_width or raise max_prefill_tokens_beside_decodes")
         if needed > kv.num_blocks:
             raise ValueError(
                 f"request {request.request_id!r} needs up to {needed} KV blocks ({len(request.prompt_token_ids)} "
@@ -115,7 +120,7 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         out = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
-        prompt_budget = self._prompt_budget(any(_decodes(r) for r in self.running))
+        prompt_budget = self._prompt_budget(any(_decodes(r) for r in (*self.running, *self.swapped)))
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
@@ -126,12 +131,13 @@ class Scheduler:
                     break  # it was preempted itself: nothing after it runs either
                 out.scheduled.append(ScheduledRequest(request, num_new, num_slots=num_slots))
                 budget -= num_new * num_slots
-                prompt_budget -= num_new * num_slots if prompt else 0
+                if prompt:
+                    prompt_budget -= num_new * num_slots
             index += 1
         if not out.preempted:  # admitting work in a step that had to preempt would only thrash
-            budget = self._swap_in(out, budget)
+            budget, prompt_budget = self._swap_in(out, budget, prompt_budget)
             if not self.swapped:  # swapped-out requests come back before new ones start
-                self._admit_waiting(out, min(budget, prompt_budget))
+                self._admit_waiting(out, budget, prompt_budget)
         return self._with_message(out)
 
     def _prompt_budget(self, with_decodes: bool) -> int:
@@ -217,12 +223,14 @@ class Scheduler:
         threshold = self.config.long_prefill_token_threshold
         return min(num_new, threshold) if threshold else num_new
 
-    def _swap_in(self, out: ScheduledBatch, budget: int) -> int:
+    def _swap_in(self, out: ScheduledBatch, budget: int, prompt_budget: int) -> tuple[int, int]:
+        """Bring swapped-out requests back, oldest first, within the budgets; returns what is left of them."""
         num_sequences = _num_sequences(self.running)
         while self.swapped and budget > 0 and num_sequences < self.config.max_num_seqs:
             request = self.swapped[0]
-            num_new = self._chunk(request, budget)
-            if not self.kv_cache.allocate_slots(request, num_new, reserve=self.watermark_blocks):
+            prompt = not _decodes(request)
+            num_new = self._chunk(request, min(budget, prompt_budget) if prompt else budget)
+            if num_new <= 0 or not self.kv_cache.allocate_slots(request, num_new, reserve=self.watermark_blocks):
                 break
             self.swapped.popleft()
             cpu_blocks = self.swap_space.release(request.request_id)
@@ -231,13 +239,16 @@ class Scheduler:
             num_sequences += _num_sequences([request])
             self._start(request, num_new, out)
             budget -= num_new
-        return budget
+            if prompt:
+                prompt_budget -= num_new
+        return budget, prompt_budget
 
-    def _admit_waiting(self, out: ScheduledBatch, budget: int) -> None:
-        """Admit from the front of the queue. max_num_seqs counts the sequences a request forks into after its
-        first step (n / best_of) or a search's width, so a step never holds more than that many."""
+    def _admit_waiting(self, out: ScheduledBatch, budget: int, prompt_budget: int) -> None:
+        """Admit from the front of the queue within the step's budget and its prompt budget. max_num_seqs counts the
+        sequences a request forks into after its first step (n / best_of) or a search's width, so a step never holds
+        more than that many."""
         num_sequences = _num_sequences(self.running)
-        while budget > 0:
+        while budget > 0 and prompt_budget > 0:
             # a request whose grammar is still being compiled keeps its place; those behind it go on
             position = next((i for i, r in enumerate(self.waiting) if r.grammar_pending is None), None)
             if position is None:
@@ -249,8 +260,10 @@ class Scheduler:
             searching = request.group is not None
             hit_tokens = 0 if searching else self.kv_cache.match_prefix(request)  # a search's blocks are its own
             request.num_computed_tokens = hit_tokens
-            encoder_len = len(request.encoder_token_ids or ())  # its encoder runs beside its first chunk
-            num_new, num_slots = self._next_chunk(request, budget - encoder_len)
+            # its encoder runs beside its first chunk, whole: the step's budget must hold it, the prompt budget only
+            # bounds the chunk (an encoder longer than the prompt budget would otherwise never start)
+            encoder_len = len(request.encoder_token_ids or ())
+            num_new, num_slots = self._next_chunk(request, min(budget - encoder_len, prompt_budget))
             if num_new <= 0 or not self.kv_cache.allocate_cross(request, reserve=self.watermark_blocks) or \
                     not self._allocate(request, num_new, num_slots, reserve=self.watermark_blocks):
                 self._free(request) if searching else self.kv_cache.undo_match(request, hit_tokens)
@@ -258,6 +271,7 @@ class Scheduler:
                 return
             num_sequences += wanted
             budget -= num_new * num_slots + encoder_len
+            prompt_budget -= num_new * num_slots + encoder_len
             del self.waiting[position]
             if request.metrics.first_scheduled_time is None:
                 request.metrics.first_scheduled_time = time.time()
@@ -359,27 +373,30 @@ class AsyncScheduler(Scheduler):
         out = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
         decoding = [r for r in self.running if r.request_id in flying and len(r.output_token_ids) + 1 < r.max_tokens]
-        prompt_budget = self._prompt_budget(bool(decoding))
+        others = [r for r in self.running if r.request_id not in flying]
+        prompt_budget = self._prompt_budget(bool(decoding) or any(_decodes(r) for r in others))
         # decodes first (they are the latency), then chunks, as schedule() orders its budget
-        for request in decoding + [r for r in self.running if r.request_id not in flying]:
+        for request in decoding + others:
             if request.request_id in flying:
                 item = ScheduledRequest(request, 1, lookahead=True)
                 ahead = request.num_tokens - request.num_computed_tokens + 1  # the in-flight token, then this one
             else:
+                prompt = not _decodes(request)  # a chunk in flight is not computed yet: what follows it is prompt
                 start = request.num_computed_tokens + in_flight_chunks.get(id(request), 0)
-                num_new = self._chunk(request, min(budget, prompt_budget), start)
+                num_new = self._chunk(request, min(budget, prompt_budget) if prompt else budget, start)
                 if num_new <= 0:
                     continue
                 item = ScheduledRequest(request, num_new, start=start)
                 ahead = start - request.num_computed_tokens + num_new
-                prompt_budget -= num_new
+                if prompt:
+                    prompt_budget -= num_new
             if budget < item.num_new_tokens or not self.kv_cache.allocate_slots(request, ahead):
                 return None  # what was taken stays in the tables: the next step needs it anyway
             out.scheduled.append(item)
             budget -= item.num_new_tokens
-        if min(budget, prompt_budget) > 0:
-            self._admit_waiting(out, min(budget, prompt_budget))
+        self._admit_waiting(out, budget, prompt_budget)
         return self._with_message(out) if out.scheduled else None
+
 
 def _decodes(request: Request) -> bool:
     """Whether a running request's next chunk is its last token alone (a search's slots: one position each)."""

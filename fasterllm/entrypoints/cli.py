@@ -37,7 +37,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="most prompt tokens one request takes per step (0 = no cap)")
     g.add_argument("--max-prefill-tokens-beside-decodes", type=int, default=defaults.max_prefill_tokens_beside_decodes,
                    help="most prompt tokens a step that carries decodes takes: bounds the time between a stream's "
-                        "tokens while prompts arrive (0 = no cap but max-num-batched-tokens)")
+                        "tokens while prompts arrive (0 = only max-num-batched-tokens)")
     g.add_argument("--enforce-eager", action="store_true", help="GPU: no CUDA graphs (decode steps, encoder batches)")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="launch the next decode step before reading this one's tokens (default: on with CUDA)")

@@ -153,8 +153,8 @@ def test_prompt_chunks_and_admissions_go_on_while_a_step_is_in_flight(monkeypatc
 
 
 def test_the_prefill_cap_beside_decodes_changes_no_output(engines):
-    """Requests arriving while others decode, with their prompts' share of such steps capped at 4 tokens (chunks
-    in both engines' steps, lookahead ones included): every output is the uncapped engine's (tokens, text; the
+    """Requests arriving while others decode, with their prompts' share of such steps capped at 4 tokens (in
+    lookahead steps too): every output is the uncapped engine's (tokens, text; the
     logprobs of prompts computed in other chunks to fp32 rounding), no step carrying a decode gives prompts more than
     4 tokens, and every block comes back."""
     sync, _ = engines
@@ -162,14 +162,15 @@ def test_the_prefill_cap_beside_decodes_changes_no_output(engines):
                  async_scheduling=True, max_prefill_tokens_beside_decodes=4)
     params = SamplingParams(temperature=0, max_tokens=8, logprobs=1)
 
-    def staggered(llm: LLM) -> tuple[list, list[int]]:
-        engine, outputs, prompt_tokens = llm.engine, [], []
+    def staggered(llm: LLM) -> tuple[list, list[tuple[bool, int]]]:
+        engine, outputs, steps = llm.engine, [], []
         original = engine.scheduler._with_message
 
-        def spy(out):  # the prompt tokens of each step that carries a decode
-            if any(item.num_new_tokens == 1 and item.samples and item.request.output_token_ids for item in out.scheduled):
-                prompt_tokens.append(sum(item.num_new_tokens for item in out.scheduled
-                                         if not (item.lookahead or item.request.output_token_ids)))
+        def spy(out):  # (a lookahead step?, its prompt tokens) of each step that carries a decode
+            decodes = [item.lookahead or item.start >= item.request.num_tokens - 1 for item in out.scheduled]
+            if any(decodes):
+                steps.append((any(item.lookahead for item in out.scheduled),
+                              sum(item.num_new_tokens for item, d in zip(out.scheduled, decodes) if not d)))
             return original(out)
         engine.scheduler._with_message = spy
         try:
@@ -180,7 +181,7 @@ def test_the_prefill_cap_beside_decodes_changes_no_output(engines):
                 outputs += engine.step()
         finally:
             del engine.scheduler._with_message
-        return sorted((o for o in outputs if o.finished), key=lambda o: int(o.request_id)), prompt_tokens
+        return sorted((o for o in outputs if o.finished), key=lambda o: int(o.request_id)), steps
 
     expected, uncapped = staggered(sync)
     got, capped_steps = staggered(capped)
@@ -190,5 +191,7 @@ def test_the_prefill_cap_beside_decodes_changes_no_output(engines):
         for step, reference_step in zip(output.outputs[0].logprobs, reference.outputs[0].logprobs):
             assert step.keys() == reference_step.keys()
             assert all(abs(step[t].logprob - reference_step[t].logprob) < 1e-4 for t in step)
-    assert max(uncapped) > 4 and 0 < max(capped_steps) <= 4
+    assert max(tokens for _, tokens in uncapped) > 4
+    assert 0 < max(tokens for _, tokens in capped_steps) <= 4
+    assert any(lookahead and tokens for lookahead, tokens in capped_steps)  # lookahead steps were capped too
     assert capped.engine.kv_cache.usage == 0

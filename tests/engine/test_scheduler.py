@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 import pytest
 
 from fasterllm.config import SchedulerConfig
@@ -89,6 +91,28 @@ def test_a_lookahead_step_keeps_the_prefill_cap_beside_its_decodes():
     ahead = scheduler.schedule_lookahead(in_flight, ["a"])
     assert [(s.request.request_id, s.num_new_tokens, s.lookahead) for s in ahead.scheduled] == [
         ("a", 1, True), ("b", 5, False)]
+
+
+def test_an_encoder_longer_than_the_prefill_cap_still_starts_and_the_queue_behind_it_moves():
+    """Its encoder runs whole beside its first chunk: the step's budget must hold it, the cap only bounds the chunk,
+    and it uses up the step's prompt budget (the plain prompt behind it starts a step later)."""
+    scheduler = make_scheduler(max_num_batched_tokens=32, max_prefill_tokens_beside_decodes=5)
+    scheduler.add_request(make_request("a", 4, max_tokens=8))
+    run_step(scheduler)
+    encoder_decoder = Request("e", None, [1], SamplingParams(max_tokens=4, ignore_eos=True), [0], 1024,
+                              encoder_token_ids=list(range(12)))
+    scheduler.add_request(encoder_decoder)
+    scheduler.add_request(make_request("b", 4))
+    steps = [[(s.request.request_id, s.num_new_tokens) for s in run_step(scheduler).scheduled] for _ in range(2)]
+    assert steps == [[("a", 1), ("e", 1)], [("a", 1), ("e", 1), ("b", 4)]]
+
+
+def test_a_search_wider_than_the_prefill_cap_is_refused():
+    scheduler = make_scheduler(max_prefill_tokens_beside_decodes=4)
+    search = make_request("s", 4)
+    search.group = SimpleNamespace(width=8)
+    with pytest.raises(ValueError, match="beam_width=8 is more than max_prefill_tokens_beside_decodes=4"):
+        scheduler.add_request(search)
 
 
 def test_max_num_seqs_limits_admission():

@@ -12,8 +12,8 @@ namespace fasterllm_cpu {
 void quantize_rows(const float* x, int64_t rows, int64_t width, int8_t* values, float* scales) {
   const int64_t blocks = rows * width / kBlock;
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  // packs (below) leaves each 8-byte group of the 32 in order 0, 2, 1, 3 by 32-bit word: this permute puts them
-  // back
+  // the two packs (below) leave the 32 bytes as 4-byte words of inputs 0-3, 8-11, 16-19, 24-27, 4-7, 12-15, 20-23,
+  // 28-31: this permute puts them back in order
   const __m256i word_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   // int4's order: per chunk of 8 inputs the even ones, then the odd ones (within each 16-byte lane)
   const __m256i even_then_odd = _mm256_broadcastsi128_si256(
