@@ -3,9 +3,9 @@ from types import SimpleNamespace
 import pytest
 
 from fasterllm.config import SchedulerConfig
-from fasterllm.engine.kv_cache_manager import KVCacheManager
+from fasterllm.engine.kv_cache_manager import KVCacheManager, SwapSpace
 from fasterllm.engine.request import Request, RequestStatus
-from fasterllm.engine.scheduler import AsyncScheduler, Scheduler
+from fasterllm.engine.scheduler import AsyncScheduler, ScheduledBatch, Scheduler
 from fasterllm.engine.stop_checker import check_stop
 from fasterllm.sampling_params import SamplingParams
 
@@ -113,6 +113,21 @@ def test_a_search_wider_than_the_prefill_cap_is_refused():
     search.group = SimpleNamespace(width=8)
     with pytest.raises(ValueError, match="beam_width=8 is more than max_prefill_tokens_beside_decodes=4"):
         scheduler.add_request(search)
+
+
+def test_a_prompt_swapped_back_in_beside_decodes_keeps_the_prefill_cap():
+    config = SchedulerConfig(8, 32, 1024, preemption_mode="swap", max_prefill_tokens_beside_decodes=3)
+    scheduler = Scheduler(config, KVCacheManager(64, 4), SwapSpace(64))
+    scheduler.add_request(make_request("a", 4, max_tokens=20))
+    run_step(scheduler)
+    scheduler.add_request(make_request("b", 16))
+    run_step(scheduler)  # a decodes, b's first 3 prompt tokens
+    b = scheduler.running.pop()
+    scheduler._preempt(b, ScheduledBatch())  # as a step short of blocks would: b's KV to the CPU pool mid-prompt
+    assert b.status is RequestStatus.SWAPPED and b.num_computed_tokens == 3
+    out = run_step(scheduler)
+    assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [("a", 1), ("b", 3)]
+    assert out.message.swap_in
 
 
 def test_max_num_seqs_limits_admission():
