@@ -50,11 +50,11 @@ def relative(got: torch.Tensor, expected: torch.Tensor) -> float:
 _CALLS_PER_GRAPH = 20
 
 
-def time_it(fn) -> float:
+def time_it(fn, flush_l2: bool = True) -> float:
     """GPU seconds per call: a CUDA graph of 20 x (flush L2, call) minus a graph of the 20 flushes alone, medians
     of 7 replays. Graphs, as the engine's decode runs these kernels: timed eagerly, a few-microsecond kernel
-    measures its Python launch instead (do_bench timed 95-370 us for kernels that take 15-25 us on the GPU)."""
-    flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.uint8, device="cuda")
+    measures its Python launch instead (do_bench timed 95-370 us for kernels that take 15-25 us on the GPU).
+    flush_l2=False: a graph of the 20 calls alone, for inputs a step has just written (still in L2)."""
     fn()  # compile, and let first-call tile timing (gemv.py) happen outside the capture
 
     def replay_seconds(body) -> float:
@@ -77,6 +77,9 @@ def time_it(fn) -> float:
             times.append(start.elapsed_time(end) / 1e3)
         return sorted(times)[3]
 
+    if not flush_l2:
+        return replay_seconds(fn) / _CALLS_PER_GRAPH
+    flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.uint8, device="cuda")
     flushes = replay_seconds(flush.zero_)
     both = replay_seconds(lambda: (flush.zero_(), fn()))
     return max(both - flushes, 0.0) / _CALLS_PER_GRAPH

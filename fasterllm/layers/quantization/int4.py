@@ -6,8 +6,9 @@ of 32 match GGUF's Q4_0/Q4_1 blocks, so those repack into this layer without rou
 
 Two kernels, one chosen per layer at load: our C++ one where it is built (unless FASTERLLM_CPU_KERNELS=off)
 (kernels/native/cpu_gemv.py: the inputs multiplied as they come with fp32 FMAs, faster than torch's at 1 to 128 rows
-and more accurate: benchmarks/RESULTS.md; with FASTERLLM_CPU_INT4_INPUTS=int8 the inputs quantized to int8 first), else torch's packed `_weight_int4pack_mm_for_cpu` (its layout:
-(code - 8) * scale + zero), which takes bf16 activations whatever the model's dtype (as int8.py's kernel).
+and more accurate: benchmarks/RESULTS.md; with FASTERLLM_CPU_INT4_INPUTS=int8 the inputs quantized to int8 first),
+else torch's packed `_weight_int4pack_mm_for_cpu` (its layout: (code - 8) * scale + zero), which takes bf16
+activations whatever the model's dtype (as int8.py's kernel).
 """
 from __future__ import annotations
 
