@@ -44,12 +44,8 @@ class DataParallelCore:
             replica.start(lambda turn, index=index: self._turn_of(index, turn))
 
     def _turn_of(self, index: int, turn: Turn) -> None:
-        for request_id, error in turn.accepted:
-            if error is not None:
-                self._done(request_id)
-        for request_id, item in turn.outputs:
-            if isinstance(item, Exception) or item.finished:
-                self._done(request_id)
+        for request_id in turn.ended_request_ids():  # an aborted one is done already (send)
+            self._done(request_id)
         if turn.stats is not None:
             self._stats[index] = turn.stats
             turn.stats = self.stats = _summed(self._stats)

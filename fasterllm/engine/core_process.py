@@ -1,84 +1,92 @@
 """The engine core in a process of its own, as vLLM runs it: the server's process keeps HTTP, prompt checks and
-chat templates and the text of most requests (server_side_text.py); this one keeps the Engine (scheduling, the forward
-pass, stop checks), so neither waits for the other's interpreter lock.
+chat templates and the text of most requests (server_side_text.py); the engine process (engine_process.py) keeps
+the Engine (scheduling, the forward pass, stop checks), so neither waits for the other's interpreter lock.
 
 They talk over two ZeroMQ PUSH/PULL sockets on IPC paths: commands (add, abort, shutdown) one way, turns (accepted
 adds, outputs as deltas (output_deltas.py), stats) the other, each message one pickle. The server side reads turns
-in an asyncio task and watches the process's sentinel: an engine process that dies is reported at once, and the
-engine process exits when the server's does.
+in an asyncio task. ProcessCore starts its own engine process and watches its sentinel: an engine process that dies
+is reported at once, and the engine process exits when the server's does. With several API server processes
+(entrypoints/openai/api_servers.py) one process starts the engine and each API server attaches to it
+(AttachedCore), with a pair of sockets of its own.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import multiprocessing
-import os
 import pickle
 import shutil
-import signal
 import tempfile
-import time
 from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
 
 from fasterllm.config import EngineArgs
-from fasterllm.engine.engine_loop import SHUTDOWN, AbortRequest, AddRequest, EngineLoop, Turn
+from fasterllm.engine.engine_loop import SHUTDOWN, AbortRequest, AddRequest, Turn
+from fasterllm.engine.engine_process import CoreEndpoints, run_engine_process, zmq_socket
 from fasterllm.engine.engine_stats import EngineStats
-from fasterllm.engine.frozen_heap import freeze_heap
 from fasterllm.engine.input_processor import InputProcessor
-from fasterllm.engine.output_deltas import OutputEncoder
 from fasterllm.engine.server_side_text import ServerSideText
 from fasterllm.loader.checkpoint import open_checkpoint
 
 logger = logging.getLogger("fasterllm")
 
-_PARENT_CHECK_S = 1.0  # how often a busy engine process checks that the server process is still there
+
+def core_endpoints(socket_dir: str, num_servers: int) -> CoreEndpoints:
+    return CoreEndpoints(ready=f"ipc://{socket_dir}/ready",
+                         commands=[f"ipc://{socket_dir}/commands-{i}" for i in range(num_servers)],
+                         turns=[f"ipc://{socket_dir}/turns-{i}" for i in range(num_servers)])
 
 
-class ProcessCore:
-    def __init__(self, args: EngineArgs, idle_wait_s: float = 0.05, visible_devices: str | None = None):
-        """visible_devices: the GPUs the engine process may see (CUDA_VISIBLE_DEVICES there), None: as this one."""
+def start_engine_process(args: EngineArgs, endpoints: CoreEndpoints, idle_wait_s: float,
+                         visible_devices: str | None = None) -> multiprocessing.Process:
+    process = multiprocessing.get_context("spawn").Process(
+        target=run_engine_process, name="fasterllm-engine",
+        args=(args, endpoints, idle_wait_s, logging.getLogger("fasterllm").level, visible_devices))
+    process.start()
+    return process
+
+
+def wait_until_ready(ready: zmq.Socket, process: multiprocessing.Process) -> dict:
+    """The engine process's ready message (model name, max_model_len, stats); raises the error that stopped its
+    start, or says that it exited."""
+    while not ready.poll(200):
+        if not process.is_alive():
+            raise RuntimeError(f"the engine process exited with code {process.exitcode} while starting; "
+                               "its log above says why")
+    kind, body = pickle.loads(ready.recv())
+    if kind == "failed":  # the engine's own error: a bad argument or model names its fix
+        raise body
+    return body
+
+
+class AttachedCore:
+    """Server process `index`'s end of the sockets to an engine process started elsewhere; `ready` is what that
+    process reported. It is alive until a turn says the engine stopped; shutdown() closes this end only."""
+
+    def __init__(self, args: EngineArgs, endpoints: CoreEndpoints, index: int, ready: dict | None = None):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_turn: Callable[[Turn], None] | None = None
         self._reader: asyncio.Task | None = None
-        self._socket_dir = tempfile.mkdtemp(prefix="fasterllm-engine-")
+        self._dead = False
         self._zmq = zmq.Context()
-        self._commands = _socket(self._zmq, zmq.PUSH)
-        self._commands.bind(f"ipc://{self._socket_dir}/commands")
-        self._turns = _socket(self._zmq, zmq.PULL)
-        self._turns.bind(f"ipc://{self._socket_dir}/turns")
-        self.process = multiprocessing.get_context("spawn").Process(
-            target=run_engine_process, name="fasterllm-engine",
-            args=(args, self._socket_dir, idle_wait_s, logging.getLogger("fasterllm").level, visible_devices))
-        self.process.start()
-        try:
-            checkpoint = open_checkpoint(args.model, args.tokenizer)  # while the engine process loads the weights
-            self.tokenizer = checkpoint.tokenizer
-            ready = self._wait_until_ready()
-        except BaseException:
-            self.shutdown(timeout_s=5)
-            raise
+        self._commands = zmq_socket(self._zmq, zmq.PUSH, bind=endpoints.commands[index])
+        self._turns = zmq_socket(self._zmq, zmq.PULL, bind=endpoints.turns[index])
+        if ready is not None:
+            self._take_ready(open_checkpoint(args.model, args.tokenizer), ready)
+
+    def _take_ready(self, checkpoint, ready: dict) -> None:
+        self.tokenizer = checkpoint.tokenizer
         self.model_name = ready["model_name"]
         self.max_model_len = ready["max_model_len"]
         self.stats: EngineStats = ready["stats"]
         self.inputs = InputProcessor.for_model(self.tokenizer, checkpoint.config, self.max_model_len)
         self._outputs = ServerSideText(self.tokenizer, checkpoint.eos_token_ids)
 
-    def _wait_until_ready(self) -> dict:
-        while not self._turns.poll(200):
-            if not self.process.is_alive():
-                raise RuntimeError(f"the engine process exited with code {self.process.exitcode} while starting; "
-                                   "its log above says why")
-        kind, body = pickle.loads(self._turns.recv())
-        if kind == "failed":  # the engine's own error: a bad argument or model names its fix
-            raise body
-        return body
-
     def start(self, on_turn: Callable[[Turn], None]) -> None:
         """Read turns on the event loop running now and hand them to on_turn."""
-        self._loop = loop = asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()
         self._on_turn = on_turn
         turns = zmq.asyncio.Socket.shadow(self._turns.underlying)
 
@@ -86,8 +94,7 @@ class ProcessCore:
             while self._take(await turns.recv()):
                 pass
 
-        self._reader = loop.create_task(read())
-        loop.add_reader(self.process.sentinel, self._exited)
+        self._reader = self._loop.create_task(read())
 
     def _take(self, message: bytes) -> bool:
         """Deliver one turn; False where this process could not (a bug on the server's side): the engine is then
@@ -106,7 +113,51 @@ class ProcessCore:
             if error is not None:
                 self._outputs.forget(request_id)
         turn.outputs = self._outputs.outputs(turn.outputs)
+        self._dead = self._dead or turn.dead_reason is not None
         self._on_turn(turn)
+
+    @property
+    def alive(self) -> bool:
+        return not self._dead
+
+    def send(self, command) -> None:
+        if isinstance(command, AbortRequest):
+            self._outputs.forget(command.request_id)
+        elif isinstance(command, AddRequest):
+            self._outputs.expect(command.request_id, command.params)
+        self._commands.send(pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def shutdown(self, timeout_s: float) -> None:
+        self._stop_reading()
+        self._zmq.destroy(linger=0)
+
+    def _stop_reading(self) -> None:
+        if self._reader is not None and not self._loop.is_closed():
+            self._reader.cancel()
+
+
+class ProcessCore(AttachedCore):
+    """The one server process of an engine process it starts itself."""
+
+    def __init__(self, args: EngineArgs, idle_wait_s: float = 0.05, visible_devices: str | None = None):
+        """visible_devices: the GPUs the engine process may see (CUDA_VISIBLE_DEVICES there), None: as this one."""
+        self._socket_dir = tempfile.mkdtemp(prefix="fasterllm-engine-")
+        endpoints = core_endpoints(self._socket_dir, 1)
+        super().__init__(args, endpoints, 0)
+        ready = zmq_socket(self._zmq, zmq.PULL, bind=endpoints.ready)
+        self.process = start_engine_process(args, endpoints, idle_wait_s, visible_devices)
+        try:
+            checkpoint = open_checkpoint(args.model, args.tokenizer)  # while the engine process loads the weights
+            self._take_ready(checkpoint, wait_until_ready(ready, self.process))
+        except BaseException:
+            self.shutdown(timeout_s=5)
+            raise
+        finally:
+            ready.close(linger=0)
+
+    def start(self, on_turn: Callable[[Turn], None]) -> None:
+        super().start(on_turn)
+        self._loop.add_reader(self.process.sentinel, self._exited)
 
     def _exited(self) -> None:
         """The engine process is gone: hand on what it sent last (it may say why it stopped), then its exit."""
@@ -121,18 +172,11 @@ class ProcessCore:
     def alive(self) -> bool:
         return self.process.is_alive()
 
-    def send(self, command) -> None:
-        if isinstance(command, AbortRequest):
-            self._outputs.forget(command.request_id)
-        elif isinstance(command, AddRequest):
-            self._outputs.expect(command.request_id, command.params)
-        self._commands.send(pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL))
-
     def shutdown(self, timeout_s: float) -> None:
         """Stop the engine process (killed if it does not stop within timeout_s) and close the sockets."""
         if self._reader is not None and not self._loop.is_closed():
             self._loop.remove_reader(self.process.sentinel)
-            self._reader.cancel()
+        self._stop_reading()
         if self.process.is_alive():
             try:
                 self._commands.send(pickle.dumps(SHUTDOWN), flags=zmq.NOBLOCK)
@@ -146,79 +190,3 @@ class ProcessCore:
                 self.process.join()
         self._zmq.destroy(linger=0)
         shutil.rmtree(self._socket_dir, ignore_errors=True)
-
-
-def run_engine_process(args: EngineArgs, socket_dir: str, idle_wait_s: float, log_level: int,
-                       visible_devices: str | None = None) -> None:
-    """The engine process: build the Engine, report ready (or the error that stopped it), then run the loop."""
-    if visible_devices is not None:  # before anything here starts CUDA; its worker processes inherit it
-        os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
-    from fasterllm.engine.engine import Engine
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server shuts this down
-    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("fasterllm").setLevel(log_level)
-    context = zmq.Context()
-    commands = _socket(context, zmq.PULL)
-    commands.connect(f"ipc://{socket_dir}/commands")
-    turns = _socket(context, zmq.PUSH)
-    turns.connect(f"ipc://{socket_dir}/turns")
-    try:
-        engine = Engine(args, text_elsewhere=True)
-    except Exception as exc:
-        turns.send(pickle.dumps(("failed", _picklable(exc))))
-        context.destroy(linger=5000)
-        return
-    freeze_heap()  # this process runs the engine until it exits: its start-up objects stay for good
-    turns.send(pickle.dumps(("ready", {"model_name": engine.model_name, "max_model_len": engine.max_model_len,
-                                       "stats": engine.stats()})))
-    encoder = OutputEncoder()
-    parent = multiprocessing.parent_process()
-    last_check = time.monotonic()
-
-    def receive(block: bool) -> list:
-        nonlocal last_check
-        received = []
-        if (block and commands.poll(idle_wait_s * 1000)) or not block:
-            while commands.poll(0):
-                command = pickle.loads(commands.recv())
-                if isinstance(command, AbortRequest):
-                    encoder.forget(command.request_id)
-                received.append(command)
-        if time.monotonic() - last_check > _PARENT_CHECK_S or (block and not received):
-            last_check = time.monotonic()
-            if not parent.is_alive():  # the server is gone: nobody can send or read anything
-                received.append(SHUTDOWN)
-        return received
-
-    def emit(turn: Turn) -> None:
-        turn.outputs = encoder.encode(turn.outputs)
-        turn.accepted = [(request_id, _picklable(error)) for request_id, error in turn.accepted]
-        turns.send(pickle.dumps(turn, protocol=pickle.HIGHEST_PROTOCOL))
-
-    try:
-        EngineLoop(engine, receive, emit).run()
-    finally:
-        engine.shutdown()
-        context.destroy(linger=5000)
-        os._exit(0)  # the engine's threads (compile workers, Ray) must not hold the process open
-
-
-def _socket(context: zmq.Context, kind: int) -> zmq.Socket:
-    """No high-water mark: a burst of requests while the engine is busy queues up instead of blocking the server's
-    event loop, and a server slow to read turns never stalls the engine."""
-    socket = context.socket(kind)
-    socket.setsockopt(zmq.SNDHWM, 0)
-    socket.setsockopt(zmq.RCVHWM, 0)
-    return socket
-
-
-def _picklable(error: Exception | None) -> Exception | None:
-    """The error itself when it survives pickling; otherwise a RuntimeError with its text."""
-    if error is None:
-        return None
-    try:
-        pickle.loads(pickle.dumps(error))
-        return error
-    except Exception:
-        return RuntimeError(f"{type(error).__name__}: {error}")

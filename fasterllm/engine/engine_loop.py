@@ -58,6 +58,12 @@ class Turn:
     stats: EngineStats | None = None
     dead_reason: str | None = None
 
+    def ended_request_ids(self) -> list[str]:
+        """The requests of which nothing follows this turn: refused, aborted, failed or finished."""
+        return ([request_id for request_id, error in self.accepted if error is not None] + self.aborted
+                + [request_id for request_id, output in self.outputs
+                   if isinstance(output, Exception) or output.finished])
+
 
 class EngineLoop:
     def __init__(self, engine: Engine, receive: Callable[[bool], list], emit: Callable[[Turn], None]):

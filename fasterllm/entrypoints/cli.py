@@ -168,10 +168,11 @@ def cmd_bench(ns: argparse.Namespace) -> None:
 
 
 def cmd_serve(ns: argparse.Namespace) -> None:
-    from fasterllm.entrypoints.openai.server import run_server
+    from fasterllm.entrypoints.openai.server import ServeOptions, run_server
 
-    run_server(engine_args_from(ns, model=ns.model_path or ns.model), ns.host, ns.port, ns.api_key,
-               ns.served_model_name, ns.shutdown_timeout, ns.embedding_model, ns.embedding_quantization)
+    run_server(engine_args_from(ns, model=ns.model_path or ns.model),
+               ServeOptions(ns.host, ns.port, ns.api_key, ns.served_model_name, ns.shutdown_timeout,
+                            ns.embedding_model, ns.embedding_quantization, ns.api_server_count))
 
 
 def cmd_bench_serve(ns: argparse.Namespace) -> None:
@@ -237,6 +238,9 @@ def add_serve_parsers(sub, bench: argparse.ArgumentParser) -> None:
     serve.add_argument("--embedding-quantization", choices=QUANTIZATION_METHODS, default=None,
                        help="quantize the --embedding-model at load (a LLaMA-family decoder only; encoders run "
                             "unquantized); --quantization is the generate model's")
+    serve.add_argument("--api-server-count", "-asc", type=int, default=1,
+                       help="HTTP server processes in front of the one engine process: each streams its own "
+                            "clients' tokens, so many concurrent streams do not wait on one process (default 1)")
     add_engine_args(serve)
     serve.set_defaults(func=cmd_serve)
 

@@ -1,7 +1,12 @@
-"""Prometheus metrics of the server, in a registry of its own (several apps can live in one process)."""
+"""Prometheus metrics of the server, in a registry of its own (several apps can live in one process). Where
+PROMETHEUS_MULTIPROC_DIR is set (several API server processes, api_servers.py), each process writes its values
+there and /metrics adds up every process's."""
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from fasterllm.engine.engine_stats import EngineStats
 from fasterllm.outputs import RequestOutput
@@ -16,7 +21,9 @@ OUTCOMES = ("success", "rejected", "error", "aborted")
 class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         r = self.registry
+        engine = {"registry": r, "multiprocess_mode": "mostrecent"}  # each process sets the engine's latest figure
         self.requests = Counter("fasterllm_requests", "HTTP requests to /v1 endpoints by outcome", ["outcome"], registry=r)
         for outcome in OUTCOMES:
             self.requests.labels(outcome)  # every series exists from the start, at 0
@@ -29,12 +36,12 @@ class ServerMetrics:
         self.time_per_output_token = Histogram("fasterllm_time_per_output_token_seconds",
                                                "Mean time between generated tokens of a one-sample request",
                                                registry=r, buckets=_LATENCY_BUCKETS)
-        self.running = Gauge("fasterllm_num_requests_running", "Requests in the running batch", registry=r)
-        self.waiting = Gauge("fasterllm_num_requests_waiting", "Requests waiting to be scheduled", registry=r)
+        self.running = Gauge("fasterllm_num_requests_running", "Requests in the running batch", **engine)
+        self.waiting = Gauge("fasterllm_num_requests_waiting", "Requests waiting to be scheduled", **engine)
         self.kv_cache_usage = Gauge("fasterllm_kv_cache_usage_ratio", "Fraction of KV blocks held by requests",
-                                    registry=r)
-        self.kv_blocks_in_use = Gauge("fasterllm_kv_cache_blocks_in_use", "KV blocks held by requests", registry=r)
-        self.kv_blocks = Gauge("fasterllm_kv_cache_blocks", "KV blocks in the pool", registry=r)
+                                    **engine)
+        self.kv_blocks_in_use = Gauge("fasterllm_kv_cache_blocks_in_use", "KV blocks held by requests", **engine)
+        self.kv_blocks = Gauge("fasterllm_kv_cache_blocks", "KV blocks in the pool", **engine)
 
     def record_finished(self, output: RequestOutput) -> None:
         """Tokens and latencies of one finished engine request (all its parallel samples)."""
@@ -57,4 +64,8 @@ class ServerMetrics:
         self.kv_cache_usage.set(stats.kv_cache_usage)
         self.kv_blocks_in_use.set(round(stats.kv_cache_usage * stats.num_kv_blocks))
         self.kv_blocks.set(stats.num_kv_blocks)
-        return generate_latest(self.registry)
+        if self._multiprocess_dir is None:
+            return generate_latest(self.registry)
+        every_process = CollectorRegistry()
+        MultiProcessCollector(every_process, path=self._multiprocess_dir)
+        return generate_latest(every_process)

@@ -8,10 +8,12 @@ import asyncio
 import hmac
 import json
 import logging
+import socket
 import time
 import uuid
 from collections.abc import Awaitable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
@@ -201,25 +203,60 @@ def _shown(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def run_server(engine_args: EngineArgs, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-               served_model_name: str | None = None, shutdown_timeout_s: float = 30.0,
-               embedding_model: str | None = None, embedding_quantization: str | None = None) -> None:
-    """Load the model(s), then serve until SIGINT/SIGTERM; in-flight requests get shutdown_timeout_s to finish.
+@dataclass(frozen=True)
+class ServeOptions:
+    """What `fasterllm serve` takes besides the engine's arguments.
 
-    embedding_model: also serve /v1/embeddings with this model ("default": the embedded all-MiniLM-L6-v2),
-    on the generate model's device and dtype, quantized with embedding_quantization (engine_args' quantization is
-    the generate model's: an encoder would refuse it)."""
-    if embedding_quantization is not None and embedding_model is None:
-        raise ValueError(f"embedding_quantization={embedding_quantization!r} has no model to quantize; give "
-                         "--embedding-model too, or leave --embedding-quantization out")
-    embedding_engine = None
-    if embedding_model is not None:  # first: a bad embedding setting fails in seconds, before the big model loads
-        embedding_engine = EmbeddingEngine(EngineArgs(model=None if embedding_model == "default" else embedding_model,
-                                                      task="embed", device=engine_args.device,
-                                                      dtype=engine_args.dtype, quantization=embedding_quantization))
+    embedding_model: also serve /v1/embeddings with this model ("default": the embedded all-MiniLM-L6-v2), on the
+    generate model's device and dtype, quantized with embedding_quantization (the engine's quantization is the
+    generate model's: an encoder would refuse it). api_server_count: HTTP server processes in front of the one
+    engine process (api_servers.py)."""
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    served_model_name: str | None = None
+    shutdown_timeout_s: float = 30.0
+    embedding_model: str | None = None
+    embedding_quantization: str | None = None
+    api_server_count: int = 1
+
+    def check(self) -> None:
+        if self.embedding_quantization is not None and self.embedding_model is None:
+            raise ValueError(f"embedding_quantization={self.embedding_quantization!r} has no model to quantize; give "
+                             "--embedding-model too, or leave --embedding-quantization out")
+        if self.api_server_count < 1:
+            raise ValueError(f"api_server_count={self.api_server_count} must be >= 1")
+
+
+def run_server(engine_args: EngineArgs, options: ServeOptions = ServeOptions()) -> None:
+    """Load the model(s), then serve until SIGINT/SIGTERM; in-flight requests get options.shutdown_timeout_s to
+    finish."""
+    options.check()
+    if options.api_server_count > 1:
+        from fasterllm.entrypoints.openai.api_servers import run_api_servers
+
+        run_api_servers(engine_args, options)
+        return
+    embedding_engine = load_embedding_engine(engine_args, options)  # first: a bad setting fails in seconds
     llm = AsyncLLM.from_engine_args(engine_args)
-    app = build_app(llm, served_model_name, api_key, embedding_engine)
-    logger.warning("serving %s on http://%s:%d/v1", served_model_name or llm.model_name, host, port)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                            timeout_graceful_shutdown=shutdown_timeout_s)
-    uvicorn.Server(config).run()
+    logger.warning("serving %s on http://%s:%d/v1", options.served_model_name or llm.model_name, options.host,
+                   options.port)
+    serve_app(llm, embedding_engine, options)
+
+
+def load_embedding_engine(engine_args: EngineArgs, options: ServeOptions) -> EmbeddingEngine | None:
+    if options.embedding_model is None:
+        return None
+    model = None if options.embedding_model == "default" else options.embedding_model
+    return EmbeddingEngine(EngineArgs(model=model, task="embed", device=engine_args.device, dtype=engine_args.dtype,
+                                      quantization=options.embedding_quantization))
+
+
+def serve_app(llm: AsyncLLM, embedding_engine: EmbeddingEngine | None, options: ServeOptions,
+              listening: socket.socket | None = None) -> None:
+    """Serve the app around llm until SIGINT/SIGTERM, on options' host and port, or on a socket that listens
+    already (several API server processes share one)."""
+    app = build_app(llm, options.served_model_name, options.api_key, embedding_engine)
+    config = uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
+                            timeout_graceful_shutdown=options.shutdown_timeout_s)
+    uvicorn.Server(config).run(sockets=None if listening is None else [listening])

@@ -1,0 +1,165 @@
+"""`fasterllm serve --api-server-count 2` as a user runs it: two HTTP server processes in front of one engine process.
+Concurrent streams through the real openai client answer as the offline engine does, /metrics adds up both
+processes, an engine that dies is reported by the API servers, an API server that dies stops the whole, and SIGTERM
+lets the stream in flight finish and leaves no process behind."""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from server_utils import SERVER_ENGINE_ARGS, free_port
+
+from fasterllm import SamplingParams
+
+MODEL = "SmolLM2-135M-Instruct"
+PROMPTS = [f"Question {i}: what is {i} plus {i}? Answer:" for i in range(12)]
+
+
+class Served:
+    """`fasterllm serve --api-server-count 2` in a process of its own, with the pids its log names."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        args = SERVER_ENGINE_ARGS
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "fasterllm.entrypoints.cli", "serve", "--port", str(self.port),
+             "--api-server-count", "2", "--dtype", args["dtype"], "--cpu-kv-cache-gib", str(args["cpu_kv_cache_gib"]),
+             "--max-model-len", str(args["max_model_len"]), "--shutdown-timeout", "60"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.log: list[str] = []
+        serving = threading.Event()
+
+        def read() -> None:
+            for line in self.process.stdout:
+                self.log.append(line)
+                if "API server processes" in line:
+                    serving.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        assert serving.wait(180), f"the server did not start in 180 s: {''.join(self.log)}"
+        found = re.search(r"from 2 API server processes \(pids (\d+), (\d+); engine process: pid (\d+)\)",
+                          "".join(self.log))
+        self.api_servers, self.engine = [int(found[1]), int(found[2])], int(found[3])
+        deadline = time.time() + 60
+        while not self._healthy():
+            assert self.process.poll() is None and time.time() < deadline, "".join(self.log)
+            time.sleep(0.2)
+
+    def _healthy(self) -> bool:
+        try:
+            return httpx.get(self.url + "/health").status_code == 200
+        except httpx.ConnectError:
+            return False
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0)
+
+    def children_alive(self) -> list[int]:
+        return [pid for pid in [*self.api_servers, self.engine] if _alive(pid)]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        for pid in self.children_alive():
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture
+def served():
+    handle = Served()
+    yield handle
+    handle.stop()
+
+
+def _streams(url: str, prompts: list[str], max_tokens: int) -> list[str]:
+    """Every prompt streamed at once, each on a connection of its own."""
+    async def run() -> list[str]:
+        async def one(prompt: str) -> str:
+            async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0) as client:
+                stream = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens,
+                                                         temperature=0, stream=True)
+                return "".join([chunk.choices[0].text async for chunk in stream if chunk.choices])
+        return await asyncio.gather(*(one(prompt) for prompt in prompts))
+    return asyncio.run(run())
+
+
+def _metrics(url: str) -> dict[str, float]:
+    samples = {}
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def test_concurrent_streams_answer_as_one_engine_and_metrics_add_up_both_servers(served, reference_llm):
+    reference = reference_llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
+    assert _streams(served.url, PROMPTS, max_tokens=16) == [o.outputs[0].text for o in reference]
+    metrics = _metrics(served.url)  # whichever process answers, it counts both
+    assert metrics['fasterllm_requests_total{outcome="success"}'] == len(PROMPTS)
+    assert metrics["fasterllm_generation_tokens_total"] == sum(len(o.outputs[0].token_ids) for o in reference)
+    assert metrics["fasterllm_kv_cache_blocks"] == reference_llm.engine.stats().num_kv_blocks
+
+    # the engine process dies: every API server says so, and the starter stays to say it
+    stream = served.client().completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=400, stream=True,
+                                                extra_body={"ignore_eos": True})
+    assert next(iter(stream)).choices
+    os.kill(served.engine, signal.SIGKILL)
+    reason = "the engine process exited with code -9"
+    with pytest.raises(openai.APIError, match=reason):
+        list(stream)
+    for _ in range(8):  # new connections, answered by either API server
+        health = httpx.get(served.url + "/health", headers={"connection": "close"})
+        assert health.status_code == 503 and reason in health.json()["error"]["message"]
+    assert served.process.poll() is None
+
+
+def test_an_api_server_that_dies_stops_the_server(served):
+    os.kill(served.api_servers[1], signal.SIGKILL)
+    assert served.process.wait(60) == 1
+    assert f"API server process 1 exited with code -{signal.SIGKILL}" in "".join(served.log)
+    deadline = time.time() + 30
+    while served.children_alive():
+        assert time.time() < deadline, f"still running: {served.children_alive()}"
+        time.sleep(0.2)
+
+
+def test_sigterm_lets_the_stream_in_flight_finish_and_leaves_no_process(served):
+    stream = served.client().completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=48, stream=True,
+                                                extra_body={"ignore_eos": True})
+    chunks = [next(iter(stream))]
+    served.process.send_signal(signal.SIGTERM)
+    chunks.extend(stream)
+    assert sum(1 for chunk in chunks if chunk.choices and chunk.choices[0].text) >= 40
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert served.process.wait(60) == 0
+    assert served.children_alive() == []
+
+
+def test_settings_it_cannot_take_are_refused_naming_them():
+    from fasterllm.config import EngineArgs
+    from fasterllm.entrypoints.openai.server import ServeOptions, run_server
+
+    with pytest.raises(ValueError, match="api_server_count=0 must be >= 1"):
+        run_server(EngineArgs(device="cpu"), ServeOptions(api_server_count=0))
+    with pytest.raises(ValueError, match="api_server_count=2 with data_parallel_size=2.*use one of the two"):
+        run_server(EngineArgs(device="cpu", data_parallel_size=2), ServeOptions(api_server_count=2))
