@@ -9,11 +9,13 @@ import shutil
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType, quants
 
 from fasterllm.kernels.native import cpu_extension, cpu_gemv
 from fasterllm.layers.quantization.int4 import GROUP_SIZE, Int4WeightOnlyLinear, quantize_int4_grouped
 from fasterllm.layers.quantization.int8 import Int8WeightOnlyLinear, quantize_int8_per_channel
 from fasterllm.layers.quantization.uint8_grouped import Uint8GroupedLinear, dequantize_uint8_grouped
+from fasterllm.loader.gguf_blocks import unpack_blocks
 
 if shutil.which(os.environ.get("CXX", "c++")) is None:
     pytest.skip("no C++ compiler: the C++ CPU kernels cannot be built here", allow_module_level=True)
@@ -55,13 +57,25 @@ def assert_within_summation_error(got, x, terms, magnitudes):
     assert (error <= bound).all(), (error / magnitudes).max().item()
 
 
+def int4_weights(n, k, source):
+    """Codes, scales and minimums of a random [n, k] weight, from our quantizer ("int4": fp32 scales and minimums,
+    which pack_int4 keeps in fp32) or from GGUF Q4_1 blocks ("Q4_1": fp16 ones, which it keeps in fp16), with the
+    dtype pack_int4 must hold them in."""
+    weight = torch.randn(n, k)
+    if source == "int4":
+        return (*quantize_int4_grouped(weight), torch.float32)
+    return (*unpack_blocks(quants.quantize(weight.numpy(), GGMLQuantizationType.Q4_1), "Q4_1", (n, k)), torch.float16)
+
+
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("source", ["int4", "Q4_1"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n, k", SHAPES)
-def test_int4_is_the_exact_product_within_fp32_summation(isa, dtype, n, k):
+def test_int4_is_the_exact_product_within_fp32_summation(isa, source, dtype, n, k):
     torch.manual_seed(n * k)
-    codes, scales, minimums = quantize_int4_grouped(torch.randn(n, k))
+    codes, scales, minimums, held_in = int4_weights(n, k, source)
     packed = cpu_gemv.pack_int4(codes, scales, minimums)
+    assert packed.scales.dtype == packed.minimums.dtype == held_in
     groups = codes.double().reshape(n, k // GROUP_SIZE, GROUP_SIZE)
     scaled = groups * scales.double()[..., None]
     weight = (scaled + minimums.double()[..., None]).reshape(n, k)
@@ -114,6 +128,29 @@ def test_uint8_grouped_is_the_exact_product_within_fp32_summation(isa, group, dt
         x = activations(rows, k, dtype)
         got = cpu_gemv.uint8_grouped_gemv(x, packed, isa)
         assert_within_summation_error(got, x, weight, x.double().abs() @ term_sizes.t())
+
+
+def test_int4_scales_and_minimums_are_fp16_only_where_fp16_holds_them_all():
+    """pack_int4 holds a layer's scales and minimums in fp16 where every one is exact there (GGUF Q4_0 / Q4_1), else
+    in fp32 (one value off fp16's grid or out of its range is enough): it never rounds them."""
+    torch.manual_seed(0)
+    for kind in ("Q4_0", "Q4_1"):
+        raw = quants.quantize(torch.randn(20, 64).numpy(), GGMLQuantizationType[kind])
+        codes, scales, minimums = unpack_blocks(raw, kind, (20, 64))
+        packed = cpu_gemv.pack_int4(codes, scales, minimums)
+        assert packed.scales.dtype == packed.minimums.dtype == torch.float16
+        assert packed.scales.nbytes == packed.minimums.nbytes == 2 * 16 * 2 * 2  # 2 tiles, 2 blocks, 16 rows, 2 bytes
+        unpacked = [v.float().transpose(1, 2).reshape(32, 2)[:20] for v in (packed.scales, packed.minimums)]
+        assert torch.equal(unpacked[0], scales) and torch.equal(unpacked[1], minimums)
+    off_grid = scales.clone()
+    off_grid[3, 1] *= 1 + 2 ** -12  # between two fp16 values
+    out_of_range = minimums.clone()
+    out_of_range[0, 0] = -1e5  # past fp16's largest
+    for changed in ((codes, off_grid, minimums), (codes, scales, out_of_range)):
+        packed = cpu_gemv.pack_int4(*changed)
+        assert packed.scales.dtype == packed.minimums.dtype == torch.float32
+        assert torch.equal(packed.scales.transpose(1, 2).reshape(32, 2)[:20], changed[1])
+        assert torch.equal(packed.minimums.transpose(1, 2).reshape(32, 2)[:20], changed[2])
 
 
 def test_rounding_the_inputs_misses_the_bound():
@@ -215,15 +252,17 @@ def test_a_bad_override_names_the_value_and_the_choices(monkeypatch):
 
 
 @needs_avx2
+@pytest.mark.parametrize("source", ["int4", "Q4_1"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n, k", SHAPES)
-def test_int4_with_int8_inputs_is_the_exact_product_of_the_quantized_inputs(dtype, n, k):
+def test_int4_with_int8_inputs_is_the_exact_product_of_the_quantized_inputs(source, dtype, n, k):
     """FASTERLLM_CPU_INT4_INPUTS=int8: the inputs quantized per block of 32 (quantize_rows_int8, the reference), the
     codes times those integers summed exactly, each group's scale times the block's input scale, plus the minimum times
     the block's exact input sum: within fp32 rounding of that, for every pass size of the AVX2 kernel."""
     torch.manual_seed(n * k)
-    codes, scales, minimums = quantize_int4_grouped(torch.randn(n, k))
+    codes, scales, minimums, held_in = int4_weights(n, k, source)
     packed = cpu_gemv.pack_int4(codes, scales, minimums)
+    assert packed.scales.dtype == held_in
     groups = codes.double().reshape(n, k // GROUP_SIZE, GROUP_SIZE)
     for rows in ROWS:
         x = activations(rows, k, dtype)

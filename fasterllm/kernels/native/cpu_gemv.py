@@ -26,7 +26,8 @@ TILE_ROWS = 16  # output rows per tile
 
 
 class Int4Weights(NamedTuple):
-    """pack_int4's result: codes [N/16, K/32, 256] uint8, scales and minimums [N/16, K/32, 16] fp32, rows N."""
+    """pack_int4's result: codes [N/16, K/32, 256] uint8, scales and minimums [N/16, K/32, 16] fp16 where every one
+    of them is exact in fp16, else fp32, rows N."""
     codes: torch.Tensor
     scales: torch.Tensor
     minimums: torch.Tensor
@@ -63,15 +64,21 @@ def _check_width(cols: int) -> None:
 
 
 def pack_int4(codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor) -> Int4Weights:
-    """Codes uint8 [N, K] in 0..15 with fp32 scales and minimums [N, K/32] -> the kernels' tiles (cpu/gemv.h): per
+    """Codes uint8 [N, K] in 0..15 with scales and minimums [N, K/32] -> the kernels' tiles (cpu/gemv.h): per
     tile of 16 rows and block of 32, chunk c's byte 4r + j holds row r's codes at k = 8c + 2j (low nibble) and
-    8c + 2j + 1 (high)."""
+    8c + 2j + 1 (high). The scales and minimums are held in fp16 where fp16 holds every one of them exactly (GGUF
+    Q4_0 / Q4_1's and symmetric GPTQ's: an fp16, or -8 times one; a decode step then reads a sixth fewer bytes),
+    else in fp32 (Q4_K's and asymmetric GPTQ / AWQ's: an fp16 times a small integer; our own quantizer's): never
+    rounded."""
     rows, cols = codes.shape
     _check_width(cols)
     # [tile, row, block, chunk, j, nibble] -> [tile, block, chunk, row, j, nibble]
     split = _tiles(codes.to(torch.uint8)).reshape(-1, TILE_ROWS, cols // BLOCK, 4, 4, 2).permute(0, 2, 3, 1, 4, 5)
     packed = (split[..., 0] | (split[..., 1] << 4)).reshape(-1, cols // BLOCK, TILE_ROWS * BLOCK // 2)
-    return Int4Weights(packed.contiguous(), _group_values_by_tile(scales), _group_values_by_tile(minimums), rows)
+    scales, minimums = _group_values_by_tile(scales), _group_values_by_tile(minimums)
+    if all(torch.equal(values.half().float(), values) for values in (scales, minimums)):
+        scales, minimums = scales.half(), minimums.half()
+    return Int4Weights(packed.contiguous(), scales, minimums, rows)
 
 
 def _group_values_by_tile(values: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ def dense_int4(weights: cpu_gemv.Int4Weights) -> torch.Tensor:
     packed = weights.codes.reshape(tiles, blocks, 4, 16, 4)  # [tile, block, chunk, row, byte]
     codes = torch.stack([packed & 0xF, packed >> 4], dim=-1)  # k = 32 block + 8 chunk + 2 byte + nibble
     codes = codes.permute(0, 3, 1, 2, 4, 5).reshape(tiles * 16, blocks * 32).float()
-    per_group = [v.transpose(1, 2).reshape(tiles * 16, blocks).repeat_interleave(32, dim=1)
+    per_group = [v.float().transpose(1, 2).reshape(tiles * 16, blocks).repeat_interleave(32, dim=1)
                  for v in (weights.scales, weights.minimums)]
     return (codes * per_group[0] + per_group[1])[:weights.rows]
 

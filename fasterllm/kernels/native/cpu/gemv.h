@@ -14,8 +14,9 @@
 // one input broadcast to all lanes, so each group's scales apply to a whole tile at once and no horizontal sum is
 // needed. Per tile t and block b of 32 inputs:
 //   int4: 4 chunks of 64 bytes; chunk c's 32-bit word r holds 8 codes (0..15) of row 16t + r, nibble p (bits
-//         4p..4p+3) the one at k = 32b + 8c + p; fp32 scales and minimums [N/16, K/32, 16] (w = code * scale +
-//         minimum)
+//         4p..4p+3) the one at k = 32b + 8c + p; scales and minimums [N/16, K/32, 16] (w = code * scale +
+//         minimum), in fp16 (their bits, uint16_t) where fp16 holds all of a weight's exactly (GGUF Q4_0 / Q4_1:
+//         a sixth fewer bytes to read than with fp32's), else in fp32; turned into fp32 (F16C) where applied
 //   int8: 32 groups of 16 bytes; group j's byte r holds the weight (-127..127) of row 16t + r at k = 32b + j; fp32
 //         scales [N/16, 16] per output row (w = weight * scale)
 //   uint8 grouped: int8's bytes, unsigned codes (0..255); fp32 scales and minimums [N/16, K/G, 16] per group of G
@@ -64,14 +65,18 @@ void quantize_rows(const float* x, int64_t rows, int64_t width, int8_t* values, 
 void widen_rows(const float* x, int64_t rows, int64_t width, float* values, float* sums, int64_t group);
 void widen_rows(const uint16_t* x, int64_t rows, int64_t width, float* values, float* sums, int64_t group);
 
-// out[m, n] (out is [M, N] fp32) for the output rows of tiles [t0, t1)
-void int4_tiles_avx2(const uint8_t* codes, const float* scales, const float* mins, const FloatRows& x, int64_t t0,
+// out[m, n] (out is [M, N] fp32) for the output rows of tiles [t0, t1); int4's Scale: float (fp32) or uint16_t
+// (fp16 bits), both instantiated
+template <typename Scale>
+void int4_tiles_avx2(const uint8_t* codes, const Scale* scales, const Scale* mins, const FloatRows& x, int64_t t0,
                      int64_t t1, int64_t N, float* out);
-void int4_tiles_avx512(const uint8_t* codes, const float* scales, const float* mins, const FloatRows& x, int64_t t0,
+template <typename Scale>
+void int4_tiles_avx512(const uint8_t* codes, const Scale* scales, const Scale* mins, const FloatRows& x, int64_t t0,
                        int64_t t1, int64_t N, float* out);
 // int4 codes times Int8Rows (AVX2): per block, sum_k code * value in int16 pairs and int32, then
 // x scale * input scale + minimum * the block's input sum
-void int4_tiles_int8_inputs_avx2(const uint8_t* codes, const float* scales, const float* mins, const Int8Rows& x,
+template <typename Scale>
+void int4_tiles_int8_inputs_avx2(const uint8_t* codes, const Scale* scales, const Scale* mins, const Int8Rows& x,
                                  int64_t t0, int64_t t1, int64_t N, float* out);
 void int8_tiles_avx2(const int8_t* weight, const float* scales, const FloatRows& x, int64_t t0, int64_t t1, int64_t N,
                      float* out);

@@ -34,6 +34,12 @@ inline void store_rows(float* out, const __m256 (&halves)[2], int64_t count) {
   for (int64_t r = 0; r < count; ++r) out[r] = lanes[r];
 }
 
+// 8 scales or minimums in fp32: fp32 ones as they are, fp16 ones (their bits) converted
+inline __m256 load8(const float* from) { return _mm256_loadu_ps(from); }
+inline __m256 load8(const uint16_t* from) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(from)));
+}
+
 // chains per half: the two halves are already two
 template <int R>
 constexpr int kHalfChains = kChains<R> > 1 ? kChains<R> / 2 : 1;
@@ -48,11 +54,11 @@ inline __m256 chain_sum(const __m256 (&chains)[C]) {
 
 // one group of a grouped tile done: products[r] += scale x (row r's sum of codes x inputs) + minimum x row r's input
 // sum over the group (input_sums[r * stride]), each half of the tile
-template <int R, int C>
-inline void add_group(__m256 (&products)[R][2], const __m256 (&sums)[R][2][C], const float* scales, const float* mins,
+template <int R, int C, typename Scale>
+inline void add_group(__m256 (&products)[R][2], const __m256 (&sums)[R][2][C], const Scale* scales, const Scale* mins,
                       const float* input_sums, int64_t stride) {
   for (int h = 0; h < 2; ++h) {
-    const __m256 s = _mm256_loadu_ps(scales + 8 * h), minimum = _mm256_loadu_ps(mins + 8 * h);
+    const __m256 s = load8(scales + 8 * h), minimum = load8(mins + 8 * h);
     for (int r = 0; r < R; ++r) {
       products[r][h] = _mm256_fmadd_ps(chain_sum(sums[r][h]), s, products[r][h]);
       products[r][h] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(input_sums[r * stride]), products[r][h]);
@@ -61,8 +67,8 @@ inline void add_group(__m256 (&products)[R][2], const __m256 (&sums)[R][2][C], c
 }
 
 // out rows m..m+R-1 of one tile: per block, sum_k code x_k in fp32, then x scale, + minimum x the block's input sum
-template <int R>
-void int4_tile(const uint8_t* tile, const float* scales, const float* mins, const FloatRows& x, int64_t m, bool fetch,
+template <int R, typename Scale>
+void int4_tile(const uint8_t* tile, const Scale* scales, const Scale* mins, const FloatRows& x, int64_t m, bool fetch,
                float* out, int64_t N, int64_t count) {
   constexpr int C = kHalfChains<R>;
   const int64_t K = x.width, blocks = K / kBlock;
@@ -103,8 +109,8 @@ void int4_tile(const uint8_t* tile, const float* scales, const float* mins, cons
 // 8 codes; its low nibbles times the chunk's 4 even inputs and its high nibbles times the 4 odd ones, multiplied and
 // summed in pairs into int16 (maddubs: at most 2 x 15 x 127 each, 8 of them per block stay below 2^15), then the
 // block's pairs summed into int32, turned into fp32 once per block and scaled
-template <int R>
-void int4_tile_int8_inputs(const uint8_t* tile, const float* scales, const float* mins, const Int8Rows& x, int64_t m,
+template <int R, typename Scale>
+void int4_tile_int8_inputs(const uint8_t* tile, const Scale* scales, const Scale* mins, const Int8Rows& x, int64_t m,
                            bool fetch, float* out, int64_t N, int64_t count) {
   const int64_t K = x.width, blocks = K / kBlock;
   const __m256i low_nibbles = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
@@ -139,9 +145,9 @@ void int4_tile_int8_inputs(const uint8_t* tile, const float* scales, const float
       const __m256 input_scale = _mm256_set1_ps(x.scales[at]), input_sum = _mm256_set1_ps(x.sums[at]);
       for (int h = 0; h < 2; ++h) {
         const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs[r][h], ones));
-        const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(scales + b * kTileRows + 8 * h), input_scale);
+        const __m256 scale = _mm256_mul_ps(load8(scales + b * kTileRows + 8 * h), input_scale);
         products[r][h] = _mm256_fmadd_ps(dot, scale, products[r][h]);
-        products[r][h] = _mm256_fmadd_ps(_mm256_loadu_ps(mins + b * kTileRows + 8 * h), input_sum, products[r][h]);
+        products[r][h] = _mm256_fmadd_ps(load8(mins + b * kTileRows + 8 * h), input_sum, products[r][h]);
       }
     }
   }
@@ -242,30 +248,42 @@ void uint8_grouped_tiles_avx2(const uint8_t* codes, const float* scales, const f
   else uint8_grouped_tiles<32>(codes, scales, mins, x, t0, t1, N, out);
 }
 
-void int4_tiles_avx2(const uint8_t* codes, const float* scales, const float* mins, const FloatRows& x, int64_t t0,
+template <typename Scale>
+void int4_tiles_avx2(const uint8_t* codes, const Scale* scales, const Scale* mins, const FloatRows& x, int64_t t0,
                      int64_t t1, int64_t N, float* out) {
   const int64_t blocks = x.width / kBlock;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t n = t * kTileRows;
     in_row_groups<kMaxInt4Rows>(x.rows, [&](auto rows, int64_t m) {
-      int4_tile<decltype(rows)::value>(codes + t * blocks * kInt4TileBytes, scales + t * blocks * kTileRows,
-                                       mins + t * blocks * kTileRows, x, m, m == 0, out + n, N, N - n);
+      int4_tile<decltype(rows)::value, Scale>(codes + t * blocks * kInt4TileBytes, scales + t * blocks * kTileRows,
+                                              mins + t * blocks * kTileRows, x, m, m == 0, out + n, N, N - n);
     });
   }
 }
 
-void int4_tiles_int8_inputs_avx2(const uint8_t* codes, const float* scales, const float* mins, const Int8Rows& x,
+template <typename Scale>
+void int4_tiles_int8_inputs_avx2(const uint8_t* codes, const Scale* scales, const Scale* mins, const Int8Rows& x,
                                  int64_t t0, int64_t t1, int64_t N, float* out) {
   const int64_t blocks = x.width / kBlock;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t n = t * kTileRows;
     in_row_groups<kMaxInt4Rows>(x.rows, [&](auto rows, int64_t m) {
-      int4_tile_int8_inputs<decltype(rows)::value>(codes + t * blocks * kInt4TileBytes,
-                                                   scales + t * blocks * kTileRows, mins + t * blocks * kTileRows, x,
-                                                   m, m == 0, out + n, N, N - n);
+      int4_tile_int8_inputs<decltype(rows)::value, Scale>(codes + t * blocks * kInt4TileBytes,
+                                                          scales + t * blocks * kTileRows,
+                                                          mins + t * blocks * kTileRows, x, m, m == 0, out + n, N,
+                                                          N - n);
     });
   }
 }
+
+template void int4_tiles_avx2(const uint8_t*, const float*, const float*, const FloatRows&, int64_t, int64_t, int64_t,
+                              float*);
+template void int4_tiles_avx2(const uint8_t*, const uint16_t*, const uint16_t*, const FloatRows&, int64_t, int64_t,
+                              int64_t, float*);
+template void int4_tiles_int8_inputs_avx2(const uint8_t*, const float*, const float*, const Int8Rows&, int64_t,
+                                          int64_t, int64_t, float*);
+template void int4_tiles_int8_inputs_avx2(const uint8_t*, const uint16_t*, const uint16_t*, const Int8Rows&, int64_t,
+                                          int64_t, int64_t, float*);
 
 void int8_tiles_avx2(const int8_t* weight, const float* scales, const FloatRows& x, int64_t t0, int64_t t1, int64_t N,
                      float* out) {

@@ -30,12 +30,18 @@ inline __m512 chain_sum(const __m512 (&chains)[C]) {
   return sum;
 }
 
+// 16 scales or minimums in fp32: fp32 ones as they are, fp16 ones (their bits) converted
+inline __m512 load16(const float* from) { return _mm512_loadu_ps(from); }
+inline __m512 load16(const uint16_t* from) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(from)));
+}
+
 // one group of a grouped tile done: products[r] += scale x (row r's sum of codes x inputs) + minimum x row r's input
 // sum over the group (input_sums[r * stride])
-template <int R, int C>
-inline void add_group(__m512 (&products)[R], const __m512 (&sums)[R][C], const float* scales, const float* mins,
+template <int R, int C, typename Scale>
+inline void add_group(__m512 (&products)[R], const __m512 (&sums)[R][C], const Scale* scales, const Scale* mins,
                       const float* input_sums, int64_t stride) {
-  const __m512 s = _mm512_loadu_ps(scales), minimum = _mm512_loadu_ps(mins);
+  const __m512 s = load16(scales), minimum = load16(mins);
   for (int r = 0; r < R; ++r) {
     products[r] = _mm512_fmadd_ps(chain_sum(sums[r]), s, products[r]);
     products[r] = _mm512_fmadd_ps(minimum, _mm512_set1_ps(input_sums[r * stride]), products[r]);
@@ -43,8 +49,8 @@ inline void add_group(__m512 (&products)[R], const __m512 (&sums)[R][C], const f
 }
 
 // out rows m..m+R-1 of one tile: per block, sum_k code x_k in fp32, then x scale, + minimum x the block's input sum
-template <int R>
-void int4_tile(const uint8_t* tile, const float* scales, const float* mins, const FloatRows& x, int64_t m, bool fetch,
+template <int R, typename Scale>
+void int4_tile(const uint8_t* tile, const Scale* scales, const Scale* mins, const FloatRows& x, int64_t m, bool fetch,
                float* out, int64_t N, __mmask16 lanes) {
   constexpr int C = kChains<R>;
   const int64_t K = x.width, blocks = K / kBlock;
@@ -156,17 +162,24 @@ void uint8_grouped_tiles_avx512(const uint8_t* codes, const float* scales, const
   else uint8_grouped_tiles<32>(codes, scales, mins, x, t0, t1, N, out);
 }
 
-void int4_tiles_avx512(const uint8_t* codes, const float* scales, const float* mins, const FloatRows& x, int64_t t0,
+template <typename Scale>
+void int4_tiles_avx512(const uint8_t* codes, const Scale* scales, const Scale* mins, const FloatRows& x, int64_t t0,
                        int64_t t1, int64_t N, float* out) {
   const int64_t blocks = x.width / kBlock;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t n = t * kTileRows;
     in_row_groups<kMaxRows>(x.rows, [&](auto rows, int64_t m) {
-      int4_tile<decltype(rows)::value>(codes + t * blocks * kInt4TileBytes, scales + t * blocks * kTileRows,
-                                       mins + t * blocks * kTileRows, x, m, m == 0, out + n, N, first_lanes(N - n));
+      int4_tile<decltype(rows)::value, Scale>(codes + t * blocks * kInt4TileBytes, scales + t * blocks * kTileRows,
+                                              mins + t * blocks * kTileRows, x, m, m == 0, out + n, N,
+                                              first_lanes(N - n));
     });
   }
 }
+
+template void int4_tiles_avx512(const uint8_t*, const float*, const float*, const FloatRows&, int64_t, int64_t,
+                                int64_t, float*);
+template void int4_tiles_avx512(const uint8_t*, const uint16_t*, const uint16_t*, const FloatRows&, int64_t, int64_t,
+                                int64_t, float*);
 
 void int8_tiles_avx512(const int8_t* weight, const float* scales, const FloatRows& x, int64_t t0, int64_t t1,
                        int64_t N, float* out) {

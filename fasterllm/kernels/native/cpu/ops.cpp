@@ -85,17 +85,14 @@ at::Tensor over_tiles(const at::Tensor& x, int64_t N, int64_t tiles, Run&& run) 
 }
 
 // int8_inputs: the input rows quantized to int8 per block first (gemv.h's Int8Rows), the products in integers, by
-// the AVX2 kernel whatever the isa (every CPU with AVX-512 here has AVX2)
-at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
-                     int64_t N, const std::string& isa, bool int8_inputs) {
-  const bool wide = use_avx512(isa);
-  const int64_t tiles = tiles_of(codes, N, kInt4TileBytes, "cpu_gemv.pack_int4"), blocks = codes.size(1);
-  check_weight(codes, at::kByte, {tiles, blocks, kInt4TileBytes}, "codes");
-  check_weight(scales, at::kFloat, {tiles, blocks, kTileRows}, "scales");
-  check_weight(mins, at::kFloat, {tiles, blocks, kTileRows}, "mins");
+// the AVX2 kernel whatever the isa (every CPU with AVX-512 here has AVX2). Scale: float, or uint16_t for fp16 scales
+// and minimums (gemv.h)
+template <typename Scale>
+at::Tensor int4_gemv_of(const at::Tensor& x, const at::Tensor& codes, const Scale* s, const Scale* m, int64_t N,
+                        bool wide, bool int8_inputs) {
+  const int64_t tiles = codes.size(0), blocks = codes.size(1);
   const Widened in = widen(x, blocks * kBlock, kBlock);
   const uint8_t* c = codes.data_ptr<uint8_t>();
-  const float *s = scales.data_ptr<float>(), *m = mins.data_ptr<float>();
   if (int8_inputs) {
     const int64_t M = in.rows.rows, K = in.rows.width;
     const at::Tensor values = at::empty({M * K}, x.options().dtype(at::kChar));
@@ -110,6 +107,20 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Ten
     if (wide) int4_tiles_avx512(c, s, m, in.rows, t0, t1, N, o);
     else int4_tiles_avx2(c, s, m, in.rows, t0, t1, N, o);
   });
+}
+
+at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                     int64_t N, const std::string& isa, bool int8_inputs) {
+  const bool wide = use_avx512(isa);
+  const int64_t tiles = tiles_of(codes, N, kInt4TileBytes, "cpu_gemv.pack_int4"), blocks = codes.size(1);
+  check_weight(codes, at::kByte, {tiles, blocks, kInt4TileBytes}, "codes");
+  const at::ScalarType dtype = scales.scalar_type() == at::kHalf ? at::kHalf : at::kFloat;
+  check_weight(scales, dtype, {tiles, blocks, kTileRows}, "scales");
+  check_weight(mins, dtype, {tiles, blocks, kTileRows}, "mins");
+  if (dtype == at::kFloat)
+    return int4_gemv_of(x, codes, scales.data_ptr<float>(), mins.data_ptr<float>(), N, wide, int8_inputs);
+  auto bits = [](const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>()); };
+  return int4_gemv_of(x, codes, bits(scales), bits(mins), N, wide, int8_inputs);
 }
 
 at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t N,
