@@ -76,8 +76,8 @@ def run_engine_process(args: EngineArgs, endpoints: CoreEndpoints, idle_wait_s: 
                 command = pickle.loads(socket.recv())
                 if isinstance(command, AbortRequest):
                     encoder.forget(command.request_id)
-                elif isinstance(command, AddRequest):
-                    router.added(command.request_id, server)
+                if isinstance(command, (AddRequest, AbortRequest)):
+                    router.came_from(command, server)
                 received.append(command)
         if stop_asked:
             received.append(SHUTDOWN)
@@ -102,17 +102,22 @@ def run_engine_process(args: EngineArgs, endpoints: CoreEndpoints, idle_wait_s: 
 
 
 class TurnRouter:
-    """Which server process added each request still in the engine, and each server's part of a turn."""
+    """Which server process added each request still in the engine (and sent each abort not yet applied), and each
+    server's part of a turn."""
 
     def __init__(self, num_servers: int):
         self.num_servers = num_servers
         self._server_of: dict[str, int] = {}
+        self._abort_from: dict[str, int] = {}
 
-    def added(self, request_id: str, server: int) -> None:
-        self._server_of[request_id] = server
+    def came_from(self, command: AddRequest | AbortRequest, server: int) -> None:
+        if isinstance(command, AddRequest):
+            self._server_of[command.request_id] = server
+        else:  # its server waits to hear that it was applied, also when the request had ended meanwhile
+            self._abort_from[command.request_id] = server
 
     def split(self, turn: Turn) -> list[Turn]:
-        """One Turn per server: its requests' accepted adds, aborts and outputs, and everyone's stats and
+        """One Turn per server: its requests' accepted adds and outputs, its aborts, and everyone's stats and
         dead_reason. Requests that end in this turn are forgotten."""
         parts = [turn]
         if self.num_servers > 1:
@@ -120,11 +125,11 @@ class TurnRouter:
             for accepted in turn.accepted:
                 parts[self._server_of[accepted[0]]].accepted.append(accepted)
             for request_id in turn.aborted:
-                server = self._server_of.get(request_id)
-                if server is not None:  # else it had ended already, and its server knows
-                    parts[server].aborted.append(request_id)
+                parts[self._abort_from[request_id]].aborted.append(request_id)
             for output in turn.outputs:
                 parts[self._server_of[output[0]]].outputs.append(output)
+        for request_id in turn.aborted:
+            del self._abort_from[request_id]
         for request_id in turn.ended_request_ids():
             self._server_of.pop(request_id, None)
         return parts

@@ -28,6 +28,14 @@ class Served:
     """`fasterllm serve --api-server-count 2` in a process of its own, with the pids its log names."""
 
     def __init__(self):
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        self.process, self.api_servers, self.engine = None, [], None
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = SERVER_ENGINE_ARGS
@@ -56,19 +64,19 @@ class Served:
             time.sleep(0.2)
 
     def _healthy(self) -> bool:
-        try:
-            return httpx.get(self.url + "/health").status_code == 200
-        except httpx.ConnectError:
+        try:  # connections wait in the socket's queue until an API server has started
+            return httpx.get(self.url + "/health", timeout=60).status_code == 200
+        except httpx.TransportError:
             return False
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0)
 
     def children_alive(self) -> list[int]:
-        return [pid for pid in [*self.api_servers, self.engine] if _alive(pid)]
+        return [pid for pid in [*self.api_servers, self.engine] if pid is not None and _alive(pid)]
 
     def stop(self) -> None:
-        if self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
         for pid in self.children_alive():
