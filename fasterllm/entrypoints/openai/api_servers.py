@@ -48,13 +48,13 @@ def run_api_servers(engine_args: EngineArgs, options: ServeOptions) -> None:
     endpoints = core_endpoints(work_dir, options.api_server_count)
     context = zmq.Context()
     listening = socket.create_server((options.host, options.port))  # a port in use fails before the model loads
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
     engine = start_engine_process(engine_args, endpoints, _IDLE_WAIT_S)
     servers: list[multiprocessing.Process] = []
     try:
         ready = wait_until_ready(zmq_socket(context, zmq.PULL, bind=endpoints.ready), engine)
+        stop = threading.Event()  # from here on a signal stops the API servers first (till now: the load, at once)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: stop.set())
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = os.path.join(work_dir, "metrics")  # the API servers inherit it
         os.mkdir(os.environ["PROMETHEUS_MULTIPROC_DIR"])
         spawn = multiprocessing.get_context("spawn")

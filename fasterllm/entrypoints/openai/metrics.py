@@ -23,7 +23,7 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self._multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         r = self.registry
-        engine = {"registry": r, "multiprocess_mode": "mostrecent"}  # each process sets the engine's latest figure
+        engine_gauge = {"registry": r, "multiprocess_mode": "mostrecent"}  # every process sets the engine's latest
         self.requests = Counter("fasterllm_requests", "HTTP requests to /v1 endpoints by outcome", ["outcome"], registry=r)
         for outcome in OUTCOMES:
             self.requests.labels(outcome)  # every series exists from the start, at 0
@@ -36,12 +36,12 @@ class ServerMetrics:
         self.time_per_output_token = Histogram("fasterllm_time_per_output_token_seconds",
                                                "Mean time between generated tokens of a one-sample request",
                                                registry=r, buckets=_LATENCY_BUCKETS)
-        self.running = Gauge("fasterllm_num_requests_running", "Requests in the running batch", **engine)
-        self.waiting = Gauge("fasterllm_num_requests_waiting", "Requests waiting to be scheduled", **engine)
+        self.running = Gauge("fasterllm_num_requests_running", "Requests in the running batch", **engine_gauge)
+        self.waiting = Gauge("fasterllm_num_requests_waiting", "Requests waiting to be scheduled", **engine_gauge)
         self.kv_cache_usage = Gauge("fasterllm_kv_cache_usage_ratio", "Fraction of KV blocks held by requests",
-                                    **engine)
-        self.kv_blocks_in_use = Gauge("fasterllm_kv_cache_blocks_in_use", "KV blocks held by requests", **engine)
-        self.kv_blocks = Gauge("fasterllm_kv_cache_blocks", "KV blocks in the pool", **engine)
+                                    **engine_gauge)
+        self.kv_blocks_in_use = Gauge("fasterllm_kv_cache_blocks_in_use", "KV blocks held by requests", **engine_gauge)
+        self.kv_blocks = Gauge("fasterllm_kv_cache_blocks", "KV blocks in the pool", **engine_gauge)
 
     def record_finished(self, output: RequestOutput) -> None:
         """Tokens and latencies of one finished engine request (all its parallel samples)."""
