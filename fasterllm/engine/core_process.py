@@ -39,8 +39,9 @@ def core_endpoints(socket_dir: str, num_servers: int) -> CoreEndpoints:
                          turns=[f"ipc://{socket_dir}/turns-{i}" for i in range(num_servers)])
 
 
-def start_engine_process(args: EngineArgs, endpoints: CoreEndpoints, idle_wait_s: float,
+def start_engine_process(args: EngineArgs, endpoints: CoreEndpoints, idle_wait_s: float = 0.05,
                          visible_devices: str | None = None) -> multiprocessing.Process:
+    """idle_wait_s: how long the idle engine waits for a command before it checks on its parent."""
     process = multiprocessing.get_context("spawn").Process(
         target=run_engine_process, name="fasterllm-engine",
         args=(args, endpoints, idle_wait_s, logging.getLogger("fasterllm").level, visible_devices))
@@ -71,7 +72,7 @@ class AttachedCore:
         self._reader: asyncio.Task | None = None
         self._dead = False
         self._zmq = zmq.Context()
-        self._commands = zmq_socket(self._zmq, zmq.PUSH, bind=endpoints.commands[index])
+        self._commands = zmq_socket(self._zmq, zmq.PUSH, connect=endpoints.commands[index])
         self._turns = zmq_socket(self._zmq, zmq.PULL, bind=endpoints.turns[index])
         if ready is not None:
             self._take_ready(open_checkpoint(args.model, args.tokenizer), ready)
@@ -145,10 +146,12 @@ class ProcessCore(AttachedCore):
         endpoints = core_endpoints(self._socket_dir, 1)
         super().__init__(args, endpoints, 0)
         ready = zmq_socket(self._zmq, zmq.PULL, bind=endpoints.ready)
+        self._ready = False
         self.process = start_engine_process(args, endpoints, idle_wait_s, visible_devices)
         try:
             checkpoint = open_checkpoint(args.model, args.tokenizer)  # while the engine process loads the weights
             self._take_ready(checkpoint, wait_until_ready(ready, self.process))
+            self._ready = True
         except BaseException:
             self.shutdown(timeout_s=5)
             raise
@@ -177,16 +180,23 @@ class ProcessCore(AttachedCore):
         if self._reader is not None and not self._loop.is_closed():
             self._loop.remove_reader(self.process.sentinel)
         self._stop_reading()
-        if self.process.is_alive():
-            try:
-                self._commands.send(pickle.dumps(SHUTDOWN), flags=zmq.NOBLOCK)
-                self.process.join(timeout_s)
-                if self.process.is_alive():
-                    logger.warning("the engine process did not stop within %.0f s; killing it", timeout_s)
-            except zmq.Again:  # still starting, not connected yet: nothing in it to finish
-                pass
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join()
+        stop_engine_process(self.process, self._commands if self._ready else None, timeout_s)
         self._zmq.destroy(linger=0)
         shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+
+def stop_engine_process(process: multiprocessing.Process, commands: zmq.Socket | None, timeout_s: float) -> None:
+    """A SHUTDOWN command through commands (one of its command sockets: a ready engine stops after its step), or
+    SIGTERM where commands is None (an engine that has not reported ready stops its load at once); killed if it is
+    still there after timeout_s."""
+    if not process.is_alive():
+        return
+    if commands is None:
+        process.terminate()
+    else:
+        commands.send(pickle.dumps(SHUTDOWN), flags=zmq.NOBLOCK)  # queued whatever the engine's state
+    process.join(timeout_s)
+    if process.is_alive():
+        logger.warning("the engine process did not stop within %.0f s; killing it", timeout_s)
+        process.kill()
+        process.join()

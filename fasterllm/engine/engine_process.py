@@ -3,8 +3,8 @@ then run the engine loop for one or more server processes.
 
 Each server process (an API server) has its own pair of sockets: commands (PULL here) and turns (PUSH here). A
 request's turns go back to the server that added it; the engine's stats and why it stopped go to every server. The
-process stops on a SHUTDOWN command, on SIGTERM (what `fasterllm serve --api-server-count N` sends it once its API
-servers are gone), or when the process that started it is gone.
+process stops on a SHUTDOWN command (after its step), or when the process that started it is gone; SIGTERM stops it
+only while it loads the model.
 """
 from __future__ import annotations
 
@@ -42,20 +42,22 @@ def run_engine_process(args: EngineArgs, endpoints: CoreEndpoints, idle_wait_s: 
     from fasterllm.engine.engine import Engine
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server shuts this down
-    stop_asked = []
-    signal.signal(signal.SIGTERM, lambda *_: stop_asked.append(True))
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("fasterllm").setLevel(log_level)
     context = zmq.Context()
-    ready = zmq_socket(context, zmq.PUSH, endpoints.ready)
-    commands = [zmq_socket(context, zmq.PULL, endpoint) for endpoint in endpoints.commands]
-    turns = [zmq_socket(context, zmq.PUSH, endpoint) for endpoint in endpoints.turns]
+    ready = zmq_socket(context, zmq.PUSH, connect=endpoints.ready)
+    # bound here: a server's sends queue (never block) when this process is gone
+    commands = [zmq_socket(context, zmq.PULL, bind=endpoint) for endpoint in endpoints.commands]
+    turns = [zmq_socket(context, zmq.PUSH, connect=endpoint) for endpoint in endpoints.turns]
     try:
-        engine = Engine(args, text_elsewhere=True)
+        engine = Engine(args, text_elsewhere=True)  # SIGTERM stops the load at once
     except Exception as exc:
         ready.send(pickle.dumps(("failed", picklable(exc))))
         context.destroy(linger=5000)
         return
+    # from here on a SHUTDOWN command stops it, after its step, so that a SIGTERM to the whole process group
+    # (systemd, `kill -- -PGID`) leaves the API servers' in-flight requests their shutdown timeout
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     freeze_heap()  # this process runs the engine until it exits: its start-up objects stay for good
     ready.send(pickle.dumps(("ready", {"model_name": engine.model_name, "max_model_len": engine.max_model_len,
                                        "stats": engine.stats()})))
@@ -66,6 +68,7 @@ def run_engine_process(args: EngineArgs, endpoints: CoreEndpoints, idle_wait_s: 
         poller.register(socket, zmq.POLLIN)
     parent = multiprocessing.parent_process()
     last_check = time.monotonic()
+    stopped = []  # a SHUTDOWN came: what is still unsent at exit has nobody waiting for it
 
     def receive(block: bool) -> list:
         nonlocal last_check
@@ -79,12 +82,12 @@ def run_engine_process(args: EngineArgs, endpoints: CoreEndpoints, idle_wait_s: 
                 if isinstance(command, (AddRequest, AbortRequest)):
                     router.came_from(command, server)
                 received.append(command)
-        if stop_asked:
-            received.append(SHUTDOWN)
-        elif time.monotonic() - last_check > _PARENT_CHECK_S or (block and not received):
+        if time.monotonic() - last_check > _PARENT_CHECK_S or (block and not received):
             last_check = time.monotonic()
             if not parent.is_alive():  # whoever started this is gone: nobody can send or read anything
                 received.append(SHUTDOWN)
+        if SHUTDOWN in received:
+            stopped.append(True)
         return received
 
     def emit(turn: Turn) -> None:
@@ -97,7 +100,7 @@ def run_engine_process(args: EngineArgs, endpoints: CoreEndpoints, idle_wait_s: 
         EngineLoop(engine, receive, emit).run()
     finally:
         engine.shutdown()
-        context.destroy(linger=5000)
+        context.destroy(linger=0 if stopped else 5000)  # else: let the turn that says why it stopped go out
         os._exit(0)  # the engine's threads (compile workers, Ray) must not hold the process open
 
 
@@ -129,7 +132,7 @@ class TurnRouter:
             for output in turn.outputs:
                 parts[self._server_of[output[0]]].outputs.append(output)
         for request_id in turn.aborted:
-            del self._abort_from[request_id]
+            self._abort_from.pop(request_id, None)
         for request_id in turn.ended_request_ids():
             self._server_of.pop(request_id, None)
         return parts

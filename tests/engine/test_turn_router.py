@@ -40,3 +40,9 @@ def test_one_server_gets_the_turn_as_it_is():
     router.came_from(AddRequest("a", [1], None, None), 0)
     turn = Turn(accepted=[("a", None)], outputs=[("a", _output("a", True))])
     assert router.split(turn) == [turn]
+
+
+def test_an_abort_applied_twice_in_a_turn_does_not_stop_the_engine():
+    router = TurnRouter(1)
+    router.came_from(AbortRequest("gone"), 0)
+    assert router.split(Turn(aborted=["gone", "gone"]))[0].aborted == ["gone", "gone"]

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -127,18 +128,87 @@ def test_concurrent_streams_answer_as_one_engine_and_metrics_add_up_both_servers
     assert metrics["fasterllm_generation_tokens_total"] == sum(len(o.outputs[0].token_ids) for o in reference)
     assert metrics["fasterllm_kv_cache_blocks"] == reference_llm.engine.stats().num_kv_blocks
 
-    # the engine process dies: every API server says so, and the starter stays to say it
+    # the engine process dies while requests keep coming: every API server says so, none hangs, and the starter
+    # stays to say it
     stream = served.client().completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=400, stream=True,
                                                 extra_body={"ignore_eos": True})
     assert next(iter(stream)).choices
+    keep_asking = threading.Event()
+    answers: list[int] = []
+
+    def ask() -> None:
+        client = openai.OpenAI(base_url=served.url + "/v1", api_key="none", max_retries=0, timeout=20)
+        while not keep_asking.is_set():
+            try:
+                client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=2)
+                answers.append(200)
+            except openai.APIStatusError as error:
+                answers.append(error.status_code)
+    askers = [threading.Thread(target=ask) for _ in range(4)]
+    for asker in askers:
+        asker.start()
+    time.sleep(0.5)
     os.kill(served.engine, signal.SIGKILL)
     reason = "the engine process exited with code -9"
     with pytest.raises(openai.APIError, match=reason):
         list(stream)
+    time.sleep(1)
+    keep_asking.set()
+    for asker in askers:
+        asker.join(30)
+        assert not asker.is_alive(), "a request hung after the engine died"
+    assert answers[-1] == 503
     for _ in range(8):  # new connections, answered by either API server
-        health = httpx.get(served.url + "/health", headers={"connection": "close"})
+        health = httpx.get(served.url + "/health", headers={"connection": "close"}, timeout=10)
         assert health.status_code == 503 and reason in health.json()["error"]["message"]
     assert served.process.poll() is None
+
+
+def test_metrics_add_up_every_api_server_process(tmp_path):
+    """Two API server processes each count requests and tokens; a third renders the sums (whichever process a
+    scrape reaches)."""
+    count = ("from fasterllm.entrypoints.openai.metrics import ServerMetrics; m = ServerMetrics(); "
+             "m.requests.labels('success').inc({n}); m.generation_tokens.inc({n} * 10)")
+    render = ("import sys; from fasterllm.engine.engine_stats import EngineStats; "
+              "from fasterllm.entrypoints.openai.metrics import ServerMetrics; "
+              "sys.stdout.write(ServerMetrics().render(EngineStats(*[7] * 4, 20, *[0] * 6)).decode())")
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    for n in (3, 4):
+        subprocess.run([sys.executable, "-c", count.format(n=n)], env=env, check=True)
+    text = subprocess.run([sys.executable, "-c", render], env=env, check=True, capture_output=True, text=True).stdout
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    assert float(samples['fasterllm_requests_total{outcome="success"}']) == 7
+    assert float(samples["fasterllm_generation_tokens_total"]) == 70
+    assert float(samples["fasterllm_kv_cache_blocks"]) == 20
+
+
+def test_an_interrupt_during_the_load_stops_everything_at_once():
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "fasterllm.entrypoints.cli", "serve", "--port", str(port),
+                                "--api-server-count", "2", "--dtype", "float32"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 60
+    while not _children(process.pid):  # the engine process has started loading
+        assert time.time() < deadline and process.poll() is None
+        time.sleep(0.05)
+    time.sleep(0.5)
+    children = _children(process.pid)
+    process.send_signal(signal.SIGINT)
+    assert process.wait(15) == 130
+    assert "API server processes" not in process.stdout.read()  # it stopped before any started
+    assert [pid for pid in children if _alive(pid)] == []
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def test_an_api_server_that_dies_stops_the_server(served):
@@ -167,7 +237,9 @@ def test_settings_it_cannot_take_are_refused_naming_them():
     from fasterllm.config import EngineArgs
     from fasterllm.entrypoints.openai.server import ServeOptions, run_server
 
-    with pytest.raises(ValueError, match="api_server_count=0 must be >= 1"):
+    with pytest.raises(ValueError, match="--api-server-count 0: must be 1 or more"):
         run_server(EngineArgs(device="cpu"), ServeOptions(api_server_count=0))
-    with pytest.raises(ValueError, match="api_server_count=2 with data_parallel_size=2.*use one of the two"):
+    with pytest.raises(ValueError, match="--api-server-count 2 with --data-parallel-size 2.*use one of the two"):
         run_server(EngineArgs(device="cpu", data_parallel_size=2), ServeOptions(api_server_count=2))
+    with pytest.raises(ValueError, match="--api-server-count 2 with --embedding-model.*--api-server-count 1"):
+        run_server(EngineArgs(device="cpu"), ServeOptions(api_server_count=2, embedding_model="default"))

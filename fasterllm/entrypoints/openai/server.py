@@ -225,7 +225,7 @@ class ServeOptions:
             raise ValueError(f"embedding_quantization={self.embedding_quantization!r} has no model to quantize; give "
                              "--embedding-model too, or leave --embedding-quantization out")
         if self.api_server_count < 1:
-            raise ValueError(f"api_server_count={self.api_server_count} must be >= 1")
+            raise ValueError(f"--api-server-count {self.api_server_count}: must be 1 or more")
 
 
 def run_server(engine_args: EngineArgs, options: ServeOptions = ServeOptions()) -> None:
