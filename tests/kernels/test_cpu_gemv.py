@@ -7,6 +7,7 @@ Skipped only where no C++ compiler exists (then the layers run torch's kernels, 
 import os
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
@@ -15,7 +16,8 @@ from fasterllm.kernels.native import cpu_extension, cpu_gemv
 from fasterllm.layers.quantization.int4 import GROUP_SIZE, Int4WeightOnlyLinear, quantize_int4_grouped
 from fasterllm.layers.quantization.int8 import Int8WeightOnlyLinear, quantize_int8_per_channel
 from fasterllm.layers.quantization.uint8_grouped import Uint8GroupedLinear, dequantize_uint8_grouped
-from fasterllm.loader.gguf_blocks import unpack_blocks
+from fasterllm.loader.gguf_blocks import block_layout, unpack_blocks
+from gguf_random_blocks import random_blocks
 
 if shutil.which(os.environ.get("CXX", "c++")) is None:
     pytest.skip("no C++ compiler: the C++ CPU kernels cannot be built here", allow_module_level=True)
@@ -110,47 +112,75 @@ def uint8_grouped(n, k, group):
     return codes, scales, minimums
 
 
+def uint8_grouped_weights(n, k, group, source):
+    """Codes, scales and minimums per group of group inputs, random as uint8_grouped's ("random": fp32 ones, which
+    pack_uint8_grouped keeps in fp32) or from GGUF Q8_0 blocks ("Q8_0": d and -128 d, which it keeps in fp16; groups
+    of 16 as in a projection fused with Q6_K parts), with the dtype pack_uint8_grouped must hold them in."""
+    if source == "random":
+        return (*uint8_grouped(n, k, group), torch.float32)
+    raw = quants.quantize(torch.randn(n, k).numpy(), GGMLQuantizationType.Q8_0)
+    return (*unpack_blocks(raw, "Q8_0", (n, k), group), torch.float16)
+
+
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("source", ["random", "Q8_0"])
 @pytest.mark.parametrize("group", [16, 32])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n, k", SHAPES)
-def test_uint8_grouped_is_the_exact_product_within_fp32_summation(isa, group, dtype, n, k):
+def test_uint8_grouped_is_the_exact_product_within_fp32_summation(isa, source, group, dtype, n, k):
     torch.manual_seed(n * k + group)
-    codes, scales, minimums = uint8_grouped(n, k, group)
+    codes, scales, minimums, held_in = uint8_grouped_weights(n, k, group, source)
     packed = cpu_gemv.pack_uint8_grouped(codes, scales, minimums)
+    assert packed.scales.dtype == packed.minimums.dtype == held_in
     groups = codes.double().reshape(n, k // group, group)
     scaled = groups * scales.double()[..., None]
     weight = (scaled + minimums.double()[..., None]).reshape(n, k)
     assert torch.equal(weight.float(), dequantize_uint8_grouped(codes, scales, minimums))  # exact in fp32
     # the kernels add scale x sum(code x) and minimum x sum(x) per group: those are the terms that round
     term_sizes = (scaled.abs() + minimums.double().abs()[..., None]).reshape(n, k)
+    as_fp32 = packed._replace(scales=packed.scales.float(), minimums=packed.minimums.float())
     for rows in ROWS:
         x = activations(rows, k, dtype)
         got = cpu_gemv.uint8_grouped_gemv(x, packed, isa)
         assert_within_summation_error(got, x, weight, x.double().abs() @ term_sizes.t())
+        assert torch.equal(got, cpu_gemv.uint8_grouped_gemv(x, as_fp32, isa))  # fp16 widened exactly: the same sums
 
 
-def test_int4_scales_and_minimums_are_fp16_only_where_fp16_holds_them_all():
-    """pack_int4 holds a layer's scales and minimums in fp16 where every one is exact there (GGUF Q4_0 / Q4_1), else
-    in fp32 (one value off fp16's grid or out of its range is enough): it never rounds them."""
-    torch.manual_seed(0)
-    for kind in ("Q4_0", "Q4_1"):
-        raw = quants.quantize(torch.randn(20, 64).numpy(), GGMLQuantizationType[kind])
-        codes, scales, minimums = unpack_blocks(raw, kind, (20, 64))
-        packed = cpu_gemv.pack_int4(codes, scales, minimums)
-        assert packed.scales.dtype == packed.minimums.dtype == torch.float16
-        assert packed.scales.nbytes == packed.minimums.nbytes == 2 * 16 * 2 * 2  # 2 tiles, 2 blocks, 16 rows, 2 bytes
-        unpacked = [v.float().transpose(1, 2).reshape(32, 2)[:20] for v in (packed.scales, packed.minimums)]
-        assert torch.equal(unpacked[0], scales) and torch.equal(unpacked[1], minimums)
+# the dtype pack_int4 (Q4_*) or pack_uint8_grouped holds each GGUF type's scales and minimums in
+HELD_IN = {"Q4_0": torch.float16, "Q4_1": torch.float16, "Q8_0": torch.float16, "Q4_K": torch.float32,
+           "Q5_K": torch.float32, "Q6_K": torch.float32}
+
+
+@pytest.mark.parametrize("kind", list(HELD_IN))
+def test_scales_and_minimums_are_fp16_only_where_fp16_holds_them_all(kind):
+    """pack_int4 and pack_uint8_grouped hold a layer's scales and minimums in fp16 where every one is exact there
+    (GGUF Q4_0 / Q4_1 / Q8_0: fp16 d, and -8 d or -128 d), else in fp32 (the k-quants: d times a 6- or 8-bit
+    sub-scale; one value off fp16's grid or out of its range is enough): they never round them."""
+    rows, cols = 20, 256
+    rng = np.random.default_rng(0)
+    if kind in ("Q4_0", "Q4_1", "Q8_0"):  # gguf's own quantizer
+        raw = quants.quantize(rng.standard_normal((rows, cols), dtype=np.float32), GGMLQuantizationType[kind])
+    else:  # gguf has none for the k-quants: random blocks of weights about 1
+        raw = random_blocks(kind, rows, cols, rng, magnitude=1.0)
+    codes, scales, minimums = unpack_blocks(raw, kind, (rows, cols))
+    pack = cpu_gemv.pack_int4 if block_layout((kind,)).layout == "int4" else cpu_gemv.pack_uint8_grouped
+    groups = scales.shape[1]
+
+    def unpacked(values):  # [2 tiles, groups, 16] -> [rows, groups]
+        return values.float().transpose(1, 2).reshape(32, groups)[:rows]
+
+    packed = pack(codes, scales, minimums)
+    assert packed.scales.dtype == packed.minimums.dtype == HELD_IN[kind]
+    assert packed.scales.nbytes == packed.minimums.nbytes == 2 * groups * 16 * HELD_IN[kind].itemsize
+    assert torch.equal(unpacked(packed.scales), scales) and torch.equal(unpacked(packed.minimums), minimums)
     off_grid = scales.clone()
     off_grid[3, 1] *= 1 + 2 ** -12  # between two fp16 values
     out_of_range = minimums.clone()
     out_of_range[0, 0] = -1e5  # past fp16's largest
     for changed in ((codes, off_grid, minimums), (codes, scales, out_of_range)):
-        packed = cpu_gemv.pack_int4(*changed)
+        packed = pack(*changed)
         assert packed.scales.dtype == packed.minimums.dtype == torch.float32
-        assert torch.equal(packed.scales.transpose(1, 2).reshape(32, 2)[:20], changed[1])
-        assert torch.equal(packed.minimums.transpose(1, 2).reshape(32, 2)[:20], changed[2])
+        assert torch.equal(unpacked(packed.scales), changed[1]) and torch.equal(unpacked(packed.minimums), changed[2])
 
 
 def test_rounding_the_inputs_misses_the_bound():

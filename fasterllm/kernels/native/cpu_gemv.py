@@ -42,8 +42,8 @@ class Int8Weights(NamedTuple):
 
 
 class Uint8GroupedWeights(NamedTuple):
-    """pack_uint8_grouped's result: codes [N/16, K/32, 512] uint8, scales and minimums [N/16, K/group, 16] fp32,
-    rows N."""
+    """pack_uint8_grouped's result: codes [N/16, K/32, 512] uint8, scales and minimums [N/16, K/group, 16] fp16
+    where every one of them is exact in fp16, else fp32, rows N."""
     codes: torch.Tensor
     scales: torch.Tensor
     minimums: torch.Tensor
@@ -75,15 +75,16 @@ def pack_int4(codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor)
     # [tile, row, block, chunk, j, nibble] -> [tile, block, chunk, row, j, nibble]
     split = _tiles(codes.to(torch.uint8)).reshape(-1, TILE_ROWS, cols // BLOCK, 4, 4, 2).permute(0, 2, 3, 1, 4, 5)
     packed = (split[..., 0] | (split[..., 1] << 4)).reshape(-1, cols // BLOCK, TILE_ROWS * BLOCK // 2)
-    scales, minimums = _group_values_by_tile(scales), _group_values_by_tile(minimums)
+    return Int4Weights(packed.contiguous(), *_group_values_by_tile(scales, minimums), rows)
+
+
+def _group_values_by_tile(scales: torch.Tensor, minimums: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-group scales and minimums [N, groups] -> [N/16, groups, 16] each, as the kernels read a tile's: both in
+    fp16 where fp16 holds every one of them exactly, else both in fp32 (never rounded)."""
+    scales, minimums = (_tiles(values.float()).transpose(1, 2).contiguous() for values in (scales, minimums))
     if all(torch.equal(values.half().float(), values) for values in (scales, minimums)):
-        scales, minimums = scales.half(), minimums.half()
-    return Int4Weights(packed.contiguous(), scales, minimums, rows)
-
-
-def _group_values_by_tile(values: torch.Tensor) -> torch.Tensor:
-    """Per-group values [N, groups] -> [N/16, groups, 16] fp32, as the kernels read a tile's."""
-    return _tiles(values.float()).transpose(1, 2).contiguous()
+        return scales.half(), minimums.half()
+    return scales, minimums
 
 
 def _byte_tiles(codes: torch.Tensor) -> torch.Tensor:
@@ -103,14 +104,16 @@ def pack_int8(weight: torch.Tensor, scales: torch.Tensor) -> Int8Weights:
 
 
 def pack_uint8_grouped(codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor) -> Uint8GroupedWeights:
-    """Codes uint8 [N, K] (0..255) with fp32 scales and minimums [N, K/group] (group 16 or 32) -> the kernels' tiles
-    (cpu/gemv.h): pack_int8's byte order, per tile and group 16 scales and 16 minimums."""
+    """Codes uint8 [N, K] (0..255) with scales and minimums [N, K/group] (group 16 or 32) -> the kernels' tiles
+    (cpu/gemv.h): pack_int8's byte order, per tile and group 16 scales and 16 minimums. Those are held in fp16 where
+    fp16 holds every one of them exactly (GGUF Q8_0's: d and -128 d; a decode step then reads a tenth fewer bytes),
+    else in fp32 (Q5_K's and Q6_K's: an fp16 times a small integer): never rounded."""
     groups = scales.shape[1]
     if codes.shape[1] not in (16 * groups, 32 * groups):
         raise ValueError(f"the C++ CPU kernels take groups of 16 or 32 inputs, got {codes.shape[1]} inputs in "
                          f"{groups} groups")
-    return Uint8GroupedWeights(_byte_tiles(codes.to(torch.uint8)), _group_values_by_tile(scales),
-                               _group_values_by_tile(minimums), codes.shape[0])
+    return Uint8GroupedWeights(_byte_tiles(codes.to(torch.uint8)), *_group_values_by_tile(scales, minimums),
+                               codes.shape[0])
 
 
 @functools.cache

@@ -14,10 +14,10 @@ parts' codes as whole bytes (q and k: about 80% of that projection's weights wit
 output head, where the file stores it untied in one of these types (Q4_K_M: Q6_K), is held and run the same way,
 as 8-bit codes even when 4-bit (torch's int4 CPU kernel takes only row counts divisible by 16).
 After loading they repack into the layer of their layout: the codes are kept; scales and minimums are exact in fp32
-(an fp16 times a small integer) and stay exact in the 8-bit layer (fp32, or fp16 on a GPU where that holds every
-one); the int4 layer keeps them exact on our C++ CPU kernel (in fp16 where that holds every one: Q4_0 / Q4_1), rounds
-them once to bf16 where its kernel computes in bf16 (on the CPU with torch's kernel, on a GPU in a bf16 run) and to
-fp16 on a GPU otherwise.
+(an fp16 times a small integer) and stay exact in the 8-bit layer (fp32, or fp16 where that holds every one: Q8_0,
+on our C++ CPU kernel and on a GPU); the int4 layer keeps them exact on our C++ CPU kernel (in fp16 where that holds
+every one: Q4_0 / Q4_1), rounds them once to bf16 where its kernel computes in bf16 (on the CPU with torch's kernel,
+on a GPU in a bf16 run) and to fp16 on a GPU otherwise.
 """
 from __future__ import annotations
 

@@ -6,12 +6,13 @@ The layout GGUF's Q8_0, Q5_K and Q6_K blocks (and 4-bit codes fused with them) r
   Q8_0  int8 q, fp16 d per 32        code q + 128, scale d, minimum -128 d                       groups of 32
   Q5_K  5-bit codes per 32           scale d * sc, minimum -dmin * m (sc, m 6-bit)             groups of 32
   Q6_K  6-bit codes per 16           scale d * sc (sc int8), minimum -32 scale                  groups of 16
-Scales and minimums stay fp32: d * sc of a Q5_K or Q6_K block needs up to 19 bits of mantissa, more than fp16's or
-bf16's. The group size is a parameter of the layer (GROUP_SIZES, read off the scales' width), not one fixed 16
-that would hold all three (a 32-group's scale repeated twice): the fp32 scale and minimum cost 8 bytes a group,
-0.5 byte a weight at 16 against 0.25 at 32, on top of the 1-byte code, and decode reads all of it every step, so
-Q8_0 and Q5_K projections read 1.25 bytes a weight instead of 1.5 (a sixth less); only a projection with a Q6_K part
-takes groups of 16. The kernels take any power-of-two group (the GPU ones, kernels/quant_weight_only.py, already
+Scales and minimums are given in fp32: d * sc of a Q5_K or Q6_K block needs up to 19 bits of mantissa, more than
+fp16's or bf16's (our C++ kernel holds a layer's in fp16 where that holds every one exactly: Q8_0's). The group size
+is a parameter of the layer (GROUP_SIZES, read off the scales' width), not one fixed 16 that would hold all three (a
+32-group's scale repeated twice): the fp32 scale and minimum cost 8 bytes a group, 0.5 byte a weight at 16 against
+0.25 at 32, on top of the 1-byte code, and decode reads all of it every step, so Q8_0 and Q5_K projections read 1.25
+bytes a weight instead of 1.5 (a sixth less; Q8_0 1.125 with fp16 ones); only a projection with a Q6_K part takes
+groups of 16. The kernels take any power-of-two group (the GPU ones, kernels/quant_weight_only.py, already
 did for int4) or both sizes (the C++ ones).
 
 Two CPU kernels, one chosen per layer at load, as int4.py's: our C++ one where it is built (unless

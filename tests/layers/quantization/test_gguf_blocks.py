@@ -202,6 +202,9 @@ def test_a_file_mixing_q4_k_q6_k_and_q8_0_runs_every_projection_as_stored(tmp_pa
     assert type(layers[4].down_proj).__name__ == "Int4WeightOnlyLinear"  # Q4_K, as stored
     assert type(layers[1].down_proj).__name__ == "Uint8GroupedLinear"  # Q8_0, as stored
     assert type(layers[2].down_proj).__name__ == "Uint8GroupedLinear" and layers[2].down_proj.group_size == 16
+    if layers[1].down_proj.native is not None:  # our C++ kernel: Q8_0's scales held in fp16 (exact), Q6_K's in fp32
+        assert layers[1].down_proj.native.scales.dtype == torch.float16
+        assert layers[2].down_proj.native.scales.dtype == torch.float32
     assert type(layers[1].qkv_proj).__name__ == "Int4WeightOnlyLinear"
     floats = LLM(str(path), num_kv_blocks=64, max_model_len=256)  # the same file dequantized
     prompt = floats.get_tokenizer().encode("The capital of France is Paris. The capital of Italy is Rome.")

@@ -19,8 +19,9 @@
 //         a sixth fewer bytes to read than with fp32's), else in fp32; turned into fp32 (F16C) where applied
 //   int8: 32 groups of 16 bytes; group j's byte r holds the weight (-127..127) of row 16t + r at k = 32b + j; fp32
 //         scales [N/16, 16] per output row (w = weight * scale)
-//   uint8 grouped: int8's bytes, unsigned codes (0..255); fp32 scales and minimums [N/16, K/G, 16] per group of G
-//         (16 or 32) inputs (w = code * scale + minimum)
+//   uint8 grouped: int8's bytes, unsigned codes (0..255); scales and minimums [N/16, K/G, 16] per group of G
+//         (16 or 32) inputs (w = code * scale + minimum), in fp16 or fp32 as int4's (fp16: GGUF Q8_0, a tenth fewer
+//         bytes)
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -65,8 +66,8 @@ void quantize_rows(const float* x, int64_t rows, int64_t width, int8_t* values, 
 void widen_rows(const float* x, int64_t rows, int64_t width, float* values, float* sums, int64_t group);
 void widen_rows(const uint16_t* x, int64_t rows, int64_t width, float* values, float* sums, int64_t group);
 
-// out[m, n] (out is [M, N] fp32) for the output rows of tiles [t0, t1); int4's Scale: float (fp32) or uint16_t
-// (fp16 bits), both instantiated
+// out[m, n] (out is [M, N] fp32) for the output rows of tiles [t0, t1); int4's and uint8 grouped's Scale: float
+// (fp32) or uint16_t (fp16 bits), both instantiated
 template <typename Scale>
 void int4_tiles_avx2(const uint8_t* codes, const Scale* scales, const Scale* mins, const FloatRows& x, int64_t t0,
                      int64_t t1, int64_t N, float* out);
@@ -83,9 +84,11 @@ void int8_tiles_avx2(const int8_t* weight, const float* scales, const FloatRows&
 void int8_tiles_avx512(const int8_t* weight, const float* scales, const FloatRows& x, int64_t t0, int64_t t1,
                        int64_t N, float* out);
 // group: 16 or 32 (x's sums are per group)
-void uint8_grouped_tiles_avx2(const uint8_t* codes, const float* scales, const float* mins, int64_t group,
+template <typename Scale>
+void uint8_grouped_tiles_avx2(const uint8_t* codes, const Scale* scales, const Scale* mins, int64_t group,
                               const FloatRows& x, int64_t t0, int64_t t1, int64_t N, float* out);
-void uint8_grouped_tiles_avx512(const uint8_t* codes, const float* scales, const float* mins, int64_t group,
+template <typename Scale>
+void uint8_grouped_tiles_avx512(const uint8_t* codes, const Scale* scales, const Scale* mins, int64_t group,
                                 const FloatRows& x, int64_t t0, int64_t t1, int64_t N, float* out);
 
 // rows(std::integral_constant<int, R>(), m) for input rows m..m+R-1, over all M rows in groups of at most kMaxRows

@@ -109,8 +109,8 @@ void int8_tile(const int8_t* tile, const float* scales, const FloatRows& x, int6
 
 // out rows m..m+R-1 of one tile of uint8 codes in groups of G: per group, sum_k code x_k in fp32, then x scale, +
 // minimum x the group's input sum
-template <int R, int G>
-void uint8_grouped_tile(const uint8_t* tile, const float* scales, const float* mins, const FloatRows& x, int64_t m,
+template <int R, int G, typename Scale>
+void uint8_grouped_tile(const uint8_t* tile, const Scale* scales, const Scale* mins, const FloatRows& x, int64_t m,
                         bool fetch, float* out, int64_t N, __mmask16 lanes) {
   constexpr int C = kChains<R>;
   const int64_t K = x.width, blocks = K / kBlock, groups = K / G;
@@ -140,27 +140,34 @@ void uint8_grouped_tile(const uint8_t* tile, const float* scales, const float* m
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + (m + r) * N, lanes, products[r]);
 }
 
-template <int G>
-void uint8_grouped_tiles(const uint8_t* codes, const float* scales, const float* mins, const FloatRows& x,
+template <int G, typename Scale>
+void uint8_grouped_tiles(const uint8_t* codes, const Scale* scales, const Scale* mins, const FloatRows& x,
                          int64_t t0, int64_t t1, int64_t N, float* out) {
   const int64_t blocks = x.width / kBlock, groups = x.width / G;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t n = t * kTileRows;
     in_row_groups<kMaxRows>(x.rows, [&](auto rows, int64_t m) {
-      uint8_grouped_tile<decltype(rows)::value, G>(codes + t * blocks * kInt8TileBytes,
-                                                   scales + t * groups * kTileRows, mins + t * groups * kTileRows,
-                                                   x, m, m == 0, out + n, N, first_lanes(N - n));
+      uint8_grouped_tile<decltype(rows)::value, G, Scale>(codes + t * blocks * kInt8TileBytes,
+                                                          scales + t * groups * kTileRows,
+                                                          mins + t * groups * kTileRows, x, m, m == 0, out + n, N,
+                                                          first_lanes(N - n));
     });
   }
 }
 
 }  // namespace
 
-void uint8_grouped_tiles_avx512(const uint8_t* codes, const float* scales, const float* mins, int64_t group,
+template <typename Scale>
+void uint8_grouped_tiles_avx512(const uint8_t* codes, const Scale* scales, const Scale* mins, int64_t group,
                                 const FloatRows& x, int64_t t0, int64_t t1, int64_t N, float* out) {
   if (group == 16) uint8_grouped_tiles<16>(codes, scales, mins, x, t0, t1, N, out);
   else uint8_grouped_tiles<32>(codes, scales, mins, x, t0, t1, N, out);
 }
+
+template void uint8_grouped_tiles_avx512(const uint8_t*, const float*, const float*, int64_t, const FloatRows&, int64_t,
+                                         int64_t, int64_t, float*);
+template void uint8_grouped_tiles_avx512(const uint8_t*, const uint16_t*, const uint16_t*, int64_t, const FloatRows&,
+                                         int64_t, int64_t, int64_t, float*);
 
 template <typename Scale>
 void int4_tiles_avx512(const uint8_t* codes, const Scale* scales, const Scale* mins, const FloatRows& x, int64_t t0,

@@ -84,6 +84,18 @@ at::Tensor over_tiles(const at::Tensor& x, int64_t N, int64_t tiles, Run&& run) 
   return out.to(x.scalar_type());
 }
 
+// run(s, m) over a grouped layer's scales and minimums of this shape, both fp32 (const float*) or both fp16 (their
+// bits, const uint16_t*: gemv.h), after checking them
+template <typename Run>
+at::Tensor with_scales(const at::Tensor& scales, const at::Tensor& mins, at::IntArrayRef shape, Run&& run) {
+  const at::ScalarType dtype = scales.scalar_type() == at::kHalf ? at::kHalf : at::kFloat;
+  check_weight(scales, dtype, shape, "scales");
+  check_weight(mins, dtype, shape, "mins");
+  if (dtype == at::kFloat) return run(scales.data_ptr<float>(), mins.data_ptr<float>());
+  auto bits = [](const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>()); };
+  return run(bits(scales), bits(mins));
+}
+
 // int8_inputs: the input rows quantized to int8 per block first (gemv.h's Int8Rows), the products in integers, by
 // the AVX2 kernel whatever the isa (every CPU with AVX-512 here has AVX2). Scale: float, or uint16_t for fp16 scales
 // and minimums (gemv.h)
@@ -114,13 +126,8 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   const bool wide = use_avx512(isa);
   const int64_t tiles = tiles_of(codes, N, kInt4TileBytes, "cpu_gemv.pack_int4"), blocks = codes.size(1);
   check_weight(codes, at::kByte, {tiles, blocks, kInt4TileBytes}, "codes");
-  const at::ScalarType dtype = scales.scalar_type() == at::kHalf ? at::kHalf : at::kFloat;
-  check_weight(scales, dtype, {tiles, blocks, kTileRows}, "scales");
-  check_weight(mins, dtype, {tiles, blocks, kTileRows}, "mins");
-  if (dtype == at::kFloat)
-    return int4_gemv_of(x, codes, scales.data_ptr<float>(), mins.data_ptr<float>(), N, wide, int8_inputs);
-  auto bits = [](const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>()); };
-  return int4_gemv_of(x, codes, bits(scales), bits(mins), N, wide, int8_inputs);
+  return with_scales(scales, mins, {tiles, blocks, kTileRows},
+                     [&](auto s, auto m) { return int4_gemv_of(x, codes, s, m, N, wide, int8_inputs); });
 }
 
 at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t N,
@@ -146,15 +153,14 @@ at::Tensor uint8_grouped_gemv(const at::Tensor& x, const at::Tensor& codes, cons
   TORCH_CHECK(scales.dim() == 3 && scales.size(0) == tiles && scales.size(2) == kTileRows &&
                   (scales.size(1) == blocks || scales.size(1) == 2 * blocks),
               "scales must be [N/16, K/16 or K/32, 16] (cpu_gemv.pack_uint8_grouped), got ", scales.sizes());
-  check_weight(scales, at::kFloat, scales.sizes(), "scales");
-  check_weight(mins, at::kFloat, scales.sizes(), "mins");
   const int64_t group = blocks * kBlock / scales.size(1);
-  const Widened in = widen(x, blocks * kBlock, group);
   const uint8_t* c = codes.data_ptr<uint8_t>();
-  const float *s = scales.data_ptr<float>(), *m = mins.data_ptr<float>();
-  return over_tiles(x, N, tiles, [&](int64_t t0, int64_t t1, float* o) {
-    if (wide) uint8_grouped_tiles_avx512(c, s, m, group, in.rows, t0, t1, N, o);
-    else uint8_grouped_tiles_avx2(c, s, m, group, in.rows, t0, t1, N, o);
+  return with_scales(scales, mins, scales.sizes(), [&](auto s, auto m) {
+    const Widened in = widen(x, blocks * kBlock, group);
+    return over_tiles(x, N, tiles, [&](int64_t t0, int64_t t1, float* o) {
+      if (wide) uint8_grouped_tiles_avx512(c, s, m, group, in.rows, t0, t1, N, o);
+      else uint8_grouped_tiles_avx2(c, s, m, group, in.rows, t0, t1, N, o);
+    });
   });
 }
 
