@@ -28,8 +28,9 @@ _PARENT_CHECK_S = 1.0  # how often a busy engine process checks that the process
 
 @dataclass(frozen=True)
 class CoreEndpoints:
-    """ZeroMQ addresses the engine process connects to: where it reports ready (or failed), and each server
-    process's commands and turns (server i: commands[i], turns[i])."""
+    """ZeroMQ addresses between the engine process and its servers: where it reports ready (or failed), and each
+    server process's commands (bound by the engine process) and turns (bound by the server; server i: commands[i],
+    turns[i])."""
     ready: str
     commands: list[str]
     turns: list[str]
