@@ -55,10 +55,12 @@ def run_api_servers(engine_args: EngineArgs, options: ServeOptions) -> None:
     endpoints = core_endpoints(work_dir, options.api_server_count)
     context = zmq.Context()
     engine, servers = None, []
+    for signum in (signal.SIGINT, signal.SIGTERM):  # during the load: stop at once, the engine with it (finally)
+        signal.signal(signum, _interrupt)
     try:
         engine = start_engine_process(engine_args, endpoints)
         ready = wait_until_ready(zmq_socket(context, zmq.PULL, bind=endpoints.ready), engine)
-        stop = threading.Event()  # from here on a signal stops the API servers first (till now: the load, at once)
+        stop = threading.Event()  # from here on a signal stops the API servers first, then the engine
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: stop.set())
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = os.path.join(work_dir, "metrics")  # the API servers inherit it
@@ -79,6 +81,10 @@ def run_api_servers(engine_args: EngineArgs, options: ServeOptions) -> None:
         listening.close()
         context.destroy(linger=0)
         shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt  # also for SIGTERM, and where the shell started this with SIGINT ignored
 
 
 def _watch(engine: multiprocessing.Process, servers: list[multiprocessing.Process], endpoints: CoreEndpoints,
