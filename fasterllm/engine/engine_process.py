@@ -115,6 +115,8 @@ class TurnRouter:
         self._abort_from: dict[str, int] = {}
 
     def came_from(self, command: AddRequest | AbortRequest, server: int) -> None:
+        if self.num_servers == 1:  # one server gets every turn whole: nothing to remember on the step's path
+            return
         if isinstance(command, AddRequest):
             self._server_of[command.request_id] = server
         else:  # its server waits to hear that it was applied, also when the request had ended meanwhile
@@ -123,15 +125,15 @@ class TurnRouter:
     def split(self, turn: Turn) -> list[Turn]:
         """One Turn per server: its requests' accepted adds and outputs, its aborts, and everyone's stats and
         dead_reason. Requests that end in this turn are forgotten."""
-        parts = [turn]
-        if self.num_servers > 1:
-            parts = [Turn(stats=turn.stats, dead_reason=turn.dead_reason) for _ in range(self.num_servers)]
-            for accepted in turn.accepted:
-                parts[self._server_of[accepted[0]]].accepted.append(accepted)
-            for request_id in turn.aborted:
-                parts[self._abort_from[request_id]].aborted.append(request_id)
-            for output in turn.outputs:
-                parts[self._server_of[output[0]]].outputs.append(output)
+        if self.num_servers == 1:
+            return [turn]
+        parts = [Turn(stats=turn.stats, dead_reason=turn.dead_reason) for _ in range(self.num_servers)]
+        for accepted in turn.accepted:
+            parts[self._server_of[accepted[0]]].accepted.append(accepted)
+        for request_id in turn.aborted:
+            parts[self._abort_from[request_id]].aborted.append(request_id)
+        for output in turn.outputs:
+            parts[self._server_of[output[0]]].outputs.append(output)
         for request_id in turn.aborted:
             self._abort_from.pop(request_id, None)
         for request_id in turn.ended_request_ids():

@@ -43,6 +43,6 @@ def test_one_server_gets_the_turn_as_it_is():
 
 
 def test_an_abort_applied_twice_in_a_turn_does_not_stop_the_engine():
-    router = TurnRouter(1)
+    router = TurnRouter(2)
     router.came_from(AbortRequest("gone"), 0)
     assert router.split(Turn(aborted=["gone", "gone"]))[0].aborted == ["gone", "gone"]
