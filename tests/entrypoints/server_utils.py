@@ -48,17 +48,21 @@ class ServerThread:
         return self.metrics()["fasterllm_kv_cache_blocks_in_use"]
 
     def metrics(self) -> dict[str, float]:
-        """The /metrics samples as {'name{labels}': value}."""
-        samples = {}
-        for line in httpx.get(self.url + "/metrics").text.splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                samples[name] = float(value)
-        return samples
+        return metric_samples(httpx.get(self.url + "/metrics").text)
 
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(30)
+
+
+def metric_samples(text: str) -> dict[str, float]:
+    """Prometheus' text format (what /metrics answers) as {'name{labels}': value}."""
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
 
 
 def dummy_generator():

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from server_utils import SERVER_ENGINE_ARGS, free_port
+from server_utils import SERVER_ENGINE_ARGS, free_port, metric_samples
 
 from fasterllm import SamplingParams
 
@@ -111,19 +111,10 @@ def _streams(url: str, prompts: list[str], max_tokens: int) -> list[str]:
     return asyncio.run(run())
 
 
-def _metrics(url: str) -> dict[str, float]:
-    samples = {}
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            samples[name] = float(value)
-    return samples
-
-
 def test_concurrent_streams_answer_as_one_engine_and_metrics_add_up_both_servers(served, reference_llm):
     reference = reference_llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
     assert _streams(served.url, PROMPTS, max_tokens=16) == [o.outputs[0].text for o in reference]
-    metrics = _metrics(served.url)  # whichever process answers, it counts both
+    metrics = metric_samples(httpx.get(served.url + "/metrics").text)  # whichever process answers counts both
     assert metrics['fasterllm_requests_total{outcome="success"}'] == len(PROMPTS)
     assert metrics["fasterllm_generation_tokens_total"] == sum(len(o.outputs[0].token_ids) for o in reference)
     assert metrics["fasterllm_kv_cache_blocks"] == reference_llm.engine.stats().num_kv_blocks
@@ -176,10 +167,10 @@ def test_metrics_add_up_every_api_server_process(tmp_path):
     for n in (3, 4):
         subprocess.run([sys.executable, "-c", count.format(n=n)], env=env, check=True)
     text = subprocess.run([sys.executable, "-c", render], env=env, check=True, capture_output=True, text=True).stdout
-    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
-    assert float(samples['fasterllm_requests_total{outcome="success"}']) == 7
-    assert float(samples["fasterllm_generation_tokens_total"]) == 70
-    assert float(samples["fasterllm_kv_cache_blocks"]) == 20
+    samples = metric_samples(text)
+    assert samples['fasterllm_requests_total{outcome="success"}'] == 7
+    assert samples["fasterllm_generation_tokens_total"] == 70
+    assert samples["fasterllm_kv_cache_blocks"] == 20
 
 
 def test_a_signal_during_the_load_stops_everything_at_once():
