@@ -30,13 +30,15 @@ def median_ms(fn) -> float:
     return 1e3 * time_it(fn)
 
 
-def batch(context_lens: list[int], query_lens: list[int], cache_dtype: torch.dtype = torch.bfloat16):
+def batch(context_lens: list[int], query_lens: list[int], cache_dtype: torch.dtype = torch.bfloat16,
+          table_keys: int = 0):
     """A cache holding every sequence in blocks of its own (shuffled) and the kernel's arguments; returns them with
-    the KV bytes the sequences hold."""
+    the KV bytes the sequences hold. table_keys: block tables at least this many keys wide, as the engine's decode
+    graphs stage them (max_model_len wide), which sets the split count."""
     seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
     blocks = [-(-n // BLOCK) for n in seq_lens]
     order = torch.randperm(sum(blocks), device="cuda").to(torch.int32)
-    tables = torch.zeros(len(seq_lens), max(blocks), dtype=torch.int32, device="cuda")
+    tables = torch.zeros(len(seq_lens), max(blocks + [table_keys // BLOCK]), dtype=torch.int32, device="cuda")
     start = 0
     for i, n in enumerate(blocks):
         tables[i, :n] = order[start:start + n]
@@ -98,10 +100,13 @@ def main() -> None:
     cache_dtype = torch.float8_e4m3fn if parsed.kv_cache_dtype == "fp8" else torch.bfloat16
     copy_gbs = copy_bandwidth(torch.device("cuda"), gib=1.0) / 1e9  # read + write
     print(f"{torch.cuda.get_device_name()}: device copy {copy_gbs:,.0f} GB/s (read + write); cache {cache_dtype}")
-    for num_seqs, context in ((256, 900), (64, 640), (16, 2048), (1, 8192), (1, 32000)):
-        args, kv_bytes = batch([context] * num_seqs, [1] * num_seqs, cache_dtype)
+    # the last three: batch 1 as a decode graph of an 8,192-token model runs it (32 splits, mostly empty)
+    for num_seqs, context, table_keys in ((256, 900, 0), (64, 640, 0), (16, 2048, 0), (1, 8192, 0), (1, 32000, 0),
+                                          (1, 384, 8192), (4, 384, 8192), (1, 2048, 8192)):
+        args, kv_bytes = batch([context] * num_seqs, [1] * num_seqs, cache_dtype, table_keys)
         ms = median_ms(lambda: paged_attention(**args))
-        print(f"decode {num_seqs} x {context} keys: {ms * 1e3:.1f} us, KV read {kv_bytes / ms / 1e6:,.0f} GB/s "
+        wide = f" (table {table_keys} keys wide)" if table_keys else ""
+        print(f"decode {num_seqs} x {context} keys{wide}: {ms * 1e3:.1f} us, KV read {kv_bytes / ms / 1e6:,.0f} GB/s "
               f"({kv_bytes / ms / 1e6 / copy_gbs:.0%} of copy)")
     prompt_rows(parsed.prefill_tiles or [paged_attention_module.PREFILL_TILES], cache_dtype)
 

@@ -56,11 +56,12 @@ class SymmetricAllReduce:
         linear.push_row(x, self.target)
         return all_reduce_add_rms_norm(None, residual.contiguous(), weight, eps, self.target)
 
-    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         from fasterllm.kernels.one_shot_all_reduce import all_reduce_add_rms_norm
 
-        return all_reduce_add_rms_norm(x, residual.contiguous(), weight, eps, self.target)
+        return all_reduce_add_rms_norm(x, None if residual is None else residual.contiguous(), weight, eps,
+                                       self.target)
 
 
 def try_symmetric_all_reduce(hidden_size: int, dtype: torch.dtype, device: torch.device

@@ -62,11 +62,11 @@ class TensorParallel:
             dist.all_reduce(x)
         return x
 
-    def all_reduce_add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module
+    def all_reduce_add_norm(self, x: torch.Tensor, residual: torch.Tensor | None, norm: nn.Module
                             ) -> tuple[torch.Tensor, torch.Tensor]:
-        """norm(sum over ranks of x, residual): a row-parallel layer's partial sums, summed, added to the residual
-        stream and normalised; one fused launch where the symmetric-memory path takes these rows, else the
-        all-reduce, then the norm."""
+        """norm(sum over ranks of x, residual): a row-parallel layer's partial sums (or the embedding's, with no
+        residual yet), summed, added to the residual stream and normalised; one fused launch where the
+        symmetric-memory path takes these rows, else the all-reduce, then the norm."""
         if self.size > 1:
             if self.symmetric is not None and type(norm) is RMSNorm and self.symmetric.fits(x):
                 return self.symmetric.add_rms_norm(x, residual, norm.weight, norm.eps)

@@ -78,7 +78,7 @@ def push_for_next_call(values, cols, mask, buffers_ptr, epochs_ptr, row, HIDDEN,
 def _all_reduce_add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, y_ptr, new_residual_ptr, buffers_ptr,
                                     epochs_ptr, eps, HIDDEN: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
                                     RANK: tl.constexpr, WORLD: tl.constexpr, PUSHED: tl.constexpr,
-                                    PDL: tl.constexpr):
+                                    HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr):
     early_start(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -106,8 +106,9 @@ def _all_reduce_add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, y_ptr, new_
     total = tl.zeros([BLOCK], dtype=tl.float32)
     for rank in tl.static_range(WORLD):  # in rank order, the same on every rank
         total += tl.sum(tl.where(ranks[:, None] == rank, rows.to(dtype, bitcast=True).to(tl.float32), 0.0), axis=0)
-    summed = total.to(dtype).to(tl.float32)  # the all-reduced row, in the model dtype, as NCCL gives it
-    x = (summed + tl.load(residual_ptr + offsets, mask=mask, other=0.0).to(tl.float32)).to(dtype)
+    x = total.to(dtype)  # the all-reduced row, in the model dtype, as NCCL gives it
+    if HAS_RESIDUAL:
+        x = (x.to(tl.float32) + tl.load(residual_ptr + offsets, mask=mask, other=0.0).to(tl.float32)).to(dtype)
     tl.store(new_residual_ptr + offsets, x, mask=mask)
     x = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / HIDDEN + eps)
@@ -116,19 +117,23 @@ def _all_reduce_add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, y_ptr, new_
     tl.store(y_ptr + offsets, (normed * weight).to(dtype), mask=mask)
 
 
-def all_reduce_add_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+def all_reduce_add_rms_norm(x: torch.Tensor | None, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
                             ranks: RankBuffers) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(sum over ranks of x + residual) * weight, that sum + residual) for contiguous 16-bit x, residual
     [T, H]. ranks.buffers: every rank's symmetric buffer, each COPIES x world x R x H int16 filled with EMPTY at first;
     ranks.epochs: this rank's R call counts (zero at first). T <= R; every rank calls it with the same T, in the
-    same order. x None: the launch before this one pushed this rank's rows already (push_for_next_call)."""
-    num_tokens, hidden = residual.shape
-    y, new_residual = torch.empty_like(residual), torch.empty_like(residual)
+    same order. x None: the launch before this one pushed this rank's rows already (push_for_next_call). residual
+    None: nothing is added (the first layer's norm over the embedding's rows, summed over the vocabulary's ranks)."""
+    if x is None and residual is None:
+        raise ValueError("all_reduce_add_rms_norm needs x, residual or both: with neither the rows' shape is unknown")
+    like = residual if residual is not None else x
+    num_tokens, hidden = like.shape
+    y, new_residual = torch.empty_like(like), torch.empty_like(like)
     if num_tokens:
         block = triton.next_power_of_2(hidden)
         _all_reduce_add_rms_norm_kernel[(num_tokens,)](
-            residual if x is None else x, residual, weight, y, new_residual, ranks.buffers, ranks.epochs, eps,
+            like if x is None else x, like, weight, y, new_residual, ranks.buffers, ranks.epochs, eps,
             HIDDEN=hidden, BLOCK=block, ROWS=ranks.epochs.shape[0], RANK=ranks.rank, WORLD=ranks.world,
-            PUSHED=x is None,
-            num_warps=4 if block <= 1024 else 8, **early_launch(residual.device))
+            PUSHED=x is None, HAS_RESIDUAL=residual is not None,
+            num_warps=4 if block <= 1024 else 8, **early_launch(like.device))
     return y, new_residual

@@ -20,9 +20,15 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.num_rows, hidden_size))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(self.partial_rows(input_ids))
+
+    def partial_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The rows this rank holds, zeros for the others: their sum over ranks is forward's. A model sums them in
+        its first norm's launch (TensorParallel.all_reduce_add_norm). Each token's row is on one rank, so the sum
+        is exact, and a scale applied to the partial rows before it is the scale of the whole rows."""
         if self.tp.size == 1:
             return F.embedding(input_ids, self.weight)
         local = input_ids - self.first_row
         outside = (local < 0) | (local >= self.num_rows)
         hidden = F.embedding(local.masked_fill(outside, 0), self.weight)
-        return self.tp.all_reduce(hidden.masked_fill_(outside[:, None], 0))
+        return hidden.masked_fill_(outside[:, None], 0)

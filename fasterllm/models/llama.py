@@ -89,14 +89,15 @@ class DecoderLayer(nn.Module):
                 rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor | None,
                 meta: AttentionMetadata, incoming_norm: nn.Module | None = None,
                 incoming_projection: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden: the embedding's rows (residual None), or the previous layer's output: with sandwich norms its
-        FFN output, summed over the ranks, which goes through incoming_norm (that layer's post-FFN norm) before the
-        residual add and this layer's norm (one launch); else its FFN's partial sums over the ranks, or, where that
-        layer leaves its down projection (leaves_down_proj), the projection's input and incoming_projection the
-        projection: projected, summed here with the residual add and norm (one fused launch where the
-        tensor-parallel group can). Returns the same for the next layer."""
+        """hidden: this rank's part of the embedding's rows (residual None: summed over the vocabulary's ranks here,
+        in the norm's launch where the tensor-parallel group can), or the previous layer's output: with sandwich
+        norms its FFN output, summed over the ranks, which goes through incoming_norm (that layer's post-FFN norm)
+        before the residual add and this layer's norm (one launch); else its FFN's partial sums over the ranks, or,
+        where that layer leaves its down projection (leaves_down_proj), the projection's input and
+        incoming_projection the projection: projected, summed here with the residual add and norm (one fused launch
+        where the tensor-parallel group can). Returns the same for the next layer."""
         if residual is None:
-            hidden, residual = self.input_layernorm(hidden, residual)  # W8A8 / FP8: quantized rows, not a tensor
+            hidden, residual = self.tp.all_reduce_add_norm(hidden, None, self.input_layernorm)  # W8A8: quantized
         elif self.pre_feedforward_layernorm is not None:
             hidden, residual = norm_add_norm(hidden, residual, incoming_norm, self.input_layernorm)
         else:
@@ -202,7 +203,7 @@ class LlamaForCausalLM(nn.Module):
                       meta: AttentionMetadata, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Flat batch of new tokens -> the final norm's output (what the output head reads) at `rows`, or at
         every row when None. kv_caches=None: no cache (torch path only, every sequence a whole prompt)."""
-        hidden = self.embed_tokens(input_ids)
+        hidden = self.embed_tokens.partial_rows(input_ids)  # summed over the ranks by the first layer's norm
         if self.config.embedding_multiplier is not None:  # Gemma: by sqrt(hidden), rounded to the dtype first
             hidden = hidden * torch.tensor(self.config.embedding_multiplier, dtype=hidden.dtype)
         ropes = [rotary.cos_sin if meta.kernel is not None else rotary.cos_sin_for(positions)
@@ -216,10 +217,8 @@ class LlamaForCausalLM(nn.Module):
                                      incoming_projection)
             incoming_norm = layer.post_feedforward_layernorm
             incoming_projection = layer.down_proj if layer.leaves_down_proj else None
-        if rows is not None:
-            if incoming_projection is not None:  # project every row, as the layer would have, then take rows
-                hidden, incoming_projection = incoming_projection(hidden), None
-            hidden, residual = hidden[rows], residual[rows]
+        if rows is not None:  # the rows first: the last down projection (if left to here) multiplies only them
+            hidden, residual = hidden[rows], residual[rows]  # a tensor or QuantizedRows
         if self.config.sandwich_norms:  # the last layer's output is summed over the ranks already
             return norm_add_norm(hidden, residual, incoming_norm, self.norm)[0]
         return self.tp.row_parallel_add_norm(incoming_projection, hidden, residual, self.norm)[0]

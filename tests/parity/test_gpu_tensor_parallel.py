@@ -135,6 +135,7 @@ def _fused_rank(rank: int, world: int, port: int, results) -> None:
                     failures.append(f"{rows} rows, {how}, {name}: max diff "
                                     f"{(got.float() - want.float()).abs().max().item()}")
     failures += _pushed_product_failures(fused, weight, rank, world)
+    failures += _no_residual_failures(fused, weight, rank, world)
     results.put((rank, failures))
     dist.destroy_process_group()
 
@@ -172,6 +173,35 @@ def _pushed_product_failures(fused, weight: torch.Tensor, rank: int, world: int)
             if not same:
                 failures.append(f"pushed product, {how}, {name}: max diff "
                                 f"{(got.float() - want.float()).abs().max().item()}")
+    return failures
+
+
+def _no_residual_failures(fused, weight: torch.Tensor, rank: int, world: int) -> list[str]:
+    """The first layer's norm over the embedding's partial rows (no residual yet): summed over the ranks and
+    normalised, against NCCL and the plain norm, eager and replayed from a CUDA graph."""
+    import torch.distributed as dist
+
+    from fasterllm.kernels.rms_norm import rms_norm
+
+    device, hidden = weight.device, weight.shape[0]
+    x = torch.randn(2, hidden, generator=torch.Generator().manual_seed(rank + 50)).to(device, torch.bfloat16)
+    summed = x.clone()
+    dist.all_reduce(summed)
+    expected = (rms_norm(summed, weight, 1e-6), summed)
+    answers = [("eager", fused.add_rms_norm(x, None, weight, 1e-6))]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        answers.append(("graph", fused.add_rms_norm(x, None, weight, 1e-6)))
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    failures = []
+    for how, ours in answers:
+        for name, got, want in zip(("normed", "residual"), ours, expected):
+            same = torch.equal(got, want) if world == 2 else torch.allclose(got.float(), want.float(), rtol=2**-6,
+                                                                              atol=2**-6)
+            if not same:
+                failures.append(f"no residual, {how}, {name}: max diff {(got.float() - want.float()).abs().max()}")
     return failures
 
 
