@@ -10,11 +10,8 @@ masked. The grid depends on host ints only (numbers of sequences and tokens, max
 can be captured in a CUDA graph.
 
 Decode batches (max_query_len == 1) split each sequence's keys over several programs (flash-decoding:
-short batches with long contexts would otherwise use a few SMs). Each program stores its unnormalised partial
-result and counts itself in on a per-(sequence, KV head) counter; the last to arrive merges the partials by their
-log-sum-exp and sets the counter back to zero for the next launch, so no second kernel is launched (at batch 1 a
-launch of its own cost each layer about 3 us on an H100). The split count comes from host ints (batch size, heads,
-block table width).
+short batches with long contexts would otherwise use a few SMs) and a second kernel merges the partial
+results by their log-sum-exp. The split count comes from host ints (batch size, heads, block table width).
 
 An fp8 cache (float8_e4m3fn, kernels/kv_store.py) is read as is and widened in registers (in decode launches under
 bf16 queries to fp16: one instruction per pair, where bf16 takes more): K's scale is folded into the score scale and
@@ -121,13 +118,11 @@ def _packed_tile(query_start_ptr, num_seqs, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _paged_attention_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr, out_ptr,
-        part_out_ptr, part_max_ptr, part_sum_ptr, counters_ptr, bias_ptr, bias_rows, scale_log2, v_scale, window,
-        softcap,
+        part_out_ptr, part_max_ptr, part_sum_ptr, bias_ptr, bias_rows, scale_log2, v_scale, window, softcap,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_bt, stride_ot, stride_oh,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        SPLITS_PAD: tl.constexpr,
         USE_WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
         num_seqs, IEEE_DOT: tl.constexpr, FP16_DOT: tl.constexpr, PROMPT_ROWS: tl.constexpr,
         PDL: tl.constexpr):
@@ -196,19 +191,12 @@ def _paged_attention_kernel(
                 stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, BLOCK_N, BLOCK_SIZE, True,
                 USE_WINDOW, CAUSAL, HAS_BIAS, HAS_SOFTCAP, IEEE_DOT, FP16_DOT)
         acc = acc * v_scale
-        if NUM_SPLITS > 1:  # unnormalised partials; the last program of this (sequence, KV head) merges them
-            num_heads = tl.num_programs(2) * GROUP
-            part = (query_start + token).to(tl.int64) * num_heads + head  # [token row, head]
+        if NUM_SPLITS > 1:  # unnormalised partials, merged by _merge_splits_kernel
+            part = (query_start + token).to(tl.int64) * (tl.num_programs(2) * GROUP) + head  # [token row, head]
             tl.store(part_max_ptr + part * NUM_SPLITS + split, row_max, mask=row_ok)
             tl.store(part_sum_ptr + part * NUM_SPLITS + split, row_sum, mask=row_ok)
             tl.store(part_out_ptr + (part * NUM_SPLITS + split)[:, None] * HEAD_DIM + dims[None, :], acc,
                      mask=row_ok[:, None] & dim_ok[None, :])
-            tl.debug_barrier()  # every thread's partials are stored before the count says so (released below)
-            counter = counters_ptr + seq * tl.num_programs(2) + kv_head
-            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
-                tl.store(counter, 0)  # zero again for the next launch
-                _merge_splits(part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr, query_start, kv_head * GROUP,
-                              num_heads, stride_ot, stride_oh, GROUP, NUM_SPLITS, SPLITS_PAD, HEAD_DIM, BLOCK_D)
         else:
             out = acc / tl.where(row_sum > 0, row_sum, 1.0)[:, None]  # no visible key (seq_len 0): zeros
             tl.store(out_ptr + (query_start + token)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh
@@ -216,42 +204,27 @@ def _paged_attention_kernel(
 
 
 @triton.jit
-def _merge_splits(part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr, token, first_head, num_heads, stride_ot,
-                  stride_oh, GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Row `token`'s output of heads first_head.. + GROUP: every split's partial (the other programs' read from L2,
-    where their stores went) weighed by its log-sum-exp."""
-    splits = tl.arange(0, SPLITS_PAD)
-    split_ok = splits < NUM_SPLITS
-    dims = tl.arange(0, BLOCK_D)
-    for group_head in tl.static_range(GROUP):
-        head = first_head + group_head
-        part = (token.to(tl.int64) * num_heads + head) * NUM_SPLITS + splits
-        maxes = tl.load(part_max_ptr + part, mask=split_ok, other=float("-inf"), cache_modifier=".cg")
-        sums = tl.load(part_sum_ptr + part, mask=split_ok, other=0.0, cache_modifier=".cg")
+def _merge_splits_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, query_start_ptr, out_ptr, stride_ot, stride_oh,
+                         NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    early_start(PDL)
+    seq, head = tl.program_id(0), tl.program_id(1)
+    token = tl.load(query_start_ptr + seq)
+    if tl.load(query_start_ptr + seq + 1) > token:  # padding sequences own no row
+        splits = tl.arange(0, SPLITS_PAD)
+        split_ok = splits < NUM_SPLITS
+        dims = tl.arange(0, BLOCK_D)
+        part = (token.to(tl.int64) * tl.num_programs(1) + head) * NUM_SPLITS + splits
+        maxes = tl.load(part_max_ptr + part, mask=split_ok, other=float("-inf"))
+        sums = tl.load(part_sum_ptr + part, mask=split_ok, other=0.0)
         outs = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :],
-                       mask=split_ok[:, None] & (dims[None, :] < HEAD_DIM), other=0.0, cache_modifier=".cg")
+                       mask=split_ok[:, None] & (dims[None, :] < HEAD_DIM), other=0.0)
         top = tl.max(maxes, axis=0)
         weights = tl.math.exp2(maxes - tl.where(top == float("-inf"), 0.0, top))  # empty splits weigh 0
         total = tl.sum(weights * sums, axis=0)
         out = tl.sum(weights[:, None] * outs, axis=0) / tl.where(total > 0, total, 1.0)
         tl.store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty),
                  mask=dims < HEAD_DIM)
-
-
-# per device: the arrival counters of split decode launches, one per (sequence, KV head), zero between launches (the
-# merging program zeroes its own); decode_splits splits only launches of fewer than _SM_TARGET such pairs
-_SPLIT_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _split_counters(device: torch.device, pairs: int) -> torch.Tensor:
-    counters = _SPLIT_COUNTERS.get(device)
-    if counters is None or counters.numel() < pairs:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"a split decode launch of {pairs} (sequence, KV head) pairs was first met inside a "
-                               "CUDA graph capture; run the batch once outside the capture first")
-        counters = _SPLIT_COUNTERS[device] = torch.zeros(max(pairs, _SM_TARGET), dtype=torch.int32, device=device)
-    return counters
 
 
 def decode_splits(num_seqs: int, num_kv_heads: int, max_keys: int) -> int:
@@ -323,27 +296,30 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         block_m = max(16, min(PREFILL_TILES.rows, triton.next_power_of_2(max_query_len) * group_pad), group_pad)
         block_n = PREFILL_TILES.keys
         grid = (num_tokens // (block_m // group_pad) + num_seqs, 1, num_kv_heads)  # tiles packed: _packed_tile
-    part_out = part_max = part_sum = counters = out  # unused placeholders without splits
+    part_out = part_max = part_sum = out  # unused placeholders without splits
     if splits > 1:
         part_max = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32, device=query.device)
         part_sum = torch.empty_like(part_max)
         part_out = torch.empty(num_tokens, num_heads, splits, head_dim, dtype=torch.float32, device=query.device)
-        counters = _split_counters(query.device, num_seqs * num_kv_heads)
     _paged_attention_kernel[grid](
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out,
-        part_out, part_max, part_sum, counters, out if position_bias is None else position_bias,
+        part_out, part_max, part_sum, out if position_bias is None else position_bias,
         0 if position_bias is None else position_bias.shape[0], scale * LOG2E * k_scale, v_scale, sliding_window or 0,
         softcap or 0.0,
         query.stride(0), query.stride(1), *key_cache.stride()[:3], *value_cache.stride()[:3],
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
         BLOCK_N=max(block_size, block_n), BLOCK_SIZE=block_size, NUM_SPLITS=splits,
-        SPLITS_PAD=triton.next_power_of_2(splits),
         USE_WINDOW=sliding_window is not None, CAUSAL=causal, HAS_BIAS=position_bias is not None,
         HAS_SOFTCAP=softcap is not None, IEEE_DOT=query.dtype == torch.float32, FP16_DOT=fp16_dot,
         num_seqs=num_seqs, PROMPT_ROWS=max_query_len > 1,
         num_warps=4 if max_query_len == 1 else PREFILL_TILES.num_warps,
         num_stages=_DECODE_STAGES if max_query_len == 1 else PREFILL_TILES.num_stages, **early_launch(query.device))
+    if splits > 1:
+        _merge_splits_kernel[(num_seqs, num_heads)](
+            part_out, part_max, part_sum, query_start_loc, out, out.stride(0), out.stride(1),
+            NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=head_dim, BLOCK_D=block_d,
+            **early_launch(query.device))
     return out
 
 

@@ -71,15 +71,6 @@ def test_decode_split_kv(splits, window):
     check(args, torch.float32, sliding_window=window, num_kv_splits=splits)
 
 
-def test_split_launches_leave_their_counters_at_zero():
-    """The last program of each (sequence, KV head) to finish merges the partials and zeroes its arrival counter, so
-    launches one after another, with other split counts, merge right too."""
-    args = make_batch([0, 150, 33], [1, 1, 1], 4, 2, 64, torch.float32, block_size=32)
-    for splits in (3, 2, 5, 3):
-        check(args, torch.float32, num_kv_splits=splits)
-    assert not paged_attention_module._SPLIT_COUNTERS[args["query"].device].any()
-
-
 def test_long_decode_splits_by_default():
     """One sequence with a long context: the default split count spreads it over several programs."""
     args = make_batch([700], [1], 4, 2, 64, torch.float32)
