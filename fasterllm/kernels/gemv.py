@@ -46,24 +46,10 @@ def small_int_to_float(u, offset: tl.constexpr):
 
 
 @triton.jit
-def _load_input(x_ptr, k, mask, K, GATED: tl.constexpr):
-    """x[k] in fp32; GATED: x is [gate | up] (2K values) and the input is silu(gate[k]) * up[k], rounded to x's dtype
-    at each step as kernels/activation.py's silu_and_mul rounds it, so the product is the unfused one's, bit for bit."""
-    x = tl.load(x_ptr + k, mask=mask, other=0.0)
-    if GATED:
-        up = tl.load(x_ptr + K + k, mask=mask, other=0.0)
-        gate = x.to(tl.float32)
-        silu = (gate / (1.0 + tl.exp(-gate))).to(x.dtype).to(tl.float32)
-        x = (silu * up.to(tl.float32)).to(x.dtype)
-    return x.to(tl.float32)
-
-
-@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, buffers_ptr, epochs_ptr, N, K, stride_wn,
                  stride_gn, GROUPED_BITS: tl.constexpr, GROUP: tl.constexpr, HAS_SCALE: tl.constexpr,
                  HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-                 PUSH: tl.constexpr, ROWS: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, GATED: tl.constexpr,
-                 PDL: tl.constexpr):
+                 PUSH: tl.constexpr, ROWS: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, PDL: tl.constexpr):
     early_start(PDL)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
@@ -79,8 +65,8 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, buffers_pt
             w_mask = n_mask[:, None, None] if EVEN_K else n_mask[:, None, None] & k_mask[None, :, :]
             packed = tl.load(w_rows[:, None, None] + byte[None, :, :], mask=w_mask, other=0,
                              eviction_policy="evict_first")
-            x_even = _load_input(x_ptr, 2 * byte, k_mask, K, GATED)  # k = 2 * byte
-            x_odd = _load_input(x_ptr, 2 * byte + 1, k_mask, K, GATED)
+            x_even = tl.load(x_ptr + 2 * byte, mask=k_mask, other=0.0).to(tl.float32)  # k = 2 * byte
+            x_odd = tl.load(x_ptr + 2 * byte + 1, mask=k_mask, other=0.0).to(tl.float32)
             packed = packed.to(tl.int32)
             codes_x = tl.sum(small_int_to_float(packed & 0xF, 0) * x_even[None, :, :]
                              + small_int_to_float(packed >> 4, 0) * x_odd[None, :, :], axis=2)  # [BLOCK_N, GROUPS]
@@ -99,7 +85,7 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, buffers_pt
             w_mask = n_mask[:, None, None] if EVEN_K else n_mask[:, None, None] & k_mask[None, :, :]
             codes = tl.load(w_rows[:, None, None] + kk[None, :, :], mask=w_mask, other=0,
                             eviction_policy="evict_first")
-            x = _load_input(x_ptr, kk, k_mask, K, GATED)
+            x = tl.load(x_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
             codes_x = tl.sum(small_int_to_float(codes.to(tl.int32), 0) * x[None, :, :], axis=2)  # [BLOCK_N, GROUPS]
             group = k0 // GROUP + g8
             g_mask = n_mask[:, None] & (group < K // GROUP)[None, :]
@@ -112,7 +98,7 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, buffers_pt
             k = k0 + tl.arange(0, BLOCK_B)
             w_mask = n_mask[:, None] if EVEN_K else n_mask[:, None] & (k < K)[None, :]
             w = tl.load(w_rows[:, None] + k[None, :], mask=w_mask, other=0, eviction_policy="evict_first")
-            x = _load_input(x_ptr, k, k < K, K, GATED)
+            x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
             if HAS_SCALE:  # int8 codes
                 w = small_int_to_float(w.to(tl.int32) + 128, 128)
             acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
@@ -129,21 +115,19 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, buffers_pt
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = None, bias: torch.Tensor | None = None,
          minimums: torch.Tensor | None = None, group_size: int = 0, code_bits: int = 4,
-         push_to: RankBuffers | None = None, gated: bool = False) -> torch.Tensor | None:
+         push_to: RankBuffers | None = None) -> torch.Tensor | None:
     """One row x [1, K] (contiguous) times W^T -> [1, N] in x's dtype. W is a float weight [N, K] used as it is
     (scales None), int8 codes [N, K] with a scale per row, or grouped codes with per-group scales and minimums:
     int4 bytes [N, K/2] (code_bits 4) or uint8 codes [N, K] (code_bits 8) (quant_weight_only.py's layouts).
     push_to: a row-parallel layer's partial row goes straight into the fused all-reduce's buffers
-    (kernels/one_shot_all_reduce.py, whose launch must come next, with x None), and None is returned.
-    gated: x is [1, 2K] = [gate | up] and the product's input is silu(gate) * up, computed as the weights stream
-    (the down projection of a SiLU-gated FFN without the activation's launch)."""
+    (kernels/one_shot_all_reduce.py, whose launch must come next, with x None), and None is returned."""
+    k = x.shape[-1]
     n = weight.shape[0]
     grouped_bits = code_bits if minimums is not None else 0
     per_byte = 2 if grouped_bits == 4 else 1
-    k = weight.shape[1] * per_byte
-    if x.numel() != x.shape[-1] or x.shape[-1] != (2 * k if gated else k):
-        raise ValueError(f"gemv takes one row of K values ({'[gate | up], 2K' if gated else 'K'}) and a [N, K] "
-                         f"weight, got x {tuple(x.shape)} and weight {tuple(weight.shape)}")
+    if x.numel() != k or weight.shape[1] * per_byte != k:
+        raise ValueError(f"gemv takes one row of K values and a [N, K] weight, got x {tuple(x.shape)} and weight "
+                         f"{tuple(weight.shape)}")
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
 
     def launch(config: tuple[int, int, int], push: RankBuffers | None = None) -> None:
@@ -157,11 +141,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = No
             GROUPED_BITS=grouped_bits, GROUP=group_size if grouped_bits else 1, HAS_SCALE=scales is not None,
             HAS_BIAS=bias is not None, EVEN_K=(k // per_byte) % block_b == 0, BLOCK_N=block_n, BLOCK_B=block_b,
             PUSH=push is not None, ROWS=1 if push is None else push.epochs.shape[0],
-            RANK=0 if push is None else push.rank, WORLD=1 if push is None else push.world, GATED=gated,
-            num_warps=warps, **early_launch(x.device))
+            RANK=0 if push is None else push.rank, WORLD=1 if push is None else push.world, num_warps=warps,
+            **early_launch(x.device))
 
     # the tile is timed writing out, never pushing: a timed push would fill a slot no all-reduce empties
-    launch(_config_for((n, k, weight.dtype, group_size, grouped_bits, gated, x.dtype, x.device), launch), push_to)
+    launch(_config_for((n, k, weight.dtype, group_size, grouped_bits, x.dtype, x.device), launch), push_to)
     return out if push_to is None else None
 
 
@@ -193,6 +177,6 @@ def _config_for(key: tuple, launch) -> tuple[int, int, int]:
 
 
 def chosen_tiles() -> dict[tuple, tuple[int, int, int]]:
-    """(N, K, weight dtype, group, grouped bits, gated, x dtype, device) -> the (BLOCK_N, BLOCK_B, num_warps) timed
-    fastest so far."""
+    """(N, K, weight dtype, group, grouped bits, x dtype, device) -> the (BLOCK_N, BLOCK_B, num_warps) timed fastest
+    so far."""
     return dict(_chosen)

@@ -9,10 +9,6 @@ cuBLAS runs a Hopper kernel only where the output's rows are 16-byte aligned: an
 of 8 (BART's 50,265-token head, Marian's 58,101) fell to an sm75 kernel, 133 us for 64 rows of BART-large's head on an
 H100. Such a weight gets zero rows up to a multiple of 64, in place (the layer's weight, and a tied embedding sharing
 it, become a view of the first rows), and the product's extra columns are dropped.
-
-A SiLU-gated FFN's down projection can take the gate/up projection's output as it is (gated_input): one row's
-product computes silu(gate) * up as it reads its input, so a batch-1 decode step has no activation launch (32 fewer
-launches a step for the Llama-3-8B shape); more rows run the activation's kernel, then cuBLAS.
 """
 from __future__ import annotations
 
@@ -20,10 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fasterllm.kernels.activation import silu_and_mul
 from fasterllm.kernels.gemv import gemv
 from fasterllm.kernels.one_shot_all_reduce import RankBuffers
-from fasterllm.layers.activation import SiluAndMul
 from fasterllm.layers.linear import FlatLinear, replace_linears
 
 
@@ -42,13 +36,10 @@ class GPULinear(FlatLinear):
                 self.padded_bias = bias.new_zeros(self.padded_weight.shape[0])
                 self.padded_bias[:self.out_features] = bias
         self.weight, self.bias = weight, bias
-        self.gated_input = False  # x is [gate | up]: the product's input is silu(gate) * up (fuse_silu_and_mul)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 1:
-            return gemv(x, self.weight, bias=self.bias, gated=self.gated_input)
-        if self.gated_input:
-            x = silu_and_mul(x)
+            return gemv(x, self.weight, bias=self.bias)
         if self.padded_weight is not None:
             return F.linear(x, self.padded_weight, self.padded_bias)[:, :self.out_features]
         return F.linear(x, self.weight, self.bias)
@@ -56,7 +47,7 @@ class GPULinear(FlatLinear):
     def push_row(self, x: torch.Tensor, push_to: RankBuffers) -> None:
         """One row's product, a row-parallel layer's partial sums, written straight into the fused all-reduce's
         buffers (distributed/symmetric_all_reduce.py) instead of to an output."""
-        gemv(x, self.weight, bias=self.bias, push_to=push_to, gated=self.gated_input)
+        gemv(x, self.weight, bias=self.bias, push_to=push_to)
 
 
 def _padded_rows(weight: torch.Tensor) -> torch.Tensor | None:
@@ -72,14 +63,3 @@ def _padded_rows(weight: torch.Tensor) -> torch.Tensor | None:
 def use_gemv_linears(module: nn.Module) -> None:
     """Every nn.Linear under module (in place) as a GPULinear over the same weight."""
     replace_linears(module, lambda linear: GPULinear(linear.weight, linear.bias))
-
-
-def fuse_silu_and_mul(model: nn.Module) -> None:
-    """Wherever a layer's SiLU*mul (`act`) feeds its down projection (`down_proj`, a GPULinear over unpadded rows),
-    the projection applies it to its input itself and the layer's act passes the gate/up output through (in
-    place)."""
-    for layer in list(model.modules()):
-        down = getattr(layer, "down_proj", None)
-        if type(getattr(layer, "act", None)) is SiluAndMul and type(down) is GPULinear and down.padded_weight is None:
-            down.gated_input = True
-            layer.act = nn.Identity()

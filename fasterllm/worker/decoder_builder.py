@@ -59,10 +59,9 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
         quantize_model(model, quantization, device, checkpoint.stored_layout)
         release_fp32_bit_equality(model)
     elif device.type == "cuda":  # batch-1 decode through the matrix-vector kernel, the head too
-        from fasterllm.layers.gpu_linear import fuse_silu_and_mul, use_gemv_linears  # Triton: only with CUDA
+        from fasterllm.layers.gpu_linear import use_gemv_linears  # Triton: only with CUDA
 
         use_gemv_linears(model)
-        fuse_silu_and_mul(model)
     if can_pack(device, dtype):
         model.pack_for_cpu()
     return model
