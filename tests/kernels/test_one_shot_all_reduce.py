@@ -51,6 +51,27 @@ def test_rank_zero_sums_both_rows_and_cycles_its_copies(rows):
     assert epochs.tolist() == [4 % COPIES] * rows + [0] * (MAX_ROWS - rows), "the count is kept modulo the copies"
 
 
+def test_the_first_norm_sums_the_embeddings_partial_rows_with_no_residual():
+    """The first layer's norm over the vocabulary-parallel embedding (residual None): each token's row is on one rank
+    and zeros on the other, so the sum is that row, and the residual stream starts as it."""
+    from fasterllm.kernels.rms_norm import rms_norm
+
+    generator = torch.Generator().manual_seed(11)
+    buffers = [torch.full((COPIES, WORLD, MAX_ROWS, HIDDEN), EMPTY, dtype=torch.int16) for _ in range(WORLD)]
+    ranks = RankBuffers(torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64),
+                        torch.zeros(MAX_ROWS, dtype=torch.int32), 0, WORLD)
+    weight = (torch.rand(HIDDEN, generator=generator) + 0.5).to(torch.bfloat16)
+    rows = (torch.randint(-64, 64, (2, HIDDEN), generator=generator) / 16).to(torch.bfloat16)
+    mine, theirs = rows.clone(), torch.zeros_like(rows)  # token 0 on this rank, token 1 on the other
+    mine[1], theirs[1] = 0.0, rows[1]
+    buffers[0][1, 1, :2] = theirs.view(torch.int16)
+    normed, residual = _in_time(lambda: all_reduce_add_rms_norm(mine, None, weight, 1e-6, ranks))
+    assert torch.equal(residual, rows)
+    assert torch.equal(normed, rms_norm(rows, weight, 1e-6))
+    with pytest.raises(ValueError, match="needs x, residual or both"):
+        all_reduce_add_rms_norm(None, None, weight, 1e-6, ranks)
+
+
 def test_a_product_that_pushes_its_row_gives_what_the_all_reduce_of_its_output_gives():
     """A row-parallel layer's one-row product (kernels/gemv.py) writes its row into every rank's buffer itself and
     the all-reduce launch only sums: the same rows as the product's output sent by the all-reduce launch, call after
