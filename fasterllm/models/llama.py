@@ -217,8 +217,10 @@ class LlamaForCausalLM(nn.Module):
                                      incoming_projection)
             incoming_norm = layer.post_feedforward_layernorm
             incoming_projection = layer.down_proj if layer.leaves_down_proj else None
-        if rows is not None:  # the rows first: the last down projection (if left to here) multiplies only them
-            hidden, residual = hidden[rows], residual[rows]  # a tensor or QuantizedRows
+        if rows is not None:
+            if incoming_projection is not None:  # project every row, as the layer would have, then take rows
+                hidden, incoming_projection = incoming_projection(hidden), None
+            hidden, residual = hidden[rows], residual[rows]
         if self.config.sandwich_norms:  # the last layer's output is summed over the ranks already
             return norm_add_norm(hidden, residual, incoming_norm, self.norm)[0]
         return self.tp.row_parallel_add_norm(incoming_projection, hidden, residual, self.norm)[0]

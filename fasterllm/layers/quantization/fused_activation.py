@@ -26,10 +26,6 @@ class QuantizedRows:
     scales: torch.Tensor  # [T, 1] fp32
     dtype: torch.dtype  # the float dtype the rows stand for: the projection's output dtype
 
-    def __getitem__(self, rows: torch.Tensor) -> QuantizedRows:
-        """The rows at index tensor `rows`, as a tensor's rows[rows] would be."""
-        return QuantizedRows(self.codes[rows], self.scales[rows], self.dtype)
-
 
 class QuantizingRMSNorm(nn.Module):
     def __init__(self, norm: RMSNorm, codes_dtype: torch.dtype):
