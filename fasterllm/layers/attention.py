@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from fasterllm.kernels.native import cpu_attention
 from fasterllm.layers.kv_cache_dtype import FP8_KV_DTYPE, cache_values, read_back
 
 if TYPE_CHECKING:
@@ -274,20 +275,26 @@ def _read_blocks(kv_cache: torch.Tensor, blocks: torch.Tensor | slice, dtype: to
 
 def paged_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
                     kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                    softcap: float | None = None, kv_scales: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor:
+                    softcap: float | None = None, kv_scales: tuple[float, float] = (1.0, 1.0),
+                    bit_equal_fp32: bool = True) -> torch.Tensor:
     """query [T, Hq, D], key/value [T, Hkv, D] of the new tokens -> [T, Hq * D].
 
     The new K/V must already be stored (store_kv); cached context is read back whole blocks at a
     time (a block is one contiguous run of memory, far cheaper to gather than single slots). key/value are read
     only for a sequence with nothing cached before its new tokens; cross-attention (every key cached) passes None.
     softcap: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2). kv_scales: (k_scale, v_scale)
-    of an fp8 cache.
+    of an fp8 cache. One sequence's decode step runs one C++ call (kernels/native/cpu_attention.py) in bf16, and in
+    fp32 unless bit_equal_fp32 (which keeps SDPA's sums).
     """
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[-2] if key is None else key.shape[1]
     if key is not None and kv_cache is not None:  # what the cache holds: an fp8 cache's values, as every read sees
         key, value = (read_back(x, s, kv_cache.dtype) for x, s in ((key, kv_scales[0]), (value, kv_scales[1])))
     decode = meta.decode
+    if (decode is not None and decode.token_index is None and decode.mask is None and softcap is None
+            and num_tokens == 1 and kv_cache is not None and cpu_attention.runs(query, kv_cache, not bit_equal_fp32)):
+        return cpu_attention.decode_attention(query[0], kv_cache, decode.blocks, decode.keys, scale).view(
+            1, num_heads * head_dim)
     if decode is not None and decode.token_index is None:  # a pure decode batch: no scatter needed
         return _decode_attention(query, kv_cache, decode, scale, softcap, kv_scales).reshape(num_tokens,
                                                                                              num_heads * head_dim)

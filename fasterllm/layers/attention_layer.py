@@ -35,6 +35,7 @@ class Attention(nn.Module):
         kind = "full" if sliding_window is None else "sliding_window"
         self.kv_spec = KVCacheSpec(kind, num_kv_heads, head_dim, sliding_window)
         self.kv_scales = (1.0, 1.0)
+        self.bit_equal_fp32 = True  # an fp32 decode keeps SDPA's sums (layers/norm.release_fp32_bit_equality)
 
     def forward(self, qkv: torch.Tensor, rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None,
                 kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
@@ -52,7 +53,7 @@ class Attention(nn.Module):
         if kv_cache is not None:
             store_kv(kv_cache, qkv[:, self.num_heads:], meta.slot_mapping, self.kv_scales)
         return paged_attention(query, key, value, kv_cache, meta.for_window(self.sliding_window), self.scale,
-                               self.softcap, self.kv_scales)
+                               self.softcap, self.kv_scales, self.bit_equal_fp32)
 
 
 class CrossAttention(nn.Module):

@@ -44,10 +44,11 @@ _fused_fp32_rms_norm = getattr(torch, "_fused_rms_norm", None)
 
 
 def release_fp32_bit_equality(model: nn.Module) -> None:
-    """Every RMSNorm under model runs fp32 through our C++ op where it is built (quantized models: their products
-    already differ from transformers' in the last bits, so the norm's promise of bit-equality buys nothing)."""
+    """Every RMSNorm and decode attention under model runs fp32 through our C++ ops where they are built (quantized
+    models: their products already differ from transformers' in the last bits, so the promise of bit-equality buys
+    nothing): every module with a bit_equal_fp32 flag."""
     for module in model.modules():
-        if isinstance(module, RMSNorm):
+        if hasattr(module, "bit_equal_fp32"):
             module.bit_equal_fp32 = False
 
 

@@ -1,0 +1,38 @@
+"""One sequence's decode-step attention over its paged KV cache in one C++ call (cpu/decode_attention.cpp, built by
+cpu_extension.py, AVX2 and FMA), for single-stream decoding on the CPU. The torch path (layers/attention.py) views or
+gathers the sequence's blocks and calls SDPA, about 20-25 us a layer for SmolLM2's three KV heads and a few hundred
+keys; the C++ call reads the blocks in place in about half that (benchmarks/RESULTS.md, fifteenth session).
+
+bf16 models, and fp32 ones where the caller allows it (quantized models: layers/norm.release_fp32_bit_equality): it
+sums in another order than SDPA and takes exp2 from a polynomial (relative error under 2e-7), which an fp32 float
+model would see against transformers' own; in bf16 the outputs agree to a bf16 rounding
+(tests/layers/test_cpu_decode_attention.py)."""
+from __future__ import annotations
+
+import torch
+
+from fasterllm.kernels.native import cpu_extension
+
+HEAD_DIMS = (64, 80, 96, 128, 256)  # decode_attention.cpp's
+_NO_IDS = torch.empty(0, dtype=torch.long)
+
+
+def runs(query: torch.Tensor, kv_cache: torch.Tensor, fp32: bool) -> bool:
+    """Whether layers/attention.py hands a one-sequence decode to decode_attention: a bf16 query and cache (or fp32,
+    where fp32 is allowed) on the CPU, a head dimension it runs, the extension built."""
+    dtypes = (torch.bfloat16, torch.float32) if fp32 else (torch.bfloat16,)
+    return (query.dtype in dtypes and kv_cache.dtype == query.dtype and query.device.type == "cpu"
+            and query.shape[-1] in HEAD_DIMS and kv_cache.is_contiguous() and cpu_extension.available())
+
+
+def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, blocks: torch.Tensor | slice, keys: slice,
+                     scale: float) -> torch.Tensor:
+    """query [Hq, D] of one sequence's new token -> [Hq, D]: softmax(q k^T * scale) v over its keys at positions
+    keys.start..keys.stop - 1 of its blocks (a tensor of block ids, or a slice of consecutive ones) in kv_cache
+    [2, num_blocks, block_size, Hkv, D]. The query heads of one KV head are consecutive (GQA)."""
+    if isinstance(blocks, slice):
+        block_ids, first_block = _NO_IDS, blocks.start
+    else:
+        block_ids, first_block = blocks.to(torch.long), 0
+    return torch.ops.fasterllm_cpu.decode_attention(query.contiguous(), kv_cache, block_ids, first_block, keys.start,
+                                                    keys.stop, scale)

@@ -1,0 +1,68 @@
+"""One sequence's CPU decode attention in one C++ call (kernels/native/cpu_attention.py) against the torch path it
+replaces (SDPA over the gathered blocks): bf16 within a bf16 rounding, fp32 within 1e-5, over consecutive and
+scattered blocks, a sliding window's key range, GQA groups and several head dims; and where the layer takes it."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fasterllm.kernels.native import cpu_attention, cpu_extension
+from fasterllm.layers.attention import AttentionMetadata, paged_attention
+
+pytestmark = pytest.mark.skipif(not cpu_extension.available(), reason="needs the C++ CPU extension (a compiler)")
+
+BLOCK = 16
+
+
+def reference(query, kv_cache, blocks, keys, scale):
+    """SDPA in fp32 over the sequence's keys, gathered."""
+    kv = kv_cache[:, blocks].reshape(2, -1, *kv_cache.shape[-2:])[:, keys].transpose(1, 2).float()  # [2, Hkv, n, D]
+    num_heads, head_dim = query.shape
+    q = query.float().view(kv.shape[1], num_heads // kv.shape[1], 1, head_dim)
+    return F.scaled_dot_product_attention(q, kv[0][:, None], kv[1][:, None], scale=scale).reshape(num_heads, head_dim)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (32, 8, 128), (4, 4, 96)])
+@pytest.mark.parametrize("keys", [slice(0, 1), slice(0, 37), slice(21, 230)])  # one key, a block edge, a window
+@pytest.mark.parametrize("scattered", [False, True])
+def test_matches_sdpa_over_the_gathered_keys(dtype, heads, kv_heads, head_dim, keys, scattered):
+    generator = torch.Generator().manual_seed(heads + keys.stop)
+    num_blocks = 20
+    cache = torch.randn(2, num_blocks, BLOCK, kv_heads, head_dim, generator=generator).to(dtype)
+    query = torch.randn(heads, head_dim, generator=generator).to(dtype)
+    needed = -(-keys.stop // BLOCK)
+    blocks = torch.randperm(num_blocks, generator=generator)[:needed] if scattered else slice(3, 3 + needed)
+    got = cpu_attention.decode_attention(query, cache, blocks, keys, head_dim ** -0.5)
+    expected = reference(query, cache, blocks, keys, head_dim ** -0.5)
+    assert got.dtype == dtype and got.shape == query.shape
+    tolerance = 8e-3 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_a_block_outside_the_cache_is_refused_naming_it():
+    cache = torch.zeros(2, 4, BLOCK, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="block id 9 is outside the cache's 4"):
+        cpu_attention.decode_attention(torch.zeros(4, 64, dtype=torch.bfloat16), cache, torch.tensor([1, 9]),
+                                       slice(0, 20), 0.125)
+
+
+@pytest.mark.parametrize("dtype, bit_equal_fp32, taken", [(torch.bfloat16, True, True), (torch.float32, True, False),
+                                                          (torch.float32, False, True)])
+def test_the_layer_takes_it_for_one_sequence_in_bf16_and_released_fp32(monkeypatch, dtype, bit_equal_fp32, taken):
+    """The decode of one sequence goes through the C++ call for bf16 models and for fp32 ones released from
+    bit-equality (quantized); an fp32 float model keeps SDPA. Either way the output is the torch path's."""
+    generator = torch.Generator().manual_seed(1)
+    cache = torch.randn(2, 8, BLOCK, 2, 64, generator=generator).to(dtype)
+    query = torch.randn(1, 4, 64, generator=generator).to(dtype)
+    meta = AttentionMetadata.build([1], [40], [[5, 2, 7]], BLOCK, torch.device("cpu"))
+    calls = []
+    real = cpu_attention.decode_attention
+    monkeypatch.setattr(cpu_attention, "decode_attention", lambda *args: calls.append(1) or real(*args))
+    got = paged_attention(query, None, None, cache, meta, 0.125, bit_equal_fp32=bit_equal_fp32)
+    monkeypatch.setattr(cpu_attention, "runs", lambda *args: False)
+    torch_path = paged_attention(query, None, None, cache, meta, 0.125, bit_equal_fp32=bit_equal_fp32)
+    assert bool(calls) == taken
+    tolerance = 8e-3 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(got.float(), torch_path.float(), atol=tolerance, rtol=tolerance)
