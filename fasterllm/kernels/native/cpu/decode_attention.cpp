@@ -9,6 +9,8 @@
 
 #include <cmath>
 
+#include "widen.h"
+
 namespace fasterllm_cpu {
 namespace {
 
@@ -41,17 +43,6 @@ inline __m256 exp2_8(__m256 x) {
   p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.f));
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(whole), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-
-inline float round_to(float v, float) { return v; }
-
-// v rounded to bf16 (to nearest, ties to even), as its bits
-inline uint16_t round_to(float v, uint16_t) {
-  uint32_t bits;
-  __builtin_memcpy(&bits, &v, sizeof bits);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN stays NaN
-  bits += 0x7FFFu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
 }
 
 template <int kChunks, typename T>  // head_dim / 8; T: bf16 bits (uint16_t) or float

@@ -7,17 +7,6 @@
 namespace fasterllm_cpu {
 namespace {
 
-inline float round_to(float v, float) { return v; }
-
-// v rounded to bf16 (to nearest, ties to even), as its bits
-inline uint16_t round_to(float v, uint16_t) {
-  uint32_t bits;
-  __builtin_memcpy(&bits, &v, sizeof bits);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN stays NaN
-  bits += 0x7FFFu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
 template <typename T>
 void fused(const T* x, const T* residual, const T* weight, float eps, int64_t rows, int64_t width, T* out, T* sum) {
   constexpr int kPartials = 8;  // independent partial sums of squares: the compiler vectorizes them
