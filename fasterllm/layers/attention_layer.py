@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from fasterllm.config import KVCacheSpec
+from fasterllm.kernels.native import cpu_attention
 from fasterllm.layers.attention import (
     AttentionMetadata,
     attend_with_kernels,
@@ -46,11 +47,16 @@ class Attention(nn.Module):
         if meta.kernel is not None:
             return attend_with_kernels(qkv, self.num_heads, self.num_kv_heads, kv_cache, meta, rope, self.scale,
                                        self.sliding_window, self.softcap, self.kv_scales)
-        if rope is not None:  # Q and K rotated together in one call, in place: K then V stay side by side
+        stored = False
+        if (rope is not None and kv_cache is not None and not meta.prefills
+                and cpu_attention.rotary_store_runs(qkv, rope, kv_cache, not self.bit_equal_fp32)):
+            cpu_attention.rotary_store(qkv, *rope, kv_cache, meta.slot_mapping, self.num_heads)  # a decode batch
+            stored = True
+        elif rope is not None:  # Q and K rotated together in one call, in place: K then V stay side by side
             qk = qkv[:, :self.num_heads + self.num_kv_heads]
             apply_rotary(qk, *rope, out=qk)
         query, key, value = qkv.split_with_sizes([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
-        if kv_cache is not None:
+        if kv_cache is not None and not stored:
             store_kv(kv_cache, qkv[:, self.num_heads:], meta.slot_mapping, self.kv_scales)
         return paged_attention(query, key, value, kv_cache, meta.for_window(self.sliding_window), self.scale,
                                self.softcap, self.kv_scales, self.bit_equal_fp32)

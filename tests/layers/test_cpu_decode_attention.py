@@ -66,3 +66,26 @@ def test_the_layer_takes_it_for_one_sequence_in_bf16_and_released_fp32(monkeypat
     assert bool(calls) == taken
     tolerance = 8e-3 if dtype == torch.bfloat16 else 1e-5
     torch.testing.assert_close(got.float(), torch_path.float(), atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("tokens, stored", [(1, 1), (5, 3)])  # a decode row; a batch with padding rows
+def test_rotary_and_store_in_one_call_give_the_torch_paths_bits(dtype, tokens, stored):
+    from fasterllm.layers.attention import store_kv
+    from fasterllm.layers.rotary import apply_rotary, rotary_embedding
+
+    generator = torch.Generator().manual_seed(tokens)
+    heads, kv_heads, head_dim = 9, 3, 64
+    rotary = rotary_embedding(head_dim, 512, 10000.0, None, None, torch.device("cpu"), dtype)
+    cos, sin = rotary.cos_sin_for(torch.tensor([7, 300, 41, 0, 511][:tokens]))
+    qkv = (torch.randn(tokens, heads + 2 * kv_heads, head_dim, generator=generator) * 3).to(dtype)
+    slots = torch.tensor([5, 70, 33][:stored])
+    cache = torch.randn(2, 6, BLOCK, kv_heads, head_dim, generator=generator).to(dtype)
+    expected_qkv, expected_cache = qkv.clone(), cache.clone()
+    qk = expected_qkv[:, :heads + kv_heads]
+    apply_rotary(qk, cos, sin, out=qk)
+    store_kv(expected_cache, expected_qkv[:, heads:], slots)
+    cpu_attention.rotary_store(qkv, cos, sin, cache, slots, heads)
+    assert torch.equal(qkv, expected_qkv) and torch.equal(cache, expected_cache)
+    with pytest.raises(RuntimeError, match="slot 96 is outside the cache's 96"):
+        cpu_attention.rotary_store(qkv, cos, sin, cache, torch.tensor([96]), heads)

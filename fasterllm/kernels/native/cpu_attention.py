@@ -1,5 +1,6 @@
-"""One sequence's decode-step attention over its paged KV cache in one C++ call (cpu/decode_attention.cpp, built by
-cpu_extension.py, AVX2 and FMA), for single-stream decoding on the CPU. The torch path (layers/attention.py) views or
+"""A decode step's attention on the CPU in C++ (built by cpu_extension.py, AVX2 code): RoPE on Q and K with the K/V
+store in one call (cpu/rotary_store.cpp, the same bits as the torch path's five ops), and one sequence's attention
+over its paged KV cache in one call (cpu/decode_attention.cpp), for single-stream decoding. The torch path (layers/attention.py) views or
 gathers the sequence's blocks and calls SDPA, about 20-25 us a layer for SmolLM2's three KV heads and a few hundred
 keys; the C++ call reads the blocks in place in about half that (benchmarks/RESULTS.md, fifteenth session).
 
@@ -36,3 +37,20 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, blocks: torch.
         block_ids, first_block = blocks.to(torch.long), 0
     return torch.ops.fasterllm_cpu.decode_attention(query.contiguous(), kv_cache, block_ids, first_block, keys.start,
                                                     keys.stop, scale)
+
+
+def rotary_store_runs(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
+                      fp32: bool) -> bool:
+    """Whether a decode batch's RoPE and K/V store go to rotary_store: runs()'s dtypes, full-width rotary tables."""
+    dtypes = (torch.bfloat16, torch.float32) if fp32 else (torch.bfloat16,)
+    return (qkv.dtype in dtypes and kv_cache.dtype == qkv.dtype and qkv.device.type == "cpu"
+            and isinstance(rope, tuple) and rope[0].shape[-1] == qkv.shape[-1] and kv_cache.is_contiguous()
+            and cpu_extension.available())
+
+
+def rotary_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor, num_heads: int) -> None:
+    """qkv [T, Hq + 2 Hkv, D]: its query and key heads rotated in place (cos, sin: this step's [T, 1, D] rows, as
+    RotaryEmbedding.cos_sin_for gives them), then the first len(slot_mapping) tokens' keys and values written to their
+    slots of kv_cache [2, num_blocks, block_size, Hkv, D]: what apply_rotary and store_kv do, to the bit."""
+    torch.ops.fasterllm_cpu.rotary_store(qkv, cos, sin, kv_cache, slot_mapping.to(torch.long), num_heads)

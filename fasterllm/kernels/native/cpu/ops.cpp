@@ -13,6 +13,7 @@
 #include "decode_attention.h"
 #include "gemv.h"
 #include "rms_norm.h"
+#include "rotary_store.h"
 
 namespace fasterllm_cpu {
 namespace {
@@ -250,6 +251,49 @@ at::Tensor decode_attention_op(const at::Tensor& query, const at::Tensor& kv_cac
   return out;
 }
 
+// rotary_store.h's fused RoPE and K/V store: qkv [T, Hq + 2 Hkv, D] (each token's row contiguous), cos / sin rows
+// [T, 1, D] (strided views of the rotary table's gathered rows), kv_cache [2, num_blocks, block_size, Hkv, D],
+// slot_mapping [n <= T] int64; all of one dtype, bf16 or fp32
+void rotary_store_op(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& kv_cache,
+                     const at::Tensor& slot_mapping, int64_t num_heads) {
+  TORCH_CHECK(qkv.dim() == 3 && qkv.device().is_cpu() && qkv.stride(2) == 1 && qkv.stride(1) == qkv.size(2) &&
+                  (qkv.scalar_type() == at::kBFloat16 || qkv.scalar_type() == at::kFloat),
+              "qkv must be a CPU bfloat16 or float32 [T, heads, D] tensor with contiguous rows, got ",
+              qkv.scalar_type(), " ", qkv.sizes(), " strides ", qkv.strides());
+  const int64_t tokens = qkv.size(0), dim = qkv.size(2), kv_heads = (qkv.size(1) - num_heads) / 2;
+  TORCH_CHECK(kv_heads > 0 && num_heads + 2 * kv_heads == qkv.size(1) && dim % 2 == 0 && dim <= 512,
+              "qkv's ", qkv.size(1), " heads of ", dim, " are not ", num_heads, " query heads and two equal sets of KV "
+              "heads of an even dim up to 512");
+  for (const at::Tensor* table : {&cos, &sin})
+    TORCH_CHECK(table->scalar_type() == qkv.scalar_type() && table->numel() == tokens * dim &&
+                    table->stride(-1) == 1 && table->stride(0) == cos.stride(0),
+                "cos and sin must be [T, 1, D] rows of qkv's dtype with one row stride, got ", table->scalar_type(),
+                " ", table->sizes(), " strides ", table->strides());
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.scalar_type() == qkv.scalar_type() &&
+                  kv_cache.is_contiguous() && kv_cache.size(3) == kv_heads && kv_cache.size(4) == dim,
+              "kv_cache must be a contiguous [2, num_blocks, block_size, Hkv=", kv_heads, ", D=", dim, "] tensor of "
+              "qkv's dtype, got ", kv_cache.scalar_type(), " ", kv_cache.sizes());
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() &&
+                  slot_mapping.numel() <= tokens,
+              "slot_mapping must be a contiguous int64 tensor of at most ", tokens, " slots, got ",
+              slot_mapping.scalar_type(), " ", slot_mapping.sizes());
+  const int64_t slots_in_cache = kv_cache.size(1) * kv_cache.size(2);
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  for (int64_t i = 0; i < slot_mapping.numel(); ++i)
+    TORCH_CHECK(0 <= slots[i] && slots[i] < slots_in_cache, "slot ", slots[i], " is outside the cache's ",
+                slots_in_cache);
+  const RotaryStoreShape shape{tokens, num_heads, kv_heads, dim, qkv.stride(0), cos.stride(0), slot_mapping.numel()};
+  if (qkv.scalar_type() == at::kFloat) {
+    float* cache = kv_cache.data_ptr<float>();
+    rotary_store(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), cache,
+                 cache + kv_cache.numel() / 2, slots, shape);
+    return;
+  }
+  auto bits = [](const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); };
+  uint16_t* cache = bits(kv_cache);
+  rotary_store(bits(qkv), bits(cos), bits(sin), cache, cache + kv_cache.numel() / 2, slots, shape);
+}
+
 }  // namespace
 }  // namespace fasterllm_cpu
 
@@ -265,4 +309,7 @@ TORCH_LIBRARY(fasterllm_cpu, m) {
   m.def("decode_attention(Tensor query, Tensor kv_cache, Tensor block_ids, int first_block, int key_start, "
         "int key_end, float scale) -> Tensor",
         &fasterllm_cpu::decode_attention_op);
+  m.def("rotary_store(Tensor(a!) qkv, Tensor cos, Tensor sin, Tensor(b!) kv_cache, Tensor slot_mapping, "
+        "int num_heads) -> ()",
+        &fasterllm_cpu::rotary_store_op);
 }
