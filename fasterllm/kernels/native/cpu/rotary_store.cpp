@@ -10,7 +10,9 @@ namespace fasterllm_cpu {
 namespace {
 
 // scaled + swapped * sin, as torch's addcmul: fp32 fuses it, bf16 (computed in fp32) does not
-inline float add_product(float scaled, float swapped, float sin, float) { return __builtin_fmaf(swapped, sin, scaled); }
+inline float add_product(float scaled, float swapped, float sin, float) {
+  return __builtin_fmaf(swapped, sin, scaled);
+}
 inline float add_product(float scaled, float swapped, float sin, uint16_t) { return scaled + swapped * sin; }
 
 template <typename T>
