@@ -1,7 +1,7 @@
 // decode_attention.h's one-sequence decode attention over bf16 or fp32 paged K/V, in AVX2 / FMA intrinsics (the
-// least our kernels run on). Per KV head: the scores of its query heads, key by key (each key row widened once for all of
-// them), an exp2 in eight lanes at a time, then the weighted sum of the value rows, with the head's accumulators in
-// registers (the head dimension is a template parameter).
+// least our kernels run on). Per KV head: the scores of its query heads, key by key (each key row widened once for
+// all of them), an exp2 in eight lanes at a time, then the weighted sum of the value rows, with the head's
+// accumulators in registers (the head dimension is a template parameter).
 #pragma GCC target("avx2,fma,f16c")
 #include "decode_attention.h"
 
