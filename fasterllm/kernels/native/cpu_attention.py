@@ -19,11 +19,17 @@ _NO_IDS = torch.empty(0, dtype=torch.long)
 
 
 def runs(query: torch.Tensor, kv_cache: torch.Tensor, fp32: bool) -> bool:
-    """Whether layers/attention.py hands a one-sequence decode to decode_attention: a bf16 query and cache (or fp32,
-    where fp32 is allowed) on the CPU, a head dimension it runs, the extension built."""
+    """Whether layers/attention.py hands a one-sequence decode to decode_attention: _takes, and a head dimension it
+    runs."""
+    return query.shape[-1] in HEAD_DIMS and _takes(query, kv_cache, fp32)
+
+
+def _takes(x: torch.Tensor, kv_cache: torch.Tensor, fp32: bool) -> bool:
+    """A bf16 tensor (or fp32, where fp32 is allowed) on the CPU beside a contiguous cache of its dtype, and the
+    extension built."""
     dtypes = (torch.bfloat16, torch.float32) if fp32 else (torch.bfloat16,)
-    return (query.dtype in dtypes and kv_cache.dtype == query.dtype and query.device.type == "cpu"
-            and query.shape[-1] in HEAD_DIMS and kv_cache.is_contiguous() and cpu_extension.available())
+    return (x.dtype in dtypes and kv_cache.dtype == x.dtype and x.device.type == "cpu" and kv_cache.is_contiguous()
+            and cpu_extension.available())
 
 
 def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, blocks: torch.Tensor | slice, keys: slice,
@@ -41,11 +47,8 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, blocks: torch.
 
 def rotary_store_runs(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
                       fp32: bool) -> bool:
-    """Whether a decode batch's RoPE and K/V store go to rotary_store: runs()'s dtypes, full-width rotary tables."""
-    dtypes = (torch.bfloat16, torch.float32) if fp32 else (torch.bfloat16,)
-    return (qkv.dtype in dtypes and kv_cache.dtype == qkv.dtype and qkv.device.type == "cpu"
-            and isinstance(rope, tuple) and rope[0].shape[-1] == qkv.shape[-1] and kv_cache.is_contiguous()
-            and cpu_extension.available())
+    """Whether a decode batch's RoPE and K/V store go to rotary_store: _takes, and full-width rotary tables."""
+    return isinstance(rope, tuple) and rope[0].shape[-1] == qkv.shape[-1] and _takes(qkv, kv_cache, fp32)
 
 
 def rotary_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
