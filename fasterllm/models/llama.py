@@ -25,6 +25,7 @@ from fasterllm.layers.rotary import rotary_embedding
 from fasterllm.layers.vocab_parallel import VocabParallelEmbedding
 from fasterllm.loader.weight_parts import WeightSource
 from fasterllm.models.llama_checkpoint import load_llama_weights
+from fasterllm.models.llama_cpu_decode import CPUDecodeStack
 
 
 class DecoderLayer(nn.Module):
@@ -141,6 +142,8 @@ class DecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     decoder_layer: type[DecoderLayer] = DecoderLayer  # a family with another attention gives its own layer
+    # quantized on the CPU: one sequence's decode steps through all layers in one C++ call (use_cpu_decode_stack)
+    cpu_decode_stack: CPUDecodeStack | None = None
 
     def __init__(self, cfg: ModelConfig, max_positions: int, device: torch.device, dtype: torch.dtype,
                  tp: TensorParallel = SINGLE_DEVICE):
@@ -182,6 +185,10 @@ class LlamaForCausalLM(nn.Module):
         for layer, layer_scales in zip(self.layers, scales):
             layer.attn.kv_scales = layer_scales
 
+    def use_cpu_decode_stack(self) -> None:
+        """Run one sequence's CPU decode steps through models/llama_cpu_decode.py where every layer is one it runs."""
+        self.cpu_decode_stack = CPUDecodeStack.of(self)
+
     def pack_for_cpu(self) -> None:
         """Reorder every projection's weight (and the head's, once head_as_linear made it a Linear) for oneDNN."""
         pack_linears(self)
@@ -208,15 +215,20 @@ class LlamaForCausalLM(nn.Module):
             hidden = hidden * torch.tensor(self.config.embedding_multiplier, dtype=hidden.dtype)
         ropes = [rotary.cos_sin if meta.kernel is not None else rotary.cos_sin_for(positions)
                  for rotary in self.rotaries]
-        residual = None
-        caches = kv_caches if kv_caches is not None else [None] * len(self.layers)
         incoming_norm = None  # sandwich norms: the previous layer's post-FFN norm, applied by the next norm's launch
-        incoming_projection = None  # the down projection the previous layer left to this one
-        for layer, kv_cache, rope in zip(self.layers, caches, self.rope_of_layer):
-            hidden, residual = layer(hidden, residual, ropes[rope], kv_cache, meta, incoming_norm,
-                                     incoming_projection)
-            incoming_norm = layer.post_feedforward_layernorm
-            incoming_projection = layer.down_proj if layer.leaves_down_proj else None
+        if self.cpu_decode_stack is not None and self.cpu_decode_stack.takes(hidden, kv_caches, meta):
+            # one sequence's decode on the CPU: every layer in one C++ call, which leaves the last down projection
+            hidden, residual = self.cpu_decode_stack(hidden, ropes[0], kv_caches, meta)
+            incoming_projection = self.layers[-1].down_proj
+        else:
+            residual = None
+            caches = kv_caches if kv_caches is not None else [None] * len(self.layers)
+            incoming_projection = None  # the down projection the previous layer left to this one
+            for layer, kv_cache, rope in zip(self.layers, caches, self.rope_of_layer):
+                hidden, residual = layer(hidden, residual, ropes[rope], kv_cache, meta, incoming_norm,
+                                         incoming_projection)
+                incoming_norm = layer.post_feedforward_layernorm
+                incoming_projection = layer.down_proj if layer.leaves_down_proj else None
         if rows is not None:
             if incoming_projection is not None:  # project every row, as the layer would have, then take rows
                 hidden, incoming_projection = incoming_projection(hidden), None

@@ -12,6 +12,7 @@ from fasterllm.layers.quantization.gguf import prepare_gguf_linears
 from fasterllm.layers.quantization.stored import prepare_stored_linears
 from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.loader.dummy_weights import fill_dummy_weights
+from fasterllm.models.llama import LlamaForCausalLM
 from fasterllm.models.registry import model_class
 
 
@@ -64,4 +65,6 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
         use_gemv_linears(model)
     if can_pack(device, dtype):
         model.pack_for_cpu()
+    if quantization is not None and device.type == "cpu" and isinstance(model, LlamaForCausalLM):
+        model.use_cpu_decode_stack()
     return model

@@ -37,12 +37,16 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, blocks: torch.
     """query [Hq, D] of one sequence's new token -> [Hq, D]: softmax(q k^T * scale) v over its keys at positions
     keys.start..keys.stop - 1 of its blocks (a tensor of block ids, or a slice of consecutive ones) in kv_cache
     [2, num_blocks, block_size, Hkv, D]. The query heads of one KV head are consecutive (GQA)."""
-    if isinstance(blocks, slice):
-        block_ids, first_block = _NO_IDS, blocks.start
-    else:
-        block_ids, first_block = blocks.to(torch.long), 0
-    return torch.ops.fasterllm_cpu.decode_attention(query.contiguous(), kv_cache, block_ids, first_block, keys.start,
+    return torch.ops.fasterllm_cpu.decode_attention(query.contiguous(), kv_cache, *block_arguments(blocks), keys.start,
                                                     keys.stop, scale)
+
+
+def block_arguments(blocks: torch.Tensor | slice) -> tuple[torch.Tensor, int]:
+    """A sequence's blocks (a tensor of ids, or a slice of consecutive ones) as the C++ calls take them: (block_ids,
+    first_block), the ids empty for a slice."""
+    if isinstance(blocks, slice):
+        return _NO_IDS, blocks.start
+    return blocks.to(torch.long), 0
 
 
 def rotary_store_runs(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,

@@ -12,6 +12,7 @@
 
 #include "decode_attention.h"
 #include "gemv.h"
+#include "ops.h"
 #include "rms_norm.h"
 #include "rotary_store.h"
 
@@ -123,6 +124,8 @@ at::Tensor int4_gemv_of(const at::Tensor& x, const at::Tensor& codes, const Scal
     else int4_tiles_avx2(c, s, m, in.rows, t0, t1, N, o);
   });
 }
+
+}  // namespace
 
 at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
                      int64_t N, const std::string& isa, bool int8_inputs) {
@@ -294,7 +297,6 @@ void rotary_store_op(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
   rotary_store(bits(qkv), bits(cos), bits(sin), cache, cache + kv_cache.numel() / 2, slots, shape);
 }
 
-}  // namespace
 }  // namespace fasterllm_cpu
 
 TORCH_LIBRARY(fasterllm_cpu, m) {

@@ -1,0 +1,90 @@
+// One sequence's decode step through a stack of Llama-style decoder layers in one call (models/llama_cpu_decode.py):
+// per layer the add + RMSNorm, the fused QKV product, RoPE with the K/V store, the attention, the output product,
+// the add + RMSNorm, the gate/up product and SiLU(gate) * up, each by the same operator the Python layers call
+// (ops.h; SiLU and the product by ATen's), in the same order on the same tensors, so the result is the same to the
+// bit. What it saves is the Python between them.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <string>
+#include <vector>
+
+#include "ops.h"
+
+namespace fasterllm_cpu {
+namespace {
+
+// how a linear's tensors (codes, scales, minimums) are multiplied: cpu_gemv.py's packings
+enum LinearKind : int64_t { kInt8 = 0, kInt4 = 1, kInt4Int8Inputs = 2, kUint8Grouped = 3 };
+constexpr int64_t kLinearsPerLayer = 4;  // qkv, o, gate_up, down
+constexpr int64_t kTensorsPerLinear = 3;
+constexpr int64_t kNormsPerLayer = 2;  // before the attention, before the FFN
+
+struct Linears {
+  const std::vector<at::Tensor>& tensors;
+  const std::vector<int64_t>& kinds;  // kind, then output rows N, per linear
+  const std::string& isa;
+
+  at::Tensor apply(int64_t index, const at::Tensor& x) const {
+    const at::Tensor* w = tensors.data() + index * kTensorsPerLinear;
+    const int64_t kind = kinds[2 * index], rows = kinds[2 * index + 1];
+    TORCH_CHECK(kind >= kInt8 && kind <= kUint8Grouped, "linear kind ", kind, " is not one decode_stack runs ",
+                "(0: int8, 1: int4, 2: int4 with int8 inputs, 3: uint8 grouped)");
+    if (kind == kInt8) return int8_gemv(x, w[0], w[1], rows, isa);
+    if (kind == kUint8Grouped) return uint8_grouped_gemv(x, w[0], w[1], w[2], rows, isa);
+    return int4_gemv(x, w[0], w[1], w[2], rows, isa, kind == kInt4Int8Inputs);
+  }
+};
+
+// hidden [1, H]: the embedding's row (the first layer's norm has no residual to add) -> (the last layer's SiLU(gate) *
+// up [1, I], the residual stream [1, H]): the last layer's down projection and the final norm are the caller's, as
+// the Python layers leave them. Per layer: norms[2l], norms[2l + 1]; linears 4l..4l + 3 (qkv, o, gate_up, down),
+// three tensors each (an empty one for int8's minimums) and (kind, N) in kinds; kv_caches[l]. cos / sin: the token's
+// rotary rows [1, 1, D]; block_ids, first_block, key_start, key_end: decode_attention's.
+std::tuple<at::Tensor, at::Tensor> decode_stack(const at::Tensor& hidden, const std::vector<at::Tensor>& norms,
+                                                const std::vector<at::Tensor>& linear_tensors,
+                                                const std::vector<int64_t>& kinds, double eps, const at::Tensor& cos,
+                                                const at::Tensor& sin, const std::vector<at::Tensor>& kv_caches,
+                                                const at::Tensor& slot_mapping, const at::Tensor& block_ids,
+                                                int64_t first_block, int64_t key_start, int64_t key_end,
+                                                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                                double scale, const std::string& isa) {
+  const int64_t layers = static_cast<int64_t>(kv_caches.size());
+  TORCH_CHECK(layers > 0 && static_cast<int64_t>(norms.size()) == kNormsPerLayer * layers &&
+                  static_cast<int64_t>(linear_tensors.size()) == kLinearsPerLayer * kTensorsPerLinear * layers &&
+                  static_cast<int64_t>(kinds.size()) == 2 * kLinearsPerLayer * layers,
+              "decode_stack needs per layer 2 norms, 4 linears of 3 tensors, 4 (kind, N) pairs and a KV cache; got ",
+              norms.size(), " norms, ", linear_tensors.size(), " linear tensors, ", kinds.size(), " kinds for ",
+              layers, " caches");
+  TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) == 1, "hidden must be one token's row [1, H], got ",
+              hidden.sizes());
+  const Linears linears{linear_tensors, kinds, isa};
+  const int64_t heads = num_heads + 2 * num_kv_heads;
+  at::Tensor normed, residual;
+  std::tie(normed, residual) = add_rms_norm_op(hidden, std::nullopt, norms[0], eps);
+  at::Tensor activated;
+  for (int64_t l = 0; l < layers; ++l) {
+    const int64_t first = kLinearsPerLayer * l;
+    if (l > 0) std::tie(normed, residual) = add_rms_norm_op(linears.apply(first - 1, activated), residual,
+                                                            norms[kNormsPerLayer * l], eps);
+    const at::Tensor qkv = linears.apply(first, normed).view({1, heads, head_dim});
+    rotary_store_op(qkv, cos, sin, kv_caches[l], slot_mapping, num_heads);
+    const at::Tensor attended = decode_attention_op(qkv[0].narrow(0, 0, num_heads), kv_caches[l], block_ids,
+                                                    first_block, key_start, key_end, scale);
+    std::tie(normed, residual) = add_rms_norm_op(linears.apply(first + 1, attended.view({1, num_heads * head_dim})),
+                                                 residual, norms[kNormsPerLayer * l + 1], eps);
+    const std::vector<at::Tensor> gate_up = linears.apply(first + 2, normed).chunk(2, -1);
+    activated = at::silu(gate_up[0]) * gate_up[1];
+  }
+  return {activated, residual};
+}
+
+}  // namespace
+}  // namespace fasterllm_cpu
+
+TORCH_LIBRARY_FRAGMENT(fasterllm_cpu, m) {
+  m.def("decode_stack(Tensor hidden, Tensor[] norms, Tensor[] linear_tensors, int[] kinds, float eps, Tensor cos, "
+        "Tensor sin, Tensor(a!)[] kv_caches, Tensor slot_mapping, Tensor block_ids, int first_block, int key_start, "
+        "int key_end, int num_heads, int num_kv_heads, int head_dim, float scale, str isa) -> (Tensor, Tensor)",
+        &fasterllm_cpu::decode_stack);
+}

@@ -1,0 +1,112 @@
+"""One sequence's CPU decode step through every decoder layer of a Llama-family model in one C++ call
+(kernels/native/cpu/decode_stack.cpp). The call chains the operators the layers call one by one (the add + RMSNorm,
+the quantized products, RoPE with the K/V store, the decode attention, SiLU(gate) * up), in the same order on the same
+tensors, so its result is the layers' to the bit; what it removes is the Python between them, which was about a
+quarter of a SmolLM2 int8 step on two cores (benchmarks/RESULTS.md, sixteenth session).
+
+Built for a model whose layers are all plain pre-norm SiLU layers (no biases, q/k norms, clipping, sliding windows,
+soft-capping or experts, one full-width rotary table) with each projection one of our C++ kernels' int8 / int4 /
+uint8-grouped layers, in bf16, or in fp32 released from bit-equality with transformers (quantized models, as the
+layers' own C++ calls are); taken for a step that is one sequence's decode over a cache of the model's dtype. Any
+other model or step runs the layers in Python.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fasterllm.kernels.native import cpu_attention, cpu_gemv
+from fasterllm.kernels.native.cpu_extension import kernel_isa
+from fasterllm.layers.activation import SiluAndMul
+from fasterllm.layers.attention import AttentionMetadata
+from fasterllm.layers.norm import RMSNorm
+from fasterllm.layers.quantization.int4 import Int4WeightOnlyLinear
+from fasterllm.layers.quantization.int8 import Int8WeightOnlyLinear
+from fasterllm.layers.quantization.uint8_grouped import Uint8GroupedLinear
+
+# decode_stack.cpp's linear kinds
+INT8, INT4, INT4_INT8_INPUTS, UINT8_GROUPED = range(4)
+_NO_MINIMUMS = torch.empty(0)
+
+
+def _linear_arguments(linear: nn.Module) -> tuple[list[torch.Tensor], int] | None:
+    """(codes, scales, minimums) and the kind of a projection the C++ stack multiplies as the layer would, or None."""
+    if getattr(linear, "bias", None) is not None or getattr(linear, "native", None) is None:
+        return None
+    weights = linear.native
+    if type(linear) is Int8WeightOnlyLinear:
+        return [weights.codes, weights.scales, _NO_MINIMUMS], INT8
+    if type(linear) is Int4WeightOnlyLinear:
+        return [weights.codes, weights.scales, weights.minimums], (
+            INT4_INT8_INPUTS if cpu_gemv.int4_int8_inputs() else INT4)
+    if type(linear) is Uint8GroupedLinear:
+        return [weights.codes, weights.scales, weights.minimums], UINT8_GROUPED
+    return None
+
+
+def _plain_layer(layer: nn.Module, dtype: torch.dtype) -> bool:
+    """Whether a decoder layer is one the C++ stack runs as its Python forward would."""
+    from fasterllm.models.llama import DecoderLayer
+
+    attn = layer.attn
+    modules = (layer.input_layernorm, layer.post_attention_layernorm, attn)
+    return (type(layer) is DecoderLayer and layer.leaves_down_proj and type(layer.act) is SiluAndMul
+            and type(layer.input_layernorm) is RMSNorm and type(layer.post_attention_layernorm) is RMSNorm
+            and layer.q_norm is None and layer.clip_qkv is None and attn.sliding_window is None
+            and attn.softcap is None and attn.kv_scales == (1.0, 1.0) and attn.head_dim in cpu_attention.HEAD_DIMS
+            and (dtype == torch.bfloat16 or (dtype == torch.float32
+                                              and not any(module.bit_equal_fp32 for module in modules))))
+
+
+class CPUDecodeStack:
+    def __init__(self, norms: list[torch.Tensor], linear_tensors: list[torch.Tensor], kinds: list[int], eps: float,
+                 attn: nn.Module, dtype: torch.dtype):
+        self.norms, self.linear_tensors, self.kinds, self.eps, self.dtype = norms, linear_tensors, kinds, eps, dtype
+        self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        self.scale = attn.scale
+        self._caches: tuple[torch.Tensor, list[torch.Tensor]] | None = None  # the runner's cache, and its layers
+
+    @classmethod
+    def of(cls, model: nn.Module) -> CPUDecodeStack | None:
+        """The stack for a LlamaForCausalLM's layers, or None where one of them is not a layer it runs."""
+        layers = list(getattr(model, "layers", []))
+        if (not layers or model.tp.size > 1 or len(model.rotaries) != 1
+                or model.config.rotary_dim != layers[0].attn.head_dim):
+            return None
+        dtype = layers[0].input_layernorm.weight.dtype
+        norms, linear_tensors, kinds = [], [], []
+        for layer in layers:
+            if not _plain_layer(layer, dtype) or layer.attn.scale != layers[0].attn.scale:
+                return None
+            for linear in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj):
+                arguments = _linear_arguments(linear)
+                if arguments is None:
+                    return None
+                linear_tensors += arguments[0]
+                kinds += [arguments[1], linear.native.rows]
+            norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+        return cls(norms, linear_tensors, kinds, layers[0].input_layernorm.eps, layers[0].attn, dtype)
+
+    def takes(self, hidden: torch.Tensor, kv_caches: torch.Tensor | None, meta: AttentionMetadata) -> bool:
+        """Whether this step is one the stack runs: one sequence's decode token, its cache of the model's dtype."""
+        decode = meta.decode
+        return (hidden.shape[0] == 1 and hidden.dtype == self.dtype and kv_caches is not None
+                and kv_caches.dtype == self.dtype and meta.kernel is None and not meta.prefills and decode is not None
+                and decode.token_index is None and decode.mask is None)
+
+    def __call__(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_caches: torch.Tensor,
+                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """The embedding's row [1, H] -> (the last layer's SiLU(gate) * up, the residual stream): what the layers'
+        loop hands the final norm, with the last down projection still to apply."""
+        block_ids, first_block = cpu_attention.block_arguments(meta.decode.blocks)
+        keys = meta.decode.keys
+        return torch.ops.fasterllm_cpu.decode_stack(
+            hidden.contiguous(), self.norms, self.linear_tensors, self.kinds, self.eps, *rope,
+            self._layer_caches(kv_caches), meta.slot_mapping, block_ids, first_block, keys.start, keys.stop,
+            self.num_heads, self.num_kv_heads, self.head_dim, self.scale, kernel_isa())
+
+    def _layer_caches(self, kv_caches: torch.Tensor) -> list[torch.Tensor]:
+        """kv_caches [layers, 2, blocks, block_size, Hkv, D] as one view per layer, made once per cache."""
+        if self._caches is None or self._caches[0] is not kv_caches:
+            self._caches = kv_caches, list(kv_caches.unbind(0))
+        return self._caches[1]
