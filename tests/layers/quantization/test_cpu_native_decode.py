@@ -2,7 +2,8 @@
 each ISA this CPU runs, against the same engine whose layers multiply the same quantized weights, unpacked from our
 tiles to a dense fp32 matrix, with torch's fp32 matmul: our kernels multiply the inputs as they come, so the two
 differ only in the order of fp32 sums and must choose the same tokens with the same logprobs (prefill rows and decode
-rows alike)."""
+rows alike; our decode steps run every layer in one C++ call, models/llama_cpu_decode.py, the reference's the Python
+layers)."""
 import os
 import shutil
 
@@ -56,9 +57,10 @@ def test_greedy_decode_is_the_fp32_product_of_the_same_weights(gguf, method, isa
     try:
         llm = LLM(str(gguf), quantization=method, dtype="float32", max_model_len=256, num_kv_blocks=64,
                   enable_prefix_caching=False)  # the reference must compute every prompt again
-        layer = llm.engine.executor.runner.model.layers[0]
-        assert layer.qkv_proj.native is not None
-        assert not layer.input_layernorm.bit_equal_fp32  # quantized: fp32 norms through the C++ op as well
+        model = llm.engine.executor.runner.model
+        assert model.layers[0].qkv_proj.native is not None
+        assert not model.layers[0].input_layernorm.bit_equal_fp32  # quantized: fp32 norms through the C++ op as well
+        assert model.cpu_decode_stack is not None  # one sequence's decode steps: every layer in one C++ call
         ours = greedy(llm)
         dense: dict[int, torch.Tensor] = {}  # by id of the packed weights
 
@@ -71,6 +73,7 @@ def test_greedy_decode_is_the_fp32_product_of_the_same_weights(gguf, method, isa
 
         monkeypatch.setattr(cpu_gemv, "int4_gemv", reference(dense_int4))
         monkeypatch.setattr(cpu_gemv, "int8_gemv", reference(dense_int8))
+        monkeypatch.setattr(model, "cpu_decode_stack", None)  # the Python layers, which call the products above
         want = greedy(llm)
         assert dense  # the reference ran
     finally:

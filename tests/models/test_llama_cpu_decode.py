@@ -1,0 +1,152 @@
+"""One sequence's CPU decode step through every layer in one C++ call (models/llama_cpu_decode.py): the layers' own
+operators chained in C++, so SmolLM2 quantized with each method, in bf16 and in fp32, must choose the same tokens
+with the same logprobs as the Python layers, to the bit; a batch switches between the two as sequences finish; and a
+model with a layer the C++ stack does not run keeps the Python layers."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from fasterllm import LLM, SamplingParams
+from fasterllm.kernels.native import cpu_extension
+from fasterllm.layers.attention import AttentionMetadata
+from fasterllm.models.llama_cpu_decode import CPUDecodeStack
+
+PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "def fibonacci(n):"]
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def kernels_on():
+    """The C++ CPU kernels for this module (FASTERLLM_CPU_KERNELS=auto unless the run names an ISA already)."""
+    with pytest.MonkeyPatch.context() as patch:
+        if os.environ.get(cpu_extension.ISA_ENV) not in cpu_extension.ISA_FLAGS:
+            patch.setenv(cpu_extension.ISA_ENV, "auto")
+        cpu_extension.kernel_isa.cache_clear()
+        if not cpu_extension.available():
+            pytest.skip("no C++ CPU extension here (no compiler, or no AVX2)")
+        yield
+    cpu_extension.kernel_isa.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def int8_bf16(gguf, kernels_on):
+    return _load(gguf, "int8", "bfloat16")
+
+
+@pytest.fixture(scope="module")
+def int8_fp32(gguf, kernels_on):
+    return _load(gguf, "int8", "float32")
+
+
+def _load(gguf, method: str, dtype: str) -> LLM:
+    # no prefix caching: the run without the stack must compute every prompt again
+    return LLM(str(gguf), quantization=method, dtype=dtype, max_model_len=256, num_kv_blocks=64,
+               enable_prefix_caching=False)
+
+
+class CountingStack:
+    """The model's stack, counting the steps it runs."""
+
+    def __init__(self, stack: CPUDecodeStack):
+        self.stack, self.calls = stack, 0
+
+    def takes(self, *args) -> bool:
+        return self.stack.takes(*args)
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.stack(*args)
+
+
+def _greedy(llm: LLM, prompts: list[str], max_tokens: list[int]):
+    """Per prompt: the tokens and, per step, {token: logprob} of the 5 likeliest."""
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=5) for n in max_tokens]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return [(o.outputs[0].token_ids, [{t: entry[t].logprob for t in entry} for entry in o.outputs[0].logprobs])
+            for o in outs]
+
+
+def _with_and_without_stack(llm: LLM, monkeypatch, run):
+    """run() with the model's C++ stack (counting its steps), then with the Python layers."""
+    model = llm.engine.executor.runner.model
+    assert model.cpu_decode_stack is not None
+    counting = CountingStack(model.cpu_decode_stack)
+    monkeypatch.setattr(model, "cpu_decode_stack", counting)
+    ours = run()
+    monkeypatch.setattr(model, "cpu_decode_stack", None)
+    return ours, run(), counting.calls
+
+
+@pytest.mark.parametrize("method, dtype", [("int8", "bfloat16"), ("int8", "float32"), ("gguf", "float32"),
+                                           ("int4", "bfloat16")])
+def test_single_stream_decode_gives_the_layers_tokens_and_logprobs(request, gguf, kernels_on, monkeypatch, method,
+                                                                   dtype):
+    loaded = {("int8", "bfloat16"): "int8_bf16", ("int8", "float32"): "int8_fp32"}
+    key = (method, dtype)
+    llm = request.getfixturevalue(loaded[key]) if key in loaded else _load(gguf, method, dtype)
+    ours, layers, calls = _with_and_without_stack(
+        llm, monkeypatch, lambda: [_greedy(llm, [prompt], [NEW_TOKENS])[0] for prompt in PROMPTS])
+    assert calls == len(PROMPTS) * (NEW_TOKENS - 1)  # every decode step (the first token comes from the prefill)
+    assert ours == layers
+
+
+def test_a_batch_takes_the_stack_once_one_sequence_is_left(int8_bf16, monkeypatch):
+    """Three sequences of 4, 8 and 16 tokens: the batch runs the Python layers while two or more decode, the stack
+    for the last one's final 8 steps, and every token and logprob is the Python layers'."""
+    ours, layers, calls = _with_and_without_stack(int8_bf16, monkeypatch,
+                                                  lambda: _greedy(int8_bf16, PROMPTS, [4, 8, 16]))
+    assert calls == 8
+    assert ours == layers
+
+
+def test_scattered_blocks_give_the_layers_hidden_states_and_cache(int8_bf16):
+    """A decode step over blocks 5, 2, 7 (ids passed to the C++ attention, not a range) of a cache full of random
+    keys and values: the same final hidden row and the same cache afterwards, the new token's K/V stored in it."""
+    model = int8_bf16.engine.executor.runner.model
+    layer = model.layers[0].attn
+    generator = torch.Generator().manual_seed(0)
+    caches = torch.randn(len(model.layers), 2, 8, 16, layer.num_kv_heads, layer.head_dim, generator=generator).to(
+        torch.bfloat16)
+    before = caches.clone()
+    meta = AttentionMetadata.build([1], [40], [[5, 2, 7]], 16, torch.device("cpu"))
+    assert isinstance(meta.decode.blocks, torch.Tensor)
+    token = torch.tensor([1234])
+    stack = model.cpu_decode_stack
+    assert stack.takes(model.embed_tokens.partial_rows(token), caches, meta)
+    ours = model.hidden_states(token, meta.positions, caches, meta)
+    layers_caches = before.clone()
+    model.cpu_decode_stack = None
+    try:
+        want = model.hidden_states(token, meta.positions, layers_caches, meta)
+    finally:
+        model.cpu_decode_stack = stack
+    assert torch.equal(ours, want)
+    assert torch.equal(caches, layers_caches)
+    slot = 7 * 16 + 39 % 16  # position 39 in the third block, block 7
+    assert not torch.equal(caches.view(len(model.layers), 2, -1, layer.num_kv_heads, layer.head_dim)[:, :, slot],
+                           before.view(len(model.layers), 2, -1, layer.num_kv_heads, layer.head_dim)[:, :, slot])
+
+
+@pytest.mark.parametrize("change", ["sliding window", "bias", "float projection", "fp32 bit-equality kept"])
+def test_a_layer_it_does_not_run_keeps_the_python_layers(request, monkeypatch, change):
+    llm = request.getfixturevalue("int8_fp32" if change == "fp32 bit-equality kept" else "int8_bf16")
+    model = llm.engine.executor.runner.model
+    assert CPUDecodeStack.of(model) is not None
+    layer = model.layers[5]
+    if change == "sliding window":
+        monkeypatch.setattr(layer.attn, "sliding_window", 64)
+    elif change == "bias":
+        monkeypatch.setattr(layer.o_proj, "bias", torch.zeros(layer.o_proj.out_features, dtype=torch.bfloat16))
+    elif change == "float projection":
+        monkeypatch.setattr(layer, "gate_up_proj", torch.nn.Linear(8, 8))
+    else:  # an fp32 layer whose norm keeps torch's sums (bit-equal to transformers) must keep them
+        monkeypatch.setattr(layer.post_attention_layernorm, "bit_equal_fp32", True)
+    assert CPUDecodeStack.of(model) is None
+
+
+def test_an_unquantized_model_keeps_the_python_layers(gguf, kernels_on):
+    llm = LLM(str(gguf), dtype="bfloat16", max_model_len=256, num_kv_blocks=64)
+    assert llm.engine.executor.runner.model.cpu_decode_stack is None
