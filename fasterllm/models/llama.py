@@ -142,7 +142,7 @@ class DecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     decoder_layer: type[DecoderLayer] = DecoderLayer  # a family with another attention gives its own layer
-    # quantized on the CPU: one sequence's decode steps through all layers in one C++ call (use_cpu_decode_stack)
+    # on the CPU: one sequence's decode steps through all layers in one C++ call where it runs them
     cpu_decode_stack: CPUDecodeStack | None = None
 
     def __init__(self, cfg: ModelConfig, max_positions: int, device: torch.device, dtype: torch.dtype,

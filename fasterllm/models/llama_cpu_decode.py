@@ -5,10 +5,11 @@ tensors, so its result is the layers' to the bit; what it removes is the Python 
 quarter of a SmolLM2 int8 step on two cores (benchmarks/RESULTS.md, sixteenth session).
 
 Built for a model whose layers are all plain pre-norm SiLU layers (no biases, q/k norms, clipping, sliding windows,
-soft-capping or experts, one full-width rotary table) with each projection one of our C++ kernels' int8 / int4 /
-uint8-grouped layers, in bf16, or in fp32 released from bit-equality with transformers (quantized models, as the
-layers' own C++ calls are); taken for a step that is one sequence's decode over a cache of the model's dtype. Any
-other model or step runs the layers in Python.
+soft-capping or experts, one full-width rotary table), each projection one of our C++ kernels' int8 / int4 /
+uint8-grouped layers or a float one (packed for oneDNN, or plain), in bf16, or in fp32 released from bit-equality
+with transformers (quantized models, as the layers' own C++ calls are: an unquantized fp32 model keeps torch's norm
+and attention, and the Python layers); taken for a step that is one sequence's decode over a cache of the model's
+dtype. Any other model or step runs the layers in Python.
 """
 from __future__ import annotations
 
@@ -19,23 +20,31 @@ from fasterllm.kernels.native import cpu_attention, cpu_gemv
 from fasterllm.kernels.native.cpu_extension import kernel_isa
 from fasterllm.layers.activation import SiluAndMul
 from fasterllm.layers.attention import AttentionMetadata
+from fasterllm.layers.linear import PackedCPULinear
 from fasterllm.layers.norm import RMSNorm
 from fasterllm.layers.quantization.int4 import Int4WeightOnlyLinear
 from fasterllm.layers.quantization.int8 import Int8WeightOnlyLinear
 from fasterllm.layers.quantization.uint8_grouped import Uint8GroupedLinear
 
 # decode_stack.cpp's linear kinds
-INT8, INT4, INT4_INT8_INPUTS, UINT8_GROUPED = range(4)
-_NO_MINIMUMS = torch.empty(0)
+INT8, INT4, INT4_INT8_INPUTS, UINT8_GROUPED, ONEDNN, PLAIN = range(6)
+_NONE = torch.empty(0)
 
 
 def _linear_arguments(linear: nn.Module) -> tuple[list[torch.Tensor], int] | None:
-    """(codes, scales, minimums) and the kind of a projection the C++ stack multiplies as the layer would, or None."""
-    if getattr(linear, "bias", None) is not None or getattr(linear, "native", None) is None:
+    """(codes, scales, minimums; a float layer: its weight and two empty tensors) and the kind of a projection the
+    C++ stack multiplies as the layer would, or None."""
+    if getattr(linear, "bias", None) is not None:
         return None
-    weights = linear.native
+    if type(linear) is PackedCPULinear:
+        return [linear.packed_weight, _NONE, _NONE], ONEDNN
+    if type(linear) is nn.Linear:
+        return [linear.weight, _NONE, _NONE], PLAIN
+    weights = getattr(linear, "native", None)
+    if weights is None:
+        return None
     if type(linear) is Int8WeightOnlyLinear:
-        return [weights.codes, weights.scales, _NO_MINIMUMS], INT8
+        return [weights.codes, weights.scales, _NONE], INT8
     if type(linear) is Int4WeightOnlyLinear:
         return [weights.codes, weights.scales, weights.minimums], (
             INT4_INT8_INPUTS if cpu_gemv.int4_int8_inputs() else INT4)
@@ -83,7 +92,7 @@ class CPUDecodeStack:
                 if arguments is None:
                     return None
                 linear_tensors += arguments[0]
-                kinds += [arguments[1], linear.native.rows]
+                kinds += [arguments[1], linear.out_features]
             norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
         return cls(norms, linear_tensors, kinds, layers[0].input_layernorm.eps, layers[0].attn, dtype)
 

@@ -65,6 +65,6 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
         use_gemv_linears(model)
     if can_pack(device, dtype):
         model.pack_for_cpu()
-    if quantization is not None and device.type == "cpu" and isinstance(model, LlamaForCausalLM):
+    if device.type == "cpu" and isinstance(model, LlamaForCausalLM):
         model.use_cpu_decode_stack()
     return model

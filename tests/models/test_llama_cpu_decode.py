@@ -1,6 +1,6 @@
 """One sequence's CPU decode step through every layer in one C++ call (models/llama_cpu_decode.py): the layers' own
-operators chained in C++, so SmolLM2 quantized with each method, in bf16 and in fp32, must choose the same tokens
-with the same logprobs as the Python layers, to the bit; a batch switches between the two as sequences finish; and a
+operators chained in C++, so SmolLM2 quantized with each method (bf16 and fp32) and unquantized (bf16, its weights
+packed for oneDNN or plain) must choose the same tokens with the same logprobs as the Python layers, to the bit; a batch switches between the two as sequences finish; and a
 model with a layer the C++ stack does not run keeps the Python layers."""
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import torch
 from fasterllm import LLM, SamplingParams
 from fasterllm.kernels.native import cpu_extension
 from fasterllm.layers.attention import AttentionMetadata
+from fasterllm.layers.linear import PackedCPULinear, can_pack
 from fasterllm.models.llama_cpu_decode import CPUDecodeStack
+from fasterllm.worker import decoder_builder
 
 PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "def fibonacci(n):"]
 NEW_TOKENS = 12
@@ -80,13 +82,21 @@ def _with_and_without_stack(llm: LLM, monkeypatch, run):
     return ours, run(), counting.calls
 
 
-@pytest.mark.parametrize("method, dtype", [("int8", "bfloat16"), ("int8", "float32"), ("gguf", "float32"),
-                                           ("int4", "bfloat16")])
+@pytest.mark.parametrize("method, dtype, packed", [("int8", "bfloat16", True), ("int8", "float32", True),
+                                                   ("gguf", "float32", True), ("int4", "bfloat16", True),
+                                                   (None, "bfloat16", True), (None, "bfloat16", False)])
 def test_single_stream_decode_gives_the_layers_tokens_and_logprobs(request, gguf, kernels_on, monkeypatch, method,
-                                                                   dtype):
+                                                                   dtype, packed):
+    """packed: float weights in oneDNN's layout where this CPU has oneDNN bf16 kernels (else plain, as a CPU without
+    them keeps them); False: plain weights here too."""
     loaded = {("int8", "bfloat16"): "int8_bf16", ("int8", "float32"): "int8_fp32"}
     key = (method, dtype)
+    if not packed:
+        monkeypatch.setattr(decoder_builder, "can_pack", lambda device, dtype: False)
     llm = request.getfixturevalue(loaded[key]) if key in loaded else _load(gguf, method, dtype)
+    if method is None:
+        wanted = torch.nn.Linear if not packed or not can_pack(torch.device("cpu"), torch.bfloat16) else PackedCPULinear
+        assert type(llm.engine.executor.runner.model.layers[0].qkv_proj) is wanted
     ours, layers, calls = _with_and_without_stack(
         llm, monkeypatch, lambda: [_greedy(llm, [prompt], [NEW_TOKENS])[0] for prompt in PROMPTS])
     assert calls == len(PROMPTS) * (NEW_TOKENS - 1)  # every decode step (the first token comes from the prefill)
@@ -147,6 +157,7 @@ def test_a_layer_it_does_not_run_keeps_the_python_layers(request, monkeypatch, c
     assert CPUDecodeStack.of(model) is None
 
 
-def test_an_unquantized_model_keeps_the_python_layers(gguf, kernels_on):
-    llm = LLM(str(gguf), dtype="bfloat16", max_model_len=256, num_kv_blocks=64)
+def test_an_unquantized_fp32_model_keeps_the_python_layers(gguf, kernels_on):
+    """Its norm and attention stay torch's, bit-equal to transformers' (the C++ ones sum in another order)."""
+    llm = LLM(str(gguf), dtype="float32", max_model_len=256, num_kv_blocks=64)
     assert llm.engine.executor.runner.model.cpu_decode_stack is None

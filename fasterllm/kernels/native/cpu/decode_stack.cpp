@@ -1,9 +1,11 @@
 // One sequence's decode step through a stack of Llama-style decoder layers in one call (models/llama_cpu_decode.py):
 // per layer the add + RMSNorm, the fused QKV product, RoPE with the K/V store, the attention, the output product,
 // the add + RMSNorm, the gate/up product and SiLU(gate) * up, each by the same operator the Python layers call
-// (ops.h; SiLU and the product by ATen's), in the same order on the same tensors, so the result is the same to the
-// bit. What it saves is the Python between them.
+// (ops.h; float products, SiLU and the product by ATen's and oneDNN's), in the same order on the same tensors, so
+// the result is the same to the bit. What it saves is the Python between them.
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <torch/library.h>
 
 #include <string>
@@ -14,8 +16,19 @@
 namespace fasterllm_cpu {
 namespace {
 
-// how a linear's tensors (codes, scales, minimums) are multiplied: cpu_gemv.py's packings
-enum LinearKind : int64_t { kInt8 = 0, kInt4 = 1, kInt4Int8Inputs = 2, kUint8Grouped = 3 };
+// how a linear's tensors (codes, scales, minimums; a float layer: its weight) are multiplied: cpu_gemv.py's packings,
+// a weight packed for oneDNN (layers/linear.PackedCPULinear), a plain weight (torch's F.linear)
+enum LinearKind : int64_t { kInt8 = 0, kInt4 = 1, kInt4Int8Inputs = 2, kUint8Grouped = 3, kOneDNN = 4, kPlain = 5 };
+
+// x W^T over a weight in oneDNN's blocked layout: the operator layers/linear.onednn_linear calls
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed_weight) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  torch::jit::Stack stack{x, packed_weight, c10::IValue(), c10::IValue(std::string("none")),
+                          c10::IValue(c10::List<std::optional<at::Scalar>>()), c10::IValue(std::string(""))};
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
+}
 constexpr int64_t kLinearsPerLayer = 4;  // qkv, o, gate_up, down
 constexpr int64_t kTensorsPerLinear = 3;
 constexpr int64_t kNormsPerLayer = 2;  // before the attention, before the FFN
@@ -28,8 +41,10 @@ struct Linears {
   at::Tensor apply(int64_t index, const at::Tensor& x) const {
     const at::Tensor* w = tensors.data() + index * kTensorsPerLinear;
     const int64_t kind = kinds[2 * index], rows = kinds[2 * index + 1];
-    TORCH_CHECK(kind >= kInt8 && kind <= kUint8Grouped, "linear kind ", kind, " is not one decode_stack runs ",
-                "(0: int8, 1: int4, 2: int4 with int8 inputs, 3: uint8 grouped)");
+    TORCH_CHECK(kind >= kInt8 && kind <= kPlain, "linear kind ", kind, " is not one decode_stack runs (0: int8, ",
+                "1: int4, 2: int4 with int8 inputs, 3: uint8 grouped, 4: oneDNN-packed, 5: plain)");
+    if (kind == kOneDNN) return onednn_linear(x, w[0]);
+    if (kind == kPlain) return at::linear(x, w[0]);
     if (kind == kInt8) return int8_gemv(x, w[0], w[1], rows, isa);
     if (kind == kUint8Grouped) return uint8_grouped_gemv(x, w[0], w[1], w[2], rows, isa);
     return int4_gemv(x, w[0], w[1], w[2], rows, isa, kind == kInt4Int8Inputs);
@@ -39,7 +54,7 @@ struct Linears {
 // hidden [1, H]: the embedding's row (the first layer's norm has no residual to add) -> (the last layer's SiLU(gate) *
 // up [1, I], the residual stream [1, H]): the last layer's down projection and the final norm are the caller's, as
 // the Python layers leave them. Per layer: norms[2l], norms[2l + 1]; linears 4l..4l + 3 (qkv, o, gate_up, down),
-// three tensors each (an empty one for int8's minimums) and (kind, N) in kinds; kv_caches[l]. cos / sin: the token's
+// three tensors each (empty ones where a kind has fewer) and (kind, N) in kinds; kv_caches[l]. cos / sin: the token's
 // rotary rows [1, 1, D]; block_ids, first_block, key_start, key_end: decode_attention's.
 std::tuple<at::Tensor, at::Tensor> decode_stack(const at::Tensor& hidden, const std::vector<at::Tensor>& norms,
                                                 const std::vector<at::Tensor>& linear_tensors,
