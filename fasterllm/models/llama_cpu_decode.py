@@ -4,12 +4,12 @@ the quantized products, RoPE with the K/V store, the decode attention, SiLU(gate
 tensors, so its result is the layers' to the bit; what it removes is the Python between them, which was about a
 quarter of a SmolLM2 int8 step on two cores (benchmarks/RESULTS.md, sixteenth session).
 
-Built for a model whose layers are all plain pre-norm SiLU layers (no biases, q/k norms, clipping, sliding windows,
-soft-capping or experts, one full-width rotary table), each projection one of our C++ kernels' int8 / int4 /
-uint8-grouped layers or a float one (packed for oneDNN, or plain), in bf16, or in fp32 released from bit-equality
-with transformers (quantized models, as the layers' own C++ calls are: an unquantized fp32 model keeps torch's norm
-and attention, and the Python layers); taken for a step that is one sequence's decode over a cache of the model's
-dtype. Any other model or step runs the layers in Python.
+Built for a model whose layers are all pre-norm SiLU layers (biases and Qwen3's per-head q/k norms allowed; no
+clipping, sliding windows, soft-capping or experts; one full-width rotary table), each projection one of our C++
+kernels' int8 / int4 / uint8-grouped layers or a float one (packed for oneDNN, or plain), in bf16, or in fp32
+released from bit-equality with transformers (quantized models, as the layers' own C++ calls are: an unquantized fp32
+model keeps torch's norm and attention, and the Python layers); taken for a step that is one sequence's decode over a
+cache of the model's dtype. Any other model or step runs the layers in Python.
 """
 from __future__ import annotations
 
@@ -32,36 +32,41 @@ _NONE = torch.empty(0)
 
 
 def _linear_arguments(linear: nn.Module) -> tuple[list[torch.Tensor], int] | None:
-    """(codes, scales, minimums; a float layer: its weight and two empty tensors) and the kind of a projection the
-    C++ stack multiplies as the layer would, or None."""
-    if getattr(linear, "bias", None) is not None:
-        return None
+    """(codes, scales, minimums, bias; a float layer: its weight, two empty tensors, its bias; an empty tensor for no
+    bias) and the kind of a projection the C++ stack multiplies as the layer would, or None."""
+    bias = getattr(linear, "bias", None)
+    bias = _NONE if bias is None else bias
     if type(linear) is PackedCPULinear:
-        return [linear.packed_weight, _NONE, _NONE], ONEDNN
+        return [linear.packed_weight, _NONE, _NONE, bias], ONEDNN
     if type(linear) is nn.Linear:
-        return [linear.weight, _NONE, _NONE], PLAIN
+        return [linear.weight, _NONE, _NONE, bias], PLAIN
     weights = getattr(linear, "native", None)
     if weights is None:
         return None
     if type(linear) is Int8WeightOnlyLinear:
-        return [weights.codes, weights.scales, _NONE], INT8
+        return [weights.codes, weights.scales, _NONE, bias], INT8
     if type(linear) is Int4WeightOnlyLinear:
-        return [weights.codes, weights.scales, weights.minimums], (
+        return [weights.codes, weights.scales, weights.minimums, bias], (
             INT4_INT8_INPUTS if cpu_gemv.int4_int8_inputs() else INT4)
     if type(linear) is Uint8GroupedLinear:
-        return [weights.codes, weights.scales, weights.minimums], UINT8_GROUPED
+        return [weights.codes, weights.scales, weights.minimums, bias], UINT8_GROUPED
     return None
 
 
-def _plain_layer(layer: nn.Module, dtype: torch.dtype) -> bool:
-    """Whether a decoder layer is one the C++ stack runs as its Python forward would."""
+def _plain_layer(layer: nn.Module, dtype: torch.dtype, eps: float) -> bool:
+    """Whether a decoder layer is one the C++ stack runs as its Python forward would (its norms' eps all eps)."""
     from fasterllm.models.llama import DecoderLayer
 
     attn = layer.attn
-    modules = (layer.input_layernorm, layer.post_attention_layernorm, attn)
+    norms = [layer.input_layernorm, layer.post_attention_layernorm]
+    if layer.q_norm is not None:  # Qwen3's, per head (not OLMoE's, over all heads)
+        norms += [layer.q_norm, layer.k_norm]
+        if layer.q_norm.weight.shape[0] != attn.head_dim:
+            return False
+    modules = [*norms, attn]
     return (type(layer) is DecoderLayer and layer.leaves_down_proj and type(layer.act) is SiluAndMul
-            and type(layer.input_layernorm) is RMSNorm and type(layer.post_attention_layernorm) is RMSNorm
-            and layer.q_norm is None and layer.clip_qkv is None and attn.sliding_window is None
+            and all(type(norm) is RMSNorm and norm.eps == eps for norm in norms)
+            and layer.clip_qkv is None and attn.sliding_window is None
             and attn.softcap is None and attn.kv_scales == (1.0, 1.0) and attn.head_dim in cpu_attention.HEAD_DIMS
             and (dtype == torch.bfloat16 or (dtype == torch.float32
                                               and not any(module.bit_equal_fp32 for module in modules))))
@@ -82,10 +87,10 @@ class CPUDecodeStack:
         if (not layers or model.tp.size > 1 or len(model.rotaries) != 1
                 or model.config.rotary_dim != layers[0].attn.head_dim):
             return None
-        dtype = layers[0].input_layernorm.weight.dtype
+        dtype, eps = layers[0].input_layernorm.weight.dtype, layers[0].input_layernorm.eps
         norms, linear_tensors, kinds = [], [], []
         for layer in layers:
-            if not _plain_layer(layer, dtype) or layer.attn.scale != layers[0].attn.scale:
+            if not _plain_layer(layer, dtype, eps) or layer.attn.scale != layers[0].attn.scale:
                 return None
             for linear in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj):
                 arguments = _linear_arguments(linear)
@@ -94,7 +99,8 @@ class CPUDecodeStack:
                 linear_tensors += arguments[0]
                 kinds += [arguments[1], linear.out_features]
             norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-        return cls(norms, linear_tensors, kinds, layers[0].input_layernorm.eps, layers[0].attn, dtype)
+            norms += [_NONE, _NONE] if layer.q_norm is None else [layer.q_norm.weight, layer.k_norm.weight]
+        return cls(norms, linear_tensors, kinds, eps, layers[0].attn, dtype)
 
     def takes(self, hidden: torch.Tensor, kv_caches: torch.Tensor | None, meta: AttentionMetadata) -> bool:
         """Whether this step is one the stack runs: one sequence's decode token, its cache of the model's dtype."""

@@ -1,10 +1,13 @@
 """One sequence's CPU decode step through every layer in one C++ call (models/llama_cpu_decode.py): the layers' own
 operators chained in C++, so SmolLM2 quantized with each method (bf16 and fp32) and unquantized (bf16, its weights
-packed for oneDNN or plain) must choose the same tokens with the same logprobs as the Python layers, to the bit; a batch switches between the two as sequences finish; and a
-model with a layer the C++ stack does not run keeps the Python layers."""
+packed for oneDNN or plain), and tiny Qwen2 / Qwen3 / Llama 3 checkpoints, must choose the same tokens with the same
+logprobs as the Python layers, to the bit; a batch switches between the two as sequences finish; and a model with a
+layer the C++ stack does not run keeps the Python layers."""
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +18,9 @@ from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.linear import PackedCPULinear, can_pack
 from fasterllm.models.llama_cpu_decode import CPUDecodeStack
 from fasterllm.worker import decoder_builder
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "parity"))
+from parity_utils import TINY_SPECS, build_tiny_model, random_prompt  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "def fibonacci(n):"]
 NEW_TOKENS = 12
@@ -140,7 +146,27 @@ def test_scattered_blocks_give_the_layers_hidden_states_and_cache(int8_bf16):
                            before.view(len(model.layers), 2, -1, layer.num_kv_heads, layer.head_dim)[:, :, slot])
 
 
-@pytest.mark.parametrize("change", ["sliding window", "bias", "float projection", "fp32 bit-equality kept"])
+@pytest.mark.parametrize("name", ["qwen2_bias_tied", "qwen3_qk_norm", "llama3_gqa"])
+def test_families_with_biases_and_head_norms_decode_through_it_to_the_bit(kernels_on, tmp_path, monkeypatch, name):
+    """Qwen2's q/k/v biases and Qwen3's per-head q/k norms run inside the C++ stack too (tiny random checkpoints with
+    64-wide heads, which the C++ attention runs), with the Python layers' tokens and logprobs."""
+    pytest.importorskip("transformers")
+    build_tiny_model(next(spec for spec in TINY_SPECS if spec.name == name), tmp_path, seed=3, head_dim=64)
+    llm = LLM(str(tmp_path), quantization="int8", dtype="bfloat16", max_model_len=128, num_kv_blocks=32,
+              enable_prefix_caching=False)
+    prompt = random_prompt(9, 256, seed=4)
+
+    def greedy():
+        params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=5)
+        out = llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)[0].outputs[0]
+        return out.token_ids, [{t: entry[t].logprob for t in entry} for entry in out.logprobs]
+
+    ours, layers, calls = _with_and_without_stack(llm, monkeypatch, greedy)
+    assert calls == NEW_TOKENS - 1
+    assert ours == layers
+
+
+@pytest.mark.parametrize("change", ["sliding window", "clipped q/k/v", "another projection", "fp32 bit-equality kept"])
 def test_a_layer_it_does_not_run_keeps_the_python_layers(request, monkeypatch, change):
     llm = request.getfixturevalue("int8_fp32" if change == "fp32 bit-equality kept" else "int8_bf16")
     model = llm.engine.executor.runner.model
@@ -148,10 +174,10 @@ def test_a_layer_it_does_not_run_keeps_the_python_layers(request, monkeypatch, c
     layer = model.layers[5]
     if change == "sliding window":
         monkeypatch.setattr(layer.attn, "sliding_window", 64)
-    elif change == "bias":
-        monkeypatch.setattr(layer.o_proj, "bias", torch.zeros(layer.o_proj.out_features, dtype=torch.bfloat16))
-    elif change == "float projection":
-        monkeypatch.setattr(layer, "gate_up_proj", torch.nn.Linear(8, 8))
+    elif change == "clipped q/k/v":  # OLMoE's
+        monkeypatch.setattr(layer, "clip_qkv", 8.0)
+    elif change == "another projection":
+        monkeypatch.setattr(layer, "gate_up_proj", torch.nn.Identity())
     else:  # an fp32 layer whose norm keeps torch's sums (bit-equal to transformers) must keep them
         monkeypatch.setattr(layer.post_attention_layernorm, "bit_equal_fp32", True)
     assert CPUDecodeStack.of(model) is None

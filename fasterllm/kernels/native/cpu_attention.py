@@ -1,8 +1,9 @@
 """A decode step's attention on the CPU in C++ (built by cpu_extension.py, AVX2 code): RoPE on Q and K with the K/V
 store in one call (cpu/rotary_store.cpp, the same bits as the torch path's five ops), and one sequence's attention
-over its paged KV cache in one call (cpu/decode_attention.cpp), for single-stream decoding. The torch path (layers/attention.py) views or
-gathers the sequence's blocks and calls SDPA, about 20-25 us a layer for SmolLM2's three KV heads and a few hundred
-keys; the C++ call reads the blocks in place in about half that (benchmarks/RESULTS.md, fifteenth session).
+over its paged KV cache in one call (cpu/decode_attention.cpp), for single-stream decoding. The torch path
+(layers/attention.py) views or gathers the sequence's blocks and calls SDPA, about 20-25 us a layer for SmolLM2's
+three KV heads and a few hundred keys; the C++ call reads the blocks in place in about half that
+(benchmarks/RESULTS.md, fifteenth session).
 
 bf16 models, and fp32 ones where the caller allows it (quantized models: layers/norm.release_fp32_bit_equality): it
 sums in another order than SDPA and takes exp2 from a polynomial (relative error under 2e-7), which an fp32 float

@@ -21,17 +21,22 @@ namespace {
 enum LinearKind : int64_t { kInt8 = 0, kInt4 = 1, kInt4Int8Inputs = 2, kUint8Grouped = 3, kOneDNN = 4, kPlain = 5 };
 
 // x W^T over a weight in oneDNN's blocked layout: the operator layers/linear.onednn_linear calls
-at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed_weight) {
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed_weight, const std::optional<at::Tensor>& bias) {
   static const c10::OperatorHandle op =
       c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
-  torch::jit::Stack stack{x, packed_weight, c10::IValue(), c10::IValue(std::string("none")),
+  torch::jit::Stack stack{x, packed_weight, bias, c10::IValue(std::string("none")),
                           c10::IValue(c10::List<std::optional<at::Scalar>>()), c10::IValue(std::string(""))};
   op.callBoxed(&stack);
   return stack[0].toTensor();
 }
 constexpr int64_t kLinearsPerLayer = 4;  // qkv, o, gate_up, down
-constexpr int64_t kTensorsPerLinear = 3;
-constexpr int64_t kNormsPerLayer = 2;  // before the attention, before the FFN
+constexpr int64_t kTensorsPerLinear = 4;  // three of the kind's, then the bias
+constexpr int64_t kNormsPerLayer = 4;  // before the attention, before the FFN, each query head's, each key head's
+
+// t, or nullopt where t is empty (an absent bias or norm)
+std::optional<at::Tensor> present(const at::Tensor& t) {
+  return t.numel() > 0 ? std::optional<at::Tensor>(t) : std::nullopt;
+}
 
 struct Linears {
   const std::vector<at::Tensor>& tensors;
@@ -43,18 +48,32 @@ struct Linears {
     const int64_t kind = kinds[2 * index], rows = kinds[2 * index + 1];
     TORCH_CHECK(kind >= kInt8 && kind <= kPlain, "linear kind ", kind, " is not one decode_stack runs (0: int8, ",
                 "1: int4, 2: int4 with int8 inputs, 3: uint8 grouped, 4: oneDNN-packed, 5: plain)");
-    if (kind == kOneDNN) return onednn_linear(x, w[0]);
-    if (kind == kPlain) return at::linear(x, w[0]);
-    if (kind == kInt8) return int8_gemv(x, w[0], w[1], rows, isa);
-    if (kind == kUint8Grouped) return uint8_grouped_gemv(x, w[0], w[1], w[2], rows, isa);
-    return int4_gemv(x, w[0], w[1], w[2], rows, isa, kind == kInt4Int8Inputs);
+    const std::optional<at::Tensor> bias = present(w[3]);
+    if (kind == kOneDNN) return onednn_linear(x, w[0], bias);
+    if (kind == kPlain) return at::linear(x, w[0], bias);
+    at::Tensor out;  // the quantized layers add their bias after the product, as FlatLinear's matmul does
+    if (kind == kInt8) out = int8_gemv(x, w[0], w[1], rows, isa);
+    else if (kind == kUint8Grouped) out = uint8_grouped_gemv(x, w[0], w[1], w[2], rows, isa);
+    else out = int4_gemv(x, w[0], w[1], w[2], rows, isa, kind == kInt4Int8Inputs);
+    return bias.has_value() ? out + *bias : out;
   }
 };
 
+// qkv [H, D] with its query and key heads each through their RMSNorm (Qwen3), the values as they are: what
+// models/llama.DecoderLayer._norm_heads does
+at::Tensor norm_heads(const at::Tensor& qkv, const at::Tensor& q_norm, const at::Tensor& k_norm, int64_t num_heads,
+                      int64_t num_kv_heads, double eps) {
+  const at::Tensor q = std::get<0>(add_rms_norm_op(qkv.narrow(0, 0, num_heads), std::nullopt, q_norm, eps));
+  const at::Tensor k = std::get<0>(add_rms_norm_op(qkv.narrow(0, num_heads, num_kv_heads), std::nullopt, k_norm, eps));
+  return at::cat({q, k, qkv.narrow(0, num_heads + num_kv_heads, num_kv_heads)});
+}
+
 // hidden [1, H]: the embedding's row (the first layer's norm has no residual to add) -> (the last layer's SiLU(gate) *
 // up [1, I], the residual stream [1, H]): the last layer's down projection and the final norm are the caller's, as
-// the Python layers leave them. Per layer: norms[2l], norms[2l + 1]; linears 4l..4l + 3 (qkv, o, gate_up, down),
-// three tensors each (empty ones where a kind has fewer) and (kind, N) in kinds; kv_caches[l]. cos / sin: the token's
+// the Python layers leave them. Per layer: norms 4l..4l + 3 (before the attention, before the FFN, the query heads'
+// and the key heads': empty where the model has none); linears 4l..4l + 3 (qkv, o, gate_up, down), four tensors each
+// (three of the kind's, empty ones where it has fewer, then the bias, empty where none) and (kind, N) in kinds;
+// kv_caches[l]. cos / sin: the token's
 // rotary rows [1, 1, D]; block_ids, first_block, key_start, key_end: decode_attention's.
 std::tuple<at::Tensor, at::Tensor> decode_stack(const at::Tensor& hidden, const std::vector<at::Tensor>& norms,
                                                 const std::vector<at::Tensor>& linear_tensors,
@@ -68,7 +87,7 @@ std::tuple<at::Tensor, at::Tensor> decode_stack(const at::Tensor& hidden, const 
   TORCH_CHECK(layers > 0 && static_cast<int64_t>(norms.size()) == kNormsPerLayer * layers &&
                   static_cast<int64_t>(linear_tensors.size()) == kLinearsPerLayer * kTensorsPerLinear * layers &&
                   static_cast<int64_t>(kinds.size()) == 2 * kLinearsPerLayer * layers,
-              "decode_stack needs per layer 2 norms, 4 linears of 3 tensors, 4 (kind, N) pairs and a KV cache; got ",
+              "decode_stack needs per layer 4 norms, 4 linears of 4 tensors, 4 (kind, N) pairs and a KV cache; got ",
               norms.size(), " norms, ", linear_tensors.size(), " linear tensors, ", kinds.size(), " kinds for ",
               layers, " caches");
   TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) == 1, "hidden must be one token's row [1, H], got ",
@@ -82,7 +101,10 @@ std::tuple<at::Tensor, at::Tensor> decode_stack(const at::Tensor& hidden, const 
     const int64_t first = kLinearsPerLayer * l;
     if (l > 0) std::tie(normed, residual) = add_rms_norm_op(linears.apply(first - 1, activated), residual,
                                                             norms[kNormsPerLayer * l], eps);
-    const at::Tensor qkv = linears.apply(first, normed).view({1, heads, head_dim});
+    at::Tensor qkv = linears.apply(first, normed).view({heads, head_dim});
+    if (norms[kNormsPerLayer * l + 2].numel() > 0)
+      qkv = norm_heads(qkv, norms[kNormsPerLayer * l + 2], norms[kNormsPerLayer * l + 3], num_heads, num_kv_heads, eps);
+    qkv = qkv.view({1, heads, head_dim});
     rotary_store_op(qkv, cos, sin, kv_caches[l], slot_mapping, num_heads);
     const at::Tensor attended = decode_attention_op(qkv[0].narrow(0, 0, num_heads), kv_caches[l], block_ids,
                                                     first_block, key_start, key_end, scale);
