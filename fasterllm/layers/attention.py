@@ -46,6 +46,9 @@ class DecodeGroup:
     mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] True where the key is real; None: one sequence
     keys: slice  # the key positions each row reads (one sequence: its window, so no mask is needed)
     positions: list[int]  # each row's query position
+    # several sequences: [B, 2] each row's keys (first, end: its window), for the C++ attention, which reads each
+    # row's own keys; None for one sequence (keys says it), and where a position bias rides on the mask
+    key_ranges: torch.Tensor | None = None
 
 
 @dataclass
@@ -146,6 +149,7 @@ class AttentionMetadata:
             keys = torch.arange(d.keys.start, d.keys.stop, device=device)
             values = bias(torch.tensor(d.positions, device=device), keys).transpose(0, 1)[:, :, None, :]  # [B, H, 1, k]
             d.mask = values if d.mask is None else values.masked_fill(~d.mask, float("-inf"))
+            d.key_ranges = None  # the bias rides on the mask: SDPA's path
 
     @staticmethod
     def build_cross(query_lens: list[int], encoder_lens: list[int], cross_tables: list[list[int]], block_size: int,
@@ -194,8 +198,10 @@ def _decode_group(rows: list[int], query_lens: list[int], seq_lens: list[int], b
     mask = key_positions < lens_column
     if sliding_window is not None:
         mask &= key_positions >= lens_column - sliding_window
+    starts = [0] * len(lens) if sliding_window is None else [max(0, n - sliding_window) for n in lens]
     return DecodeGroup(token_index, blocks.view(-1), mask[:, None, None, :].to(device),
-                       slice(0, num_blocks * block_size), [n - 1 for n in lens])
+                       slice(0, num_blocks * block_size), [n - 1 for n in lens],
+                       torch.tensor([starts, lens], dtype=torch.long).t().contiguous())
 
 
 def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv_cache: torch.Tensor,
@@ -296,8 +302,8 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.
         return cpu_attention.decode_attention(query[0], kv_cache, decode.blocks, decode.keys, scale).view(
             1, num_heads * head_dim)
     if decode is not None and decode.token_index is None:  # a pure decode batch: no scatter needed
-        return _decode_attention(query, kv_cache, decode, scale, softcap, kv_scales).reshape(num_tokens,
-                                                                                             num_heads * head_dim)
+        return _decode_attention(query, kv_cache, decode, scale, softcap, kv_scales, bit_equal_fp32).reshape(
+            num_tokens, num_heads * head_dim)
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=query.dtype, device=query.device)
     for group in meta.prefills:
         # SDPA's GQA support wants [batch, heads, tokens, D]: 3-D inputs give wrong results on CUDA
@@ -314,13 +320,17 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.
         out[group.token_start:group.token_end] = o[0].transpose(0, 1)
     if decode is not None:
         out[decode.token_index] = _decode_attention(query[decode.token_index], kv_cache, decode, scale, softcap,
-                                                    kv_scales)
+                                                    kv_scales, bit_equal_fp32)
     return out.view(num_tokens, num_heads * head_dim)
 
 
 def _decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, d: DecodeGroup, scale: float,
-                      softcap: float | None, kv_scales: tuple[float, float]) -> torch.Tensor:
-    """One new token per sequence: [B, Hq, D] -> [B, Hq, D], all sequences in one padded batch."""
+                      softcap: float | None, kv_scales: tuple[float, float], bit_equal_fp32: bool) -> torch.Tensor:
+    """One new token per sequence: [B, Hq, D] -> [B, Hq, D]: each row over its own keys in one C++ call where
+    paged_attention's one-sequence call runs (it gives each row what that call would), else all sequences in one
+    padded SDPA batch."""
+    if d.key_ranges is not None and softcap is None and cpu_attention.runs(query, kv_cache, not bit_equal_fp32):
+        return cpu_attention.decode_attention_rows(query, kv_cache, d.blocks, d.key_ranges, scale)
     batch, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[-2]
     # each KV head's query heads become rows of one query block: no K/V repeat needed

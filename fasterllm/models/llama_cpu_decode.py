@@ -1,4 +1,4 @@
-"""One sequence's CPU decode step through every decoder layer of a Llama-family model in one C++ call
+"""A CPU decode step (one sequence's, or a batch's) through every decoder layer of a Llama-family model in one C++ call
 (kernels/native/cpu/decode_stack.cpp). The call chains the operators the layers call one by one (the add + RMSNorm,
 the quantized products, RoPE with the K/V store, the decode attention, SiLU(gate) * up), in the same order on the same
 tensors, so its result is the layers' to the bit; what it removes is the Python between them, which was about a
@@ -8,8 +8,8 @@ Built for a model whose layers are all pre-norm SiLU layers (biases and Qwen3's 
 clipping, sliding windows, soft-capping or experts; one full-width rotary table), each projection one of our C++
 kernels' int8 / int4 / uint8-grouped layers or a float one (packed for oneDNN, or plain), in bf16, or in fp32
 released from bit-equality with transformers (quantized models, as the layers' own C++ calls are: an unquantized fp32
-model keeps torch's norm and attention, and the Python layers); taken for a step that is one sequence's decode over a
-cache of the model's dtype. Any other model or step runs the layers in Python.
+model keeps torch's norm and attention, and the Python layers); taken for a decode step (one sequence's or a batch's,
+no prompt among them) over a cache of the model's dtype. Any other model or step runs the layers in Python.
 """
 from __future__ import annotations
 
@@ -103,22 +103,28 @@ class CPUDecodeStack:
         return cls(norms, linear_tensors, kinds, eps, layers[0].attn, dtype)
 
     def takes(self, hidden: torch.Tensor, kv_caches: torch.Tensor | None, meta: AttentionMetadata) -> bool:
-        """Whether this step is one the stack runs: one sequence's decode token, its cache of the model's dtype."""
+        """Whether this step is one the stack runs: a decode batch (one token per sequence, no prompt) over a cache
+        of the model's dtype, its attention one the C++ call runs (no position bias on the mask)."""
         decode = meta.decode
-        return (hidden.shape[0] == 1 and hidden.dtype == self.dtype and kv_caches is not None
-                and kv_caches.dtype == self.dtype and meta.kernel is None and not meta.prefills and decode is not None
-                and decode.token_index is None and decode.mask is None)
+        return (hidden.dtype == self.dtype and kv_caches is not None and kv_caches.dtype == self.dtype
+                and meta.kernel is None and not meta.prefills and decode is not None and decode.token_index is None
+                and (decode.key_ranges is not None or decode.mask is None))
 
     def __call__(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_caches: torch.Tensor,
                  meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """The embedding's row [1, H] -> (the last layer's SiLU(gate) * up, the residual stream): what the layers'
+        """The embedding's rows [B, H] -> (the last layer's SiLU(gate) * up, the residual stream): what the layers'
         loop hands the final norm, with the last down projection still to apply."""
-        block_ids, first_block = cpu_attention.block_arguments(meta.decode.blocks)
-        keys = meta.decode.keys
+        decode = meta.decode
+        if decode.key_ranges is not None:  # several sequences: their padded blocks, row after row
+            block_table, key_ranges = decode.blocks.view(hidden.shape[0], -1), decode.key_ranges
+        else:  # one sequence: its blocks (ids, or a range of them) and its keys
+            blocks = decode.blocks
+            ids = torch.arange(blocks.start, blocks.stop) if isinstance(blocks, slice) else blocks.to(torch.long)
+            block_table, key_ranges = ids.view(1, -1), torch.tensor([[decode.keys.start, decode.keys.stop]])
         return torch.ops.fasterllm_cpu.decode_stack(
             hidden.contiguous(), self.norms, self.linear_tensors, self.kinds, self.eps, *rope,
-            self._layer_caches(kv_caches), meta.slot_mapping, block_ids, first_block, keys.start, keys.stop,
-            self.num_heads, self.num_kv_heads, self.head_dim, self.scale, kernel_isa())
+            self._layer_caches(kv_caches), meta.slot_mapping, block_table, key_ranges, self.num_heads,
+            self.num_kv_heads, self.head_dim, self.scale, kernel_isa())
 
     def _layer_caches(self, kv_caches: torch.Tensor) -> list[torch.Tensor]:
         """kv_caches [layers, 2, blocks, block_size, Hkv, D] as one view per layer, made once per cache."""

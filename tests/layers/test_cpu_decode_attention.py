@@ -1,6 +1,7 @@
 """One sequence's CPU decode attention in one C++ call (kernels/native/cpu_attention.py) against the torch path it
 replaces (SDPA over the gathered blocks): bf16 within a bf16 rounding, fp32 within 1e-5, over consecutive and
-scattered blocks, a sliding window's key range, GQA groups and several head dims; and where the layer takes it."""
+scattered blocks, a sliding window's key range, GQA groups and several head dims; and where the layer takes it. A
+decode batch's call gives each row what the one-sequence call gives it."""
 from __future__ import annotations
 
 import pytest
@@ -66,6 +67,37 @@ def test_the_layer_takes_it_for_one_sequence_in_bf16_and_released_fp32(monkeypat
     assert bool(calls) == taken
     tolerance = 8e-3 if dtype == torch.bfloat16 else 1e-5
     torch.testing.assert_close(got.float(), torch_path.float(), atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("window", [None, 20])
+@pytest.mark.parametrize("heads, kv_heads", [(9, 3), (4, 4)])
+def test_a_decode_batch_gives_each_row_what_it_gets_alone(dtype, window, heads, kv_heads):
+    """Rows of different lengths over scattered blocks (a window cutting some), as paged_attention hands a decode
+    batch to the C++ call: each row's output is the one-sequence call's, to the bit, and near SDPA's padded batch."""
+    generator = torch.Generator().manual_seed(heads)
+    cache = torch.randn(2, 12, BLOCK, kv_heads, 64, generator=generator).to(dtype)
+    lens, tables = [40, 7, 33, 16], [[5, 2, 7], [9], [1, 3, 11], [0]]
+    meta = AttentionMetadata.build([1] * 4, lens, tables, BLOCK, torch.device("cpu"), window)
+    query = torch.randn(4, heads, 64, generator=generator).to(dtype)
+    got = paged_attention(query, None, None, cache, meta, 0.125, bit_equal_fp32=False)
+    alone = [cpu_attention.decode_attention(query[i], cache, torch.tensor(tables[i]),
+                                            slice(0 if window is None else max(0, n - window), n), 0.125)
+             for i, n in enumerate(lens)]
+    assert torch.equal(got.view(4, heads, 64), torch.stack(alone))
+    sdpa = paged_attention(query, None, None, cache, meta, 0.125, softcap=None, bit_equal_fp32=True)
+    if dtype == torch.float32:  # the torch path keeps SDPA for an fp32 model that promises bit-equality
+        tolerance = 1e-5
+    else:  # bf16 takes the C++ call either way
+        tolerance = 0
+    torch.testing.assert_close(got, sdpa, atol=tolerance, rtol=tolerance)
+
+
+def test_a_decode_batch_with_a_block_outside_the_cache_is_refused_naming_its_row():
+    cache = torch.zeros(2, 4, BLOCK, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="row 1's block id 9 is outside the cache's 4"):
+        cpu_attention.decode_attention_rows(torch.zeros(2, 4, 64, dtype=torch.bfloat16), cache,
+                                            torch.tensor([1, 2, 9, 0]), torch.tensor([[0, 20], [0, 20]]), 0.125)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

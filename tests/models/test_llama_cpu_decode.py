@@ -1,8 +1,8 @@
-"""One sequence's CPU decode step through every layer in one C++ call (models/llama_cpu_decode.py): the layers' own
-operators chained in C++, so SmolLM2 quantized with each method (bf16 and fp32) and unquantized (bf16, its weights
-packed for oneDNN or plain), and tiny Qwen2 / Qwen3 / Llama 3 checkpoints, must choose the same tokens with the same
-logprobs as the Python layers, to the bit; a batch switches between the two as sequences finish; and a model with a
-layer the C++ stack does not run keeps the Python layers."""
+"""A CPU decode step (one sequence's or a batch's) through every layer in one C++ call (models/llama_cpu_decode.py):
+the layers' own operators chained in C++, so SmolLM2 quantized with each method (bf16 and fp32) and unquantized
+(bf16, its weights packed for oneDNN or plain), and tiny Qwen2 / Qwen3 / Llama 3 checkpoints, must choose the same
+tokens with the same logprobs as the Python layers, to the bit, alone or in a batch that shrinks as sequences finish;
+and a model with a layer the C++ stack does not run keeps the Python layers."""
 from __future__ import annotations
 
 import os
@@ -109,12 +109,12 @@ def test_single_stream_decode_gives_the_layers_tokens_and_logprobs(request, gguf
     assert ours == layers
 
 
-def test_a_batch_takes_the_stack_once_one_sequence_is_left(int8_bf16, monkeypatch):
-    """Three sequences of 4, 8 and 16 tokens: the batch runs the Python layers while two or more decode, the stack
-    for the last one's final 8 steps, and every token and logprob is the Python layers'."""
+def test_a_batch_decodes_through_it_as_it_shrinks(int8_bf16, monkeypatch):
+    """Three sequences of 4, 8 and 16 tokens: every decode step (three rows, then two, then one) runs the stack, and
+    every token and logprob is the Python layers'."""
     ours, layers, calls = _with_and_without_stack(int8_bf16, monkeypatch,
                                                   lambda: _greedy(int8_bf16, PROMPTS, [4, 8, 16]))
-    assert calls == 8
+    assert calls == 15  # the prompts' step gives each its first token
     assert ours == layers
 
 

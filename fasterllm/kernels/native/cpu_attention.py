@@ -38,16 +38,21 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, blocks: torch.
     """query [Hq, D] of one sequence's new token -> [Hq, D]: softmax(q k^T * scale) v over its keys at positions
     keys.start..keys.stop - 1 of its blocks (a tensor of block ids, or a slice of consecutive ones) in kv_cache
     [2, num_blocks, block_size, Hkv, D]. The query heads of one KV head are consecutive (GQA)."""
-    return torch.ops.fasterllm_cpu.decode_attention(query.contiguous(), kv_cache, *block_arguments(blocks), keys.start,
+    if isinstance(blocks, slice):
+        block_ids, first_block = _NO_IDS, blocks.start
+    else:
+        block_ids, first_block = blocks.to(torch.long), 0
+    return torch.ops.fasterllm_cpu.decode_attention(query.contiguous(), kv_cache, block_ids, first_block, keys.start,
                                                     keys.stop, scale)
 
 
-def block_arguments(blocks: torch.Tensor | slice) -> tuple[torch.Tensor, int]:
-    """A sequence's blocks (a tensor of ids, or a slice of consecutive ones) as the C++ calls take them: (block_ids,
-    first_block), the ids empty for a slice."""
-    if isinstance(blocks, slice):
-        return _NO_IDS, blocks.start
-    return blocks.to(torch.long), 0
+def decode_attention_rows(query: torch.Tensor, kv_cache: torch.Tensor, blocks: torch.Tensor, key_ranges: torch.Tensor,
+                          scale: float) -> torch.Tensor:
+    """query [B, Hq, D] (each row's heads contiguous) of a decode batch's new tokens -> [B, Hq, D]: row b as
+    decode_attention gives it alone, over its keys key_ranges[b, 0]..key_ranges[b, 1] - 1 of its blocks (blocks:
+    [B * W] ids, row after row, padded)."""
+    return torch.ops.fasterllm_cpu.decode_attention_rows(query, kv_cache, blocks.view(query.shape[0], -1),
+                                                         key_ranges, scale)
 
 
 def rotary_store_runs(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,

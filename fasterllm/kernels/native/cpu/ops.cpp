@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <string>
 
 #include "decode_attention.h"
@@ -254,6 +255,75 @@ at::Tensor decode_attention_op(const at::Tensor& query, const at::Tensor& kv_cac
   return out;
 }
 
+// decode_attention_op over a decode batch: query [B, Hq, D] (each row's heads contiguous, rows at any stride),
+// block_table [B, W] int64 (row b's blocks, padded), key_ranges [B, 2] int64 (row b's keys key_start..key_end - 1);
+// the (row, KV head) pairs split over the threads. Each row's result is what decode_attention_op gives it alone.
+at::Tensor decode_attention_rows_op(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_table,
+                                    const at::Tensor& key_ranges, double scale) {
+  TORCH_CHECK(query.dim() == 3 && query.device().is_cpu() && query.stride(2) == 1 &&
+                  query.stride(1) == query.size(2) &&
+                  (query.scalar_type() == at::kBFloat16 || query.scalar_type() == at::kFloat),
+              "query must be a CPU bfloat16 or float32 [B, Hq, D] tensor with each row's heads contiguous, got ",
+              query.scalar_type(), " ", query.sizes(), " strides ", query.strides());
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.scalar_type() == query.scalar_type() &&
+                  kv_cache.is_contiguous() && kv_cache.size(4) == query.size(2),
+              "kv_cache must be a contiguous [2, num_blocks, block_size, Hkv, D=", query.size(2), "] CPU ",
+              query.scalar_type(), " tensor, got ", kv_cache.scalar_type(), " ", kv_cache.sizes());
+  const int64_t rows = query.size(0), num_heads = query.size(1), head_dim = query.size(2);
+  const int64_t num_blocks = kv_cache.size(1), block_size = kv_cache.size(2), num_kv_heads = kv_cache.size(3);
+  TORCH_CHECK(decode_attention_supports(head_dim), "head_dim ", head_dim, " is not one decode_attention runs");
+  TORCH_CHECK(num_heads % num_kv_heads == 0, "query heads (", num_heads, ") must be a multiple of the KV heads (",
+              num_kv_heads, ")");
+  TORCH_CHECK(block_table.scalar_type() == at::kLong && block_table.dim() == 2 && block_table.size(0) == rows &&
+                  block_table.is_contiguous(),
+              "block_table must be a contiguous int64 [B=", rows, ", W] tensor, got ", block_table.scalar_type(), " ",
+              block_table.sizes());
+  TORCH_CHECK(key_ranges.scalar_type() == at::kLong && key_ranges.sizes() == at::IntArrayRef({rows, 2}) &&
+                  key_ranges.is_contiguous(),
+              "key_ranges must be a contiguous int64 [B=", rows, ", 2] tensor, got ", key_ranges.scalar_type(), " ",
+              key_ranges.sizes());
+  const int64_t width = block_table.size(1);
+  const int64_t* table = block_table.data_ptr<int64_t>();
+  const int64_t* ranges = key_ranges.data_ptr<int64_t>();
+  int64_t most_keys = 1, pairs = 0;
+  for (int64_t b = 0; b < rows; ++b) {
+    const int64_t start = ranges[2 * b], end = ranges[2 * b + 1];
+    TORCH_CHECK(0 <= start && start < end && end <= width * block_size, "row ", b, "'s keys ", start, "..", end,
+                " must be a nonempty range within its ", width, " blocks of ", block_size);
+    for (int64_t i = 0; i < (end + block_size - 1) / block_size; ++i)
+      TORCH_CHECK(0 <= table[b * width + i] && table[b * width + i] < num_blocks, "row ", b, "'s block id ",
+                  table[b * width + i], " is outside the cache's ", num_blocks);
+    most_keys = std::max(most_keys, end - start);
+    pairs += num_heads * (end - start);
+  }
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t per_row = num_kv_heads * decode_attention_scratch(group, head_dim, most_keys);
+  at::Tensor out = at::empty({rows, num_heads, head_dim}, query.options());
+  at::Tensor scratch = at::empty({rows * per_row}, query.options().dtype(at::kFloat));
+  float* work = scratch.data_ptr<float>();
+  const float s = static_cast<float>(scale);
+  const int64_t grain = pairs < kThreadedAttentionPairs ? rows * num_kv_heads : 1;
+  auto run = [&](auto* q, auto* o) {
+    const auto* k = reinterpret_cast<decltype(q)>(kv_cache.data_ptr());
+    at::parallel_for(0, rows * num_kv_heads, grain, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t b = i / num_kv_heads, h = i % num_kv_heads;
+        const PagedKeys keys{table + b * width, 0, block_size, num_kv_heads, head_dim, ranges[2 * b],
+                             ranges[2 * b + 1]};
+        decode_attention(q + b * query.stride(0), k, k + kv_cache.numel() / 2, keys, group, s, h, h + 1,
+                         work + b * per_row, o + b * num_heads * head_dim);
+      }
+    });
+  };
+  if (query.scalar_type() == at::kFloat) {
+    run(query.data_ptr<float>(), out.data_ptr<float>());
+  } else {
+    auto bits = [](const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); };
+    run(bits(query), bits(out));
+  }
+  return out;
+}
+
 // rotary_store.h's fused RoPE and K/V store: qkv [T, Hq + 2 Hkv, D] (each token's row contiguous), cos / sin rows
 // [T, 1, D] (strided views of the rotary table's gathered rows), kv_cache [2, num_blocks, block_size, Hkv, D],
 // slot_mapping [n <= T] int64; all of one dtype, bf16 or fp32
@@ -311,6 +381,9 @@ TORCH_LIBRARY(fasterllm_cpu, m) {
   m.def("decode_attention(Tensor query, Tensor kv_cache, Tensor block_ids, int first_block, int key_start, "
         "int key_end, float scale) -> Tensor",
         &fasterllm_cpu::decode_attention_op);
+  m.def("decode_attention_rows(Tensor query, Tensor kv_cache, Tensor block_table, Tensor key_ranges, float scale) -> "
+        "Tensor",
+        &fasterllm_cpu::decode_attention_rows_op);
   m.def("rotary_store(Tensor(a!) qkv, Tensor cos, Tensor sin, Tensor(b!) kv_cache, Tensor slot_mapping, "
         "int num_heads) -> ()",
         &fasterllm_cpu::rotary_store_op);
