@@ -4,8 +4,8 @@ the quantized products, RoPE with the K/V store, the decode attention, SiLU(gate
 tensors, so its result is the layers' to the bit; what it removes is the Python between them, which was about a
 quarter of a SmolLM2 int8 step on two cores (benchmarks/RESULTS.md, sixteenth session).
 
-Built for a model whose layers are all pre-norm SiLU layers (biases and Qwen3's per-head q/k norms allowed; no
-clipping, sliding windows, soft-capping or experts; one full-width rotary table), each projection one of our C++
+Built for a model whose layers are all pre-norm SiLU layers (biases, Qwen3's per-head q/k norms and one sliding
+window for all layers allowed; no clipping, soft-capping or experts; one full-width rotary table), each projection one of our C++
 kernels' int8 / int4 / uint8-grouped layers or a float one (packed for oneDNN, or plain), in bf16, or in fp32
 released from bit-equality with transformers (quantized models, as the layers' own C++ calls are: an unquantized fp32
 model keeps torch's norm and attention, and the Python layers); taken for a decode step (one sequence's or a batch's,
@@ -66,7 +66,7 @@ def _plain_layer(layer: nn.Module, dtype: torch.dtype, eps: float) -> bool:
     modules = [*norms, attn]
     return (type(layer) is DecoderLayer and layer.leaves_down_proj and type(layer.act) is SiluAndMul
             and all(type(norm) is RMSNorm and norm.eps == eps for norm in norms)
-            and layer.clip_qkv is None and attn.sliding_window is None
+            and layer.clip_qkv is None
             and attn.softcap is None and attn.kv_scales == (1.0, 1.0) and attn.head_dim in cpu_attention.HEAD_DIMS
             and (dtype == torch.bfloat16 or (dtype == torch.float32
                                               and not any(module.bit_equal_fp32 for module in modules))))
@@ -77,7 +77,7 @@ class CPUDecodeStack:
                  attn: nn.Module, dtype: torch.dtype):
         self.norms, self.linear_tensors, self.kinds, self.eps, self.dtype = norms, linear_tensors, kinds, eps, dtype
         self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
-        self.scale = attn.scale
+        self.scale, self.sliding_window = attn.scale, attn.sliding_window  # every layer's
         self._caches: tuple[torch.Tensor, list[torch.Tensor]] | None = None  # the runner's cache, and its layers
 
     @classmethod
@@ -90,7 +90,8 @@ class CPUDecodeStack:
         dtype, eps = layers[0].input_layernorm.weight.dtype, layers[0].input_layernorm.eps
         norms, linear_tensors, kinds = [], [], []
         for layer in layers:
-            if not _plain_layer(layer, dtype, eps) or layer.attn.scale != layers[0].attn.scale:
+            if not _plain_layer(layer, dtype, eps) or any(getattr(layer.attn, name) != getattr(layers[0].attn, name)
+                                                          for name in ("scale", "sliding_window")):
                 return None
             for linear in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj):
                 arguments = _linear_arguments(linear)
@@ -104,10 +105,11 @@ class CPUDecodeStack:
 
     def takes(self, hidden: torch.Tensor, kv_caches: torch.Tensor | None, meta: AttentionMetadata) -> bool:
         """Whether this step is one the stack runs: a decode batch (one token per sequence, no prompt) over a cache
-        of the model's dtype, its attention one the C++ call runs (no position bias on the mask)."""
+        of the model's dtype, its keys cut to the layers' window, its attention one the C++ call runs (no position
+        bias on the mask)."""
         decode = meta.decode
         return (hidden.dtype == self.dtype and kv_caches is not None and kv_caches.dtype == self.dtype
-                and meta.kernel is None and not meta.prefills and decode is not None and decode.token_index is None
+                and meta.sliding_window == self.sliding_window and meta.kernel is None and not meta.prefills and decode is not None and decode.token_index is None
                 and (decode.key_ranges is not None or decode.mask is None))
 
     def __call__(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_caches: torch.Tensor,

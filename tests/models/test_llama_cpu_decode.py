@@ -146,14 +146,19 @@ def test_scattered_blocks_give_the_layers_hidden_states_and_cache(int8_bf16):
                            before.view(len(model.layers), 2, -1, layer.num_kv_heads, layer.head_dim)[:, :, slot])
 
 
-@pytest.mark.parametrize("name", ["qwen2_bias_tied", "qwen3_qk_norm", "llama3_gqa"])
-def test_families_with_biases_and_head_norms_decode_through_it_to_the_bit(kernels_on, tmp_path, monkeypatch, name):
-    """Qwen2's q/k/v biases and Qwen3's per-head q/k norms run inside the C++ stack too (tiny random checkpoints with
-    64-wide heads, which the C++ attention runs), with the Python layers' tokens and logprobs."""
+@pytest.mark.parametrize("name, window", [("qwen2_bias_tied", None), ("qwen3_qk_norm", None), ("llama3_gqa", None),
+                                          ("mistral_mqa", 6)])
+def test_families_with_biases_head_norms_and_a_window_decode_through_it_to_the_bit(kernels_on, tmp_path, monkeypatch,
+                                                                                   name, window):
+    """Qwen2's q/k/v biases, Qwen3's per-head q/k norms and Mistral's sliding window (6 keys, shorter than the prompt)
+    run inside the C++ stack too (tiny random checkpoints with 64-wide heads, which the C++ attention runs), with the
+    Python layers' tokens and logprobs."""
     pytest.importorskip("transformers")
-    build_tiny_model(next(spec for spec in TINY_SPECS if spec.name == name), tmp_path, seed=3, head_dim=64)
+    build_tiny_model(next(spec for spec in TINY_SPECS if spec.name == name), tmp_path, seed=3, head_dim=64,
+                     sliding_window=window)
     llm = LLM(str(tmp_path), quantization="int8", dtype="bfloat16", max_model_len=128, num_kv_blocks=32,
               enable_prefix_caching=False)
+    assert llm.engine.executor.runner.model.layers[0].attn.sliding_window == window
     prompt = random_prompt(9, 256, seed=4)
 
     def greedy():
@@ -166,13 +171,14 @@ def test_families_with_biases_and_head_norms_decode_through_it_to_the_bit(kernel
     assert ours == layers
 
 
-@pytest.mark.parametrize("change", ["sliding window", "clipped q/k/v", "another projection", "fp32 bit-equality kept"])
+@pytest.mark.parametrize("change", ["a window in one layer", "clipped q/k/v", "another projection",
+                                    "fp32 bit-equality kept"])
 def test_a_layer_it_does_not_run_keeps_the_python_layers(request, monkeypatch, change):
     llm = request.getfixturevalue("int8_fp32" if change == "fp32 bit-equality kept" else "int8_bf16")
     model = llm.engine.executor.runner.model
     assert CPUDecodeStack.of(model) is not None
     layer = model.layers[5]
-    if change == "sliding window":
+    if change == "a window in one layer":  # Gemma's alternation: the layers' windows differ
         monkeypatch.setattr(layer.attn, "sliding_window", 64)
     elif change == "clipped q/k/v":  # OLMoE's
         monkeypatch.setattr(layer, "clip_qkv", 8.0)
