@@ -147,18 +147,21 @@ def test_scattered_blocks_give_the_layers_hidden_states_and_cache(int8_bf16):
 
 
 @pytest.mark.parametrize("name, window", [("qwen2_bias_tied", None), ("qwen3_qk_norm", None), ("llama3_gqa", None),
-                                          ("mistral_mqa", 6)])
+                                          ("mistral_mqa", 6), ("phi3_fused", 6)])
 def test_families_with_biases_head_norms_and_a_window_decode_through_it_to_the_bit(kernels_on, tmp_path, monkeypatch,
                                                                                    name, window):
-    """Qwen2's q/k/v biases, Qwen3's per-head q/k norms and Mistral's sliding window (6 keys, shorter than the prompt)
-    run inside the C++ stack too (tiny random checkpoints with 64-wide heads, which the C++ attention runs), with the
-    Python layers' tokens and logprobs."""
+    """Qwen2's q/k/v biases, Qwen3's per-head q/k norms and Mistral's and Phi-3's sliding window (6 keys, shorter
+    than the prompt) run inside the C++ stack too (tiny random checkpoints with 64-wide heads, which the C++ attention
+    runs), with the Python layers' tokens and logprobs."""
     pytest.importorskip("transformers")
-    build_tiny_model(next(spec for spec in TINY_SPECS if spec.name == name), tmp_path, seed=3, head_dim=64,
-                     sliding_window=window)
+    # Phi-3's heads are hidden / heads wide: one head of 64
+    heads = {"num_attention_heads": 1, "num_key_value_heads": 1} if name.startswith("phi3") else {}
+    build_tiny_model(next(spec for spec in TINY_SPECS if spec.name == name), tmp_path, seed=3, sliding_window=window,
+                     head_dim=64, **heads)
     llm = LLM(str(tmp_path), quantization="int8", dtype="bfloat16", max_model_len=128, num_kv_blocks=32,
               enable_prefix_caching=False)
-    assert llm.engine.executor.runner.model.layers[0].attn.sliding_window == window
+    layer = llm.engine.executor.runner.model.layers[0]
+    assert layer.attn.sliding_window == window and layer.attn.head_dim == 64
     prompt = random_prompt(9, 256, seed=4)
 
     def greedy():
