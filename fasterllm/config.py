@@ -137,6 +137,8 @@ MOE_ARCHITECTURES = ("DeepseekV2ForCausalLM", "MixtralForCausalLM", "OlmoeForCau
 LATENT_ATTENTION_ARCHITECTURES = ("DeepseekV2ForCausalLM",)
 # one RMSNorm over all query heads at once (and one over all key heads): their heads cannot split over ranks
 QK_NORM_OVER_HEADS_ARCHITECTURES = ("OlmoeForCausalLM",)
+# Gemma's layers: norms before and after each sublayer, GELU, soft-capping, windows alternating by layer
+GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # the GELU forms of a gated FFN (hidden_act / hidden_activation), besides "silu"
 GATED_GELU_FORMS = {"gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu": "none"}
 

@@ -13,6 +13,7 @@ from safetensors.torch import safe_open
 from fasterllm.config import (
     ENCODER_DECODER_ARCHITECTURES,
     GATED_GELU_FORMS,
+    GEMMA_ARCHITECTURES,
     LATENT_ATTENTION_ARCHITECTURES,
     MOE_ARCHITECTURES,
     QK_NORM_OVER_HEADS_ARCHITECTURES,
@@ -60,7 +61,7 @@ def load_hf_config(model_dir: Path) -> ModelConfig | Seq2SeqConfig | T5Config:
                    "factor": scaling.get("factor") or raw["max_position_embeddings"] / original}
     num_heads = raw["num_attention_heads"]
     qwen2 = architectures[0].startswith("Qwen2")
-    gemma = architectures[0] in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+    gemma = architectures[0] in GEMMA_ARCHITECTURES
     if architectures[0] == "Gemma3ForCausalLM":  # a RoPE per layer kind in rope_parameters: _gemma_fields reads it
         rope_theta, scaling = 10000.0, None
     fields = dict(

@@ -7,6 +7,7 @@ from fasterllm.config import (
     DECODER_ARCHITECTURES,
     ENCODER_DECODER_ARCHITECTURES,
     ENCODER_MODEL_TYPES,
+    GEMMA_ARCHITECTURES,
     LATENT_ATTENTION_ARCHITECTURES,
     MOE_ARCHITECTURES,
     POOLING_MODES,
@@ -37,6 +38,9 @@ def supported_models() -> list[dict[str, str]]:
     gguf = GGUF_HF_ARCHITECTURES
     one_device = QK_NORM_OVER_HEADS_ARCHITECTURES + LATENT_ATTENTION_ARCHITECTURES
     generating = ", ".join(m for m in QUANTIZATION_METHODS if m not in STORED_METHODS) + " (fp8: Hopper GPUs)"
+    # models/llama_cpu_decode.py's layers (where the layers' windows agree and no q/k/v is clipped)
+    one_call = [name for name in DECODER_ARCHITECTURES
+                if name not in MOE_ARCHITECTURES + GEMMA_ARCHITECTURES + LATENT_ATTENTION_ARCHITECTURES]
     rows = []
     for name, cls in _MODELS.items():
         decoder_only, experts = name in DECODER_ARCHITECTURES, name in MOE_ARCHITECTURES
@@ -45,6 +49,7 @@ def supported_models() -> list[dict[str, str]]:
             "code": f"models/{cls.__module__.rsplit('.', 1)[-1]}.py" + (" + layers/moe.py" if experts else ""),
             "kind": "decoder, mixture of experts" if experts else "decoder" if decoder_only else "encoder-decoder",
             "gpu": "Triton kernels" + (" (fused MoE)" if experts else "") + ", CUDA graphs",
+            "cpu_decode_step": "one C++ call" if name in one_call else "Python layers",
             "quantization": generating + (", gguf (Q4_0/Q4_1/Q4_K/Q5_K/Q6_K/Q8_0 blocks)" if name in gguf else "")
             + (" (experts: int8 codes per channel, e4m3 under fp8, float under gguf)" if experts else ""),
             "gguf": "yes" if name in gguf else "no",
@@ -53,6 +58,7 @@ def supported_models() -> list[dict[str, str]]:
         })
     for model_type in ENCODER_MODEL_TYPES:
         rows.append({"architecture": f"model_type {model_type} (task='embed')", "code": "models/bert.py",
-                     "kind": "encoder", "gpu": "Triton kernels, CUDA graphs", "quantization": "none", "gguf": "no",
+                     "kind": "encoder", "gpu": "Triton kernels, CUDA graphs", "cpu_decode_step": "no decoding",
+                     "quantization": "none", "gguf": "no",
                      "tensor_parallel": "no", "embeddings": " / ".join(POOLING_MODES) + " pooling"})
     return rows

@@ -17,6 +17,7 @@ from fasterllm.kernels.native import cpu_extension
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.linear import PackedCPULinear, can_pack
 from fasterllm.models.llama_cpu_decode import CPUDecodeStack
+from fasterllm.models.registry import supported_models
 from fasterllm.worker import decoder_builder
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "parity"))
@@ -172,6 +173,20 @@ def test_families_with_biases_head_norms_and_a_window_decode_through_it_to_the_b
     ours, layers, calls = _with_and_without_stack(llm, monkeypatch, greedy)
     assert calls == NEW_TOKENS - 1
     assert ours == layers
+
+
+@pytest.mark.parametrize("name", ["llama3_gqa", "mistral_mqa", "qwen2_bias_tied", "qwen3_qk_norm", "phi3_fused",
+                                  "gemma2_softcap_window", "mixtral_moe"])
+def test_fasterllm_models_says_which_architectures_take_it(kernels_on, tmp_path, name):
+    """`fasterllm models`' cpu_decode_step column against what a quantized tiny checkpoint of the family gets."""
+    pytest.importorskip("transformers")
+    heads = {"num_attention_heads": 1, "num_key_value_heads": 1} if name.startswith("phi3") else {}
+    build_tiny_model(next(spec for spec in TINY_SPECS if spec.name == name), tmp_path, seed=3, head_dim=64, **heads)
+    llm = LLM(str(tmp_path), quantization="int8", dtype="bfloat16", max_model_len=128, num_kv_blocks=32)
+    architecture = llm.engine.model_config.architecture
+    row = next(row for row in supported_models() if row["architecture"] == architecture)
+    taken = llm.engine.executor.runner.model.cpu_decode_stack is not None
+    assert row["cpu_decode_step"] == ("one C++ call" if taken else "Python layers")
 
 
 @pytest.mark.parametrize("change", ["a window in one layer", "clipped q/k/v", "another projection",
