@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from fasterllm import LLM, SamplingParams
-from fasterllm.kernels.native import cpu_extension
+from fasterllm.kernels.native import cpu_extension, cpu_gemv
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.linear import PackedCPULinear, can_pack
-from fasterllm.models.llama_cpu_decode import CPUDecodeStack
+from fasterllm.models.llama_cpu_decode import INT4_INT8_INPUTS, CPUDecodeStack
 from fasterllm.models.registry import supported_models
 from fasterllm.worker import decoder_builder
 
@@ -107,6 +107,22 @@ def test_single_stream_decode_gives_the_layers_tokens_and_logprobs(request, gguf
     ours, layers, calls = _with_and_without_stack(
         llm, monkeypatch, lambda: [_greedy(llm, [prompt], [NEW_TOKENS])[0] for prompt in PROMPTS])
     assert calls == len(PROMPTS) * (NEW_TOKENS - 1)  # every decode step (the first token comes from the prefill)
+    assert ours == layers
+
+
+def test_int4_with_int8_inputs_gives_the_layers_tokens_and_logprobs(gguf, kernels_on, monkeypatch):
+    """FASTERLLM_CPU_INT4_INPUTS=int8: the 4-bit products quantize their inputs first, in the stack as in the layers."""
+    monkeypatch.setenv(cpu_gemv.INT4_INPUTS_ENV, "int8")
+    cpu_gemv.int4_int8_inputs.cache_clear()
+    try:
+        llm = _load(gguf, "int4", "bfloat16")
+        assert INT4_INT8_INPUTS in llm.engine.executor.runner.model.cpu_decode_stack.kinds[0::2]
+        ours, layers, calls = _with_and_without_stack(
+            llm, monkeypatch, lambda: [_greedy(llm, [prompt], [NEW_TOKENS])[0] for prompt in PROMPTS[:2]])
+    finally:
+        monkeypatch.delenv(cpu_gemv.INT4_INPUTS_ENV)
+        cpu_gemv.int4_int8_inputs.cache_clear()
+    assert calls == 2 * (NEW_TOKENS - 1)
     assert ours == layers
 
 
