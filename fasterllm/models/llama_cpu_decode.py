@@ -78,7 +78,6 @@ class CPUDecodeStack:
         self.norms, self.linear_tensors, self.kinds, self.eps, self.dtype = norms, linear_tensors, kinds, eps, dtype
         self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         self.scale, self.sliding_window = attn.scale, attn.sliding_window  # every layer's
-        self._caches: tuple[torch.Tensor, list[torch.Tensor]] | None = None  # the runner's cache, and its layers
 
     @classmethod
     def of(cls, model: nn.Module) -> CPUDecodeStack | None:
@@ -125,11 +124,5 @@ class CPUDecodeStack:
             block_table, key_ranges = ids.view(1, -1), torch.tensor([[decode.keys.start, decode.keys.stop]])
         return torch.ops.fasterllm_cpu.decode_stack(
             hidden.contiguous(), self.norms, self.linear_tensors, self.kinds, self.eps, *rope,
-            self._layer_caches(kv_caches), meta.slot_mapping, block_table, key_ranges, self.num_heads,
+            kv_caches, meta.slot_mapping, block_table, key_ranges, self.num_heads,
             self.num_kv_heads, self.head_dim, self.scale, kernel_isa())
-
-    def _layer_caches(self, kv_caches: torch.Tensor) -> list[torch.Tensor]:
-        """kv_caches [layers, 2, blocks, block_size, Hkv, D] as one view per layer, made once per cache."""
-        if self._caches is None or self._caches[0] is not kv_caches:
-            self._caches = kv_caches, list(kv_caches.unbind(0))
-        return self._caches[1]
