@@ -62,11 +62,28 @@ def cpu_kernels_on(monkeypatch):
     the AVX2 code forced); skipped where they cannot build or run."""
     from fasterllm.kernels.native import cpu_extension
 
-    if os.environ.get(cpu_extension.ISA_ENV) not in cpu_extension.ISA_FLAGS:
-        monkeypatch.setenv(cpu_extension.ISA_ENV, "auto")
-    cpu_extension.kernel_isa.cache_clear()
-    if not cpu_extension.available():
-        pytest.skip("no C++ CPU extension here (no compiler, or no AVX2)")
+    _turn_cpu_kernels_on(monkeypatch)
     yield
     monkeypatch.undo()
     cpu_extension.kernel_isa.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def module_cpu_kernels_on():
+    """cpu_kernels_on for every test of a module (one model loaded for them all)."""
+    from fasterllm.kernels.native import cpu_extension
+
+    with pytest.MonkeyPatch.context() as patch:
+        _turn_cpu_kernels_on(patch)
+        yield
+    cpu_extension.kernel_isa.cache_clear()
+
+
+def _turn_cpu_kernels_on(patch: pytest.MonkeyPatch) -> None:
+    from fasterllm.kernels.native import cpu_extension
+
+    if os.environ.get(cpu_extension.ISA_ENV) not in cpu_extension.ISA_FLAGS:
+        patch.setenv(cpu_extension.ISA_ENV, "auto")
+    cpu_extension.kernel_isa.cache_clear()
+    if not cpu_extension.available():
+        pytest.skip("no C++ CPU extension here (no compiler, or no AVX2)")

@@ -5,7 +5,6 @@ tokens with the same logprobs as the Python layers, to the bit, alone or in a ba
 and a model with a layer the C++ stack does not run keeps the Python layers."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 import torch
 
 from fasterllm import LLM, SamplingParams
-from fasterllm.kernels.native import cpu_extension, cpu_gemv
+from fasterllm.kernels.native import cpu_gemv
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.linear import PackedCPULinear, can_pack
 from fasterllm.models.llama_cpu_decode import INT4_INT8_INPUTS, CPUDecodeStack
@@ -28,25 +27,12 @@ NEW_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def kernels_on():
-    """The C++ CPU kernels for this module (FASTERLLM_CPU_KERNELS=auto unless the run names an ISA already)."""
-    with pytest.MonkeyPatch.context() as patch:
-        if os.environ.get(cpu_extension.ISA_ENV) not in cpu_extension.ISA_FLAGS:
-            patch.setenv(cpu_extension.ISA_ENV, "auto")
-        cpu_extension.kernel_isa.cache_clear()
-        if not cpu_extension.available():
-            pytest.skip("no C++ CPU extension here (no compiler, or no AVX2)")
-        yield
-    cpu_extension.kernel_isa.cache_clear()
-
-
-@pytest.fixture(scope="module")
-def int8_bf16(gguf, kernels_on):
+def int8_bf16(gguf, module_cpu_kernels_on):
     return _load(gguf, "int8", "bfloat16")
 
 
 @pytest.fixture(scope="module")
-def int8_fp32(gguf, kernels_on):
+def int8_fp32(gguf, module_cpu_kernels_on):
     return _load(gguf, "int8", "float32")
 
 
@@ -92,8 +78,8 @@ def _with_and_without_stack(llm: LLM, monkeypatch, run):
 @pytest.mark.parametrize("method, dtype, packed", [("int8", "bfloat16", True), ("int8", "float32", True),
                                                    ("gguf", "float32", True), ("int4", "bfloat16", True),
                                                    (None, "bfloat16", True), (None, "bfloat16", False)])
-def test_single_stream_decode_gives_the_layers_tokens_and_logprobs(request, gguf, kernels_on, monkeypatch, method,
-                                                                   dtype, packed):
+def test_single_stream_decode_gives_the_layers_tokens_and_logprobs(request, gguf, module_cpu_kernels_on, monkeypatch,
+                                                                   method, dtype, packed):
     """packed: float weights in oneDNN's layout where this CPU has oneDNN bf16 kernels (else plain, as a CPU without
     them keeps them); False: plain weights here too."""
     loaded = {("int8", "bfloat16"): "int8_bf16", ("int8", "float32"): "int8_fp32"}
@@ -110,7 +96,7 @@ def test_single_stream_decode_gives_the_layers_tokens_and_logprobs(request, gguf
     assert ours == layers
 
 
-def test_int4_with_int8_inputs_gives_the_layers_tokens_and_logprobs(gguf, kernels_on, monkeypatch):
+def test_int4_with_int8_inputs_gives_the_layers_tokens_and_logprobs(gguf, module_cpu_kernels_on, monkeypatch):
     """FASTERLLM_CPU_INT4_INPUTS=int8: the 4-bit products quantize their inputs first, in the stack as in the layers."""
     monkeypatch.setenv(cpu_gemv.INT4_INPUTS_ENV, "int8")
     cpu_gemv.int4_int8_inputs.cache_clear()
@@ -165,8 +151,8 @@ def test_scattered_blocks_give_the_layers_hidden_states_and_cache(int8_bf16):
 
 @pytest.mark.parametrize("name, window", [("qwen2_bias_tied", None), ("qwen3_qk_norm", None), ("llama3_gqa", None),
                                           ("mistral_mqa", 6), ("phi3_fused", 6)])
-def test_families_with_biases_head_norms_and_a_window_decode_through_it_to_the_bit(kernels_on, tmp_path, monkeypatch,
-                                                                                   name, window):
+def test_families_with_biases_head_norms_and_a_window_decode_through_it_to_the_bit(module_cpu_kernels_on, tmp_path,
+                                                                                   monkeypatch, name, window):
     """Qwen2's q/k/v biases, Qwen3's per-head q/k norms and Mistral's and Phi-3's sliding window (6 keys, shorter
     than the prompt) run inside the C++ stack too (tiny random checkpoints with 64-wide heads, which the C++ attention
     runs), with the Python layers' tokens and logprobs."""
@@ -193,7 +179,7 @@ def test_families_with_biases_head_norms_and_a_window_decode_through_it_to_the_b
 
 @pytest.mark.parametrize("name", ["llama3_gqa", "mistral_mqa", "qwen2_bias_tied", "qwen3_qk_norm", "phi3_fused",
                                   "gemma2_softcap_window", "mixtral_moe"])
-def test_fasterllm_models_says_which_architectures_take_it(kernels_on, tmp_path, name):
+def test_fasterllm_models_says_which_architectures_take_it(module_cpu_kernels_on, tmp_path, name):
     """`fasterllm models`' cpu_decode_step column against what a quantized tiny checkpoint of the family gets."""
     pytest.importorskip("transformers")
     heads = {"num_attention_heads": 1, "num_key_value_heads": 1} if name.startswith("phi3") else {}
@@ -223,7 +209,7 @@ def test_a_layer_it_does_not_run_keeps_the_python_layers(request, monkeypatch, c
     assert CPUDecodeStack.of(model) is None
 
 
-def test_an_unquantized_fp32_model_keeps_the_python_layers(gguf, kernels_on):
+def test_an_unquantized_fp32_model_keeps_the_python_layers(gguf, module_cpu_kernels_on):
     """Its norm and attention stay torch's, bit-equal to transformers' (the C++ ones sum in another order)."""
     llm = LLM(str(gguf), dtype="float32", max_model_len=256, num_kv_blocks=64)
     assert llm.engine.executor.runner.model.cpu_decode_stack is None
