@@ -142,7 +142,7 @@ class DecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     decoder_layer: type[DecoderLayer] = DecoderLayer  # a family with another attention gives its own layer
-    # on the CPU: one sequence's decode steps through all layers in one C++ call where it runs them
+    # on the CPU: decode steps through all layers in one C++ call where it runs them (use_cpu_decode_stack)
     cpu_decode_stack: CPUDecodeStack | None = None
 
     def __init__(self, cfg: ModelConfig, max_positions: int, device: torch.device, dtype: torch.dtype,
@@ -186,7 +186,7 @@ class LlamaForCausalLM(nn.Module):
             layer.attn.kv_scales = layer_scales
 
     def use_cpu_decode_stack(self) -> None:
-        """Run one sequence's CPU decode steps through models/llama_cpu_decode.py where every layer is one it runs."""
+        """Run CPU decode steps through models/llama_cpu_decode.py where every layer is one it runs."""
         self.cpu_decode_stack = CPUDecodeStack.of(self)
 
     def pack_for_cpu(self) -> None:
@@ -217,7 +217,7 @@ class LlamaForCausalLM(nn.Module):
                  for rotary in self.rotaries]
         incoming_norm = None  # sandwich norms: the previous layer's post-FFN norm, applied by the next norm's launch
         if self.cpu_decode_stack is not None and self.cpu_decode_stack.takes(hidden, kv_caches, meta):
-            # one sequence's decode on the CPU: every layer in one C++ call, which leaves the last down projection
+            # a decode step on the CPU: every layer in one C++ call, which leaves the last down projection
             hidden, residual = self.cpu_decode_stack(hidden, ropes[0], kv_caches, meta)
             incoming_projection = self.layers[-1].down_proj
         else:

@@ -5,11 +5,12 @@ tensors, so its result is the layers' to the bit; what it removes is the Python 
 quarter of a SmolLM2 int8 step on two cores (benchmarks/RESULTS.md, sixteenth session).
 
 Built for a model whose layers are all pre-norm SiLU layers (biases, Qwen3's per-head q/k norms and one sliding
-window for all layers allowed; no clipping, soft-capping or experts; one full-width rotary table), each projection one of our C++
-kernels' int8 / int4 / uint8-grouped layers or a float one (packed for oneDNN, or plain), in bf16, or in fp32
-released from bit-equality with transformers (quantized models, as the layers' own C++ calls are: an unquantized fp32
-model keeps torch's norm and attention, and the Python layers); taken for a decode step (one sequence's or a batch's,
-no prompt among them) over a cache of the model's dtype. Any other model or step runs the layers in Python.
+window for all layers allowed; no clipping, soft-capping or experts; one full-width rotary table), each projection
+one of our C++ kernels' int8 / int4 / uint8-grouped layers or a float one (packed for oneDNN, or plain), in bf16, or
+in fp32 released from bit-equality with transformers (quantized models, as the layers' own C++ calls are: an
+unquantized fp32 model keeps torch's norm and attention, and the Python layers); taken for a decode step (one
+sequence's or a batch's, no prompt among them) over a cache of the model's dtype. Any other model or step runs the
+layers in Python.
 """
 from __future__ import annotations
 
@@ -73,6 +74,8 @@ def _plain_layer(layer: nn.Module, dtype: torch.dtype, eps: float) -> bool:
 
 
 class CPUDecodeStack:
+    """A model's layers as decode_stack.cpp takes them (their weights' tensors, made once), and the call."""
+
     def __init__(self, norms: list[torch.Tensor], linear_tensors: list[torch.Tensor], kinds: list[int], eps: float,
                  attn: nn.Module, dtype: torch.dtype):
         self.norms, self.linear_tensors, self.kinds, self.eps, self.dtype = norms, linear_tensors, kinds, eps, dtype
@@ -108,7 +111,8 @@ class CPUDecodeStack:
         bias on the mask)."""
         decode = meta.decode
         return (hidden.dtype == self.dtype and kv_caches is not None and kv_caches.dtype == self.dtype
-                and meta.sliding_window == self.sliding_window and meta.kernel is None and not meta.prefills and decode is not None and decode.token_index is None
+                and meta.sliding_window == self.sliding_window and meta.kernel is None and not meta.prefills
+                and decode is not None and decode.token_index is None
                 and (decode.key_ranges is not None or decode.mask is None))
 
     def __call__(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_caches: torch.Tensor,

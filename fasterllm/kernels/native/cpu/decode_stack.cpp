@@ -29,6 +29,7 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed_weight, c
   op.callBoxed(&stack);
   return stack[0].toTensor();
 }
+
 constexpr int64_t kLinearsPerLayer = 4;  // qkv, o, gate_up, down
 constexpr int64_t kTensorsPerLinear = 4;  // three of the kind's, then the bias
 constexpr int64_t kNormsPerLayer = 4;  // before the attention, before the FFN, each query head's, each key head's
