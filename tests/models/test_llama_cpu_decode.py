@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fasterllm import LLM, SamplingParams
+from fasterllm.sampling_params import BeamSearchParams
 from fasterllm.kernels.native import cpu_gemv
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.linear import PackedCPULinear, can_pack
@@ -118,6 +119,21 @@ def test_a_batch_decodes_through_it_as_it_shrinks(int8_bf16, monkeypatch):
     ours, layers, calls = _with_and_without_stack(int8_bf16, monkeypatch,
                                                   lambda: _greedy(int8_bf16, PROMPTS, [4, 8, 16]))
     assert calls == 15  # the prompts' step gives each its first token
+    assert ours == layers
+
+
+def test_beam_search_and_seeded_sampling_give_the_layers_results(int8_bf16, monkeypatch):
+    """Beams (forked blocks, copy-on-write) and n = 3 seeded samples decode through the stack as a batch: the same
+    hypotheses, scores and samples as the Python layers."""
+    def run():
+        beams = int8_bf16.beam_search([{"prompt": PROMPTS[0]}], BeamSearchParams(beam_width=4, max_tokens=NEW_TOKENS))
+        sampled = int8_bf16.generate([PROMPTS[1]], SamplingParams(n=3, temperature=0.8, seed=7, max_tokens=NEW_TOKENS),
+                                     use_tqdm=False)
+        return ([(s.token_ids, s.cumulative_logprob) for s in beams[0].sequences],
+                [c.token_ids for c in sampled[0].outputs])
+
+    ours, layers, calls = _with_and_without_stack(int8_bf16, monkeypatch, run)
+    assert calls > 0
     assert ours == layers
 
 
