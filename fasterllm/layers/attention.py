@@ -46,8 +46,10 @@ class DecodeGroup:
     mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] True where the key is real; None: one sequence
     keys: slice  # the key positions each row reads (one sequence: its window, so no mask is needed)
     positions: list[int]  # each row's query position
-    # several sequences: [B, 2] each row's keys (first, end: its window), for the C++ attention, which reads each
-    # row's own keys; None for one sequence (keys says it), and where a position bias rides on the mask
+    # for the C++ attention (kernels/native/cpu_attention.py), which reads each row's own keys in place: [B, W] each
+    # row's block ids (padded) and [B, 2] its keys (first, end: its window); None where a position bias rides on the
+    # mask
+    block_table: torch.Tensor | None = None
     key_ranges: torch.Tensor | None = None
 
 
@@ -149,7 +151,7 @@ class AttentionMetadata:
             keys = torch.arange(d.keys.start, d.keys.stop, device=device)
             values = bias(torch.tensor(d.positions, device=device), keys).transpose(0, 1)[:, :, None, :]  # [B, H, 1, k]
             d.mask = values if d.mask is None else values.masked_fill(~d.mask, float("-inf"))
-            d.key_ranges = None  # the bias rides on the mask: SDPA's path
+            d.block_table = d.key_ranges = None  # the bias rides on the mask: SDPA's path
 
     @staticmethod
     def build_cross(query_lens: list[int], encoder_lens: list[int], cross_tables: list[list[int]], block_size: int,
@@ -190,7 +192,8 @@ def _decode_group(rows: list[int], query_lens: list[int], seq_lens: list[int], b
         consecutive = table == list(range(table[0], table[0] + num_blocks))
         first_key = 0 if sliding_window is None else max(0, seq_len - sliding_window)
         blocks = slice(table[0], table[0] + num_blocks) if consecutive else torch.tensor(table, device=device)
-        return DecodeGroup(token_index, blocks, None, slice(first_key, seq_len), [seq_len - 1])
+        return DecodeGroup(token_index, blocks, None, slice(first_key, seq_len), [seq_len - 1], torch.tensor([table]),
+                           torch.tensor([[first_key, seq_len]]))
     # short rows padded with block 0, a real block whose keys the mask hides
     blocks = torch.tensor([(block_tables[row] + [0] * num_blocks)[:num_blocks] for row in rows], device=device)
     key_positions = torch.arange(num_blocks * block_size)[None, :]
@@ -200,7 +203,7 @@ def _decode_group(rows: list[int], query_lens: list[int], seq_lens: list[int], b
         mask &= key_positions >= lens_column - sliding_window
     starts = [0] * len(lens) if sliding_window is None else [max(0, n - sliding_window) for n in lens]
     return DecodeGroup(token_index, blocks.view(-1), mask[:, None, None, :].to(device),
-                       slice(0, num_blocks * block_size), [n - 1 for n in lens],
+                       slice(0, num_blocks * block_size), [n - 1 for n in lens], blocks,
                        torch.tensor([starts, lens], dtype=torch.long).t().contiguous())
 
 
@@ -289,18 +292,14 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.
     time (a block is one contiguous run of memory, far cheaper to gather than single slots). key/value are read
     only for a sequence with nothing cached before its new tokens; cross-attention (every key cached) passes None.
     softcap: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2). kv_scales: (k_scale, v_scale)
-    of an fp8 cache. One sequence's decode step runs one C++ call (kernels/native/cpu_attention.py) in bf16, and in
-    fp32 unless bit_equal_fp32 (which keeps SDPA's sums).
+    of an fp8 cache. The decode rows attend in one C++ call (kernels/native/cpu_attention.py) in bf16, and in fp32
+    unless bit_equal_fp32 (which keeps SDPA's sums).
     """
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[-2] if key is None else key.shape[1]
     if key is not None and kv_cache is not None:  # what the cache holds: an fp8 cache's values, as every read sees
         key, value = (read_back(x, s, kv_cache.dtype) for x, s in ((key, kv_scales[0]), (value, kv_scales[1])))
     decode = meta.decode
-    if (decode is not None and decode.token_index is None and decode.mask is None and softcap is None
-            and num_tokens == 1 and kv_cache is not None and cpu_attention.runs(query, kv_cache, not bit_equal_fp32)):
-        return cpu_attention.decode_attention(query[0], kv_cache, decode.blocks, decode.keys, scale).view(
-            1, num_heads * head_dim)
     if decode is not None and decode.token_index is None:  # a pure decode batch: no scatter needed
         return _decode_attention(query, kv_cache, decode, scale, softcap, kv_scales, bit_equal_fp32).reshape(
             num_tokens, num_heads * head_dim)
@@ -326,11 +325,10 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.
 
 def _decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, d: DecodeGroup, scale: float,
                       softcap: float | None, kv_scales: tuple[float, float], bit_equal_fp32: bool) -> torch.Tensor:
-    """One new token per sequence: [B, Hq, D] -> [B, Hq, D]: each row over its own keys in one C++ call where
-    paged_attention's one-sequence call runs (it gives each row what that call would), else all sequences in one
-    padded SDPA batch."""
+    """One new token per sequence: [B, Hq, D] -> [B, Hq, D]: each row over its own keys in one C++ call where it runs
+    (bf16, and fp32 unless bit_equal_fp32), else all sequences in one padded SDPA batch."""
     if d.key_ranges is not None and softcap is None and cpu_attention.runs(query, kv_cache, not bit_equal_fp32):
-        return cpu_attention.decode_attention_rows(query, kv_cache, d.blocks, d.key_ranges, scale)
+        return cpu_attention.decode_attention(query, kv_cache, d.block_table, d.key_ranges, scale)
     batch, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[-2]
     # each KV head's query heads become rows of one query block: no K/V repeat needed

@@ -112,21 +112,13 @@ class CPUDecodeStack:
         decode = meta.decode
         return (hidden.dtype == self.dtype and kv_caches is not None and kv_caches.dtype == self.dtype
                 and meta.sliding_window == self.sliding_window and meta.kernel is None and not meta.prefills
-                and decode is not None and decode.token_index is None
-                and (decode.key_ranges is not None or decode.mask is None))
+                and decode is not None and decode.token_index is None and decode.key_ranges is not None)
 
     def __call__(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_caches: torch.Tensor,
                  meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """The embedding's rows [B, H] -> (the last layer's SiLU(gate) * up, the residual stream): what the layers'
         loop hands the final norm, with the last down projection still to apply."""
-        decode = meta.decode
-        if decode.key_ranges is not None:  # several sequences: their padded blocks, row after row
-            block_table, key_ranges = decode.blocks.view(hidden.shape[0], -1), decode.key_ranges
-        else:  # one sequence: its blocks (ids, or a range of them) and its keys
-            blocks = decode.blocks
-            ids = torch.arange(blocks.start, blocks.stop) if isinstance(blocks, slice) else blocks.to(torch.long)
-            block_table, key_ranges = ids.view(1, -1), torch.tensor([[decode.keys.start, decode.keys.stop]])
         return torch.ops.fasterllm_cpu.decode_stack(
             hidden.contiguous(), self.norms, self.linear_tensors, self.kinds, self.eps, *rope,
-            kv_caches, meta.slot_mapping, block_table, key_ranges, self.num_heads,
+            kv_caches, meta.slot_mapping, meta.decode.block_table, meta.decode.key_ranges, self.num_heads,
             self.num_kv_heads, self.head_dim, self.scale, kernel_isa())

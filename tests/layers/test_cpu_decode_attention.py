@@ -24,6 +24,14 @@ def reference(query, kv_cache, blocks, keys, scale):
     return F.scaled_dot_product_attention(q, kv[0][:, None], kv[1][:, None], scale=scale).reshape(num_heads, head_dim)
 
 
+def one_sequence(query, kv_cache, blocks, keys, scale):
+    """cpu_attention.decode_attention for one sequence's query [Hq, D] over its keys (a slice) of its blocks (ids, or
+    a slice of consecutive ones) -> [Hq, D]."""
+    ids = torch.arange(blocks.start, blocks.stop) if isinstance(blocks, slice) else torch.as_tensor(blocks)
+    ranges = torch.tensor([[keys.start, keys.stop]])
+    return cpu_attention.decode_attention(query[None], kv_cache, ids.view(1, -1), ranges, scale)[0]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (32, 8, 128), (4, 4, 96)])
 @pytest.mark.parametrize("keys", [slice(0, 1), slice(0, 37), slice(21, 230)])  # one key, a block edge, a window
@@ -35,7 +43,7 @@ def test_matches_sdpa_over_the_gathered_keys(dtype, heads, kv_heads, head_dim, k
     query = torch.randn(heads, head_dim, generator=generator).to(dtype)
     needed = -(-keys.stop // BLOCK)
     blocks = torch.randperm(num_blocks, generator=generator)[:needed] if scattered else slice(3, 3 + needed)
-    got = cpu_attention.decode_attention(query, cache, blocks, keys, head_dim ** -0.5)
+    got = one_sequence(query, cache, blocks, keys, head_dim ** -0.5)
     expected = reference(query, cache, blocks, keys, head_dim ** -0.5)
     assert got.dtype == dtype and got.shape == query.shape
     tolerance = 8e-3 if dtype == torch.bfloat16 else 1e-5
@@ -45,8 +53,7 @@ def test_matches_sdpa_over_the_gathered_keys(dtype, heads, kv_heads, head_dim, k
 def test_a_block_outside_the_cache_is_refused_naming_it():
     cache = torch.zeros(2, 4, BLOCK, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="block id 9 is outside the cache's 4"):
-        cpu_attention.decode_attention(torch.zeros(4, 64, dtype=torch.bfloat16), cache, torch.tensor([1, 9]),
-                                       slice(0, 20), 0.125)
+        one_sequence(torch.zeros(4, 64, dtype=torch.bfloat16), cache, torch.tensor([1, 9]), slice(0, 20), 0.125)
 
 
 @pytest.mark.parametrize("dtype, bit_equal_fp32, taken", [(torch.bfloat16, True, True), (torch.float32, True, False),
@@ -74,15 +81,15 @@ def test_the_layer_takes_it_for_one_sequence_in_bf16_and_released_fp32(monkeypat
 @pytest.mark.parametrize("heads, kv_heads", [(9, 3), (4, 4)])
 def test_a_decode_batch_gives_each_row_what_it_gets_alone(dtype, window, heads, kv_heads):
     """Rows of different lengths over scattered blocks (a window cutting some), as paged_attention hands a decode
-    batch to the C++ call: each row's output is the one-sequence call's, to the bit, and near SDPA's padded batch."""
+    batch to the C++ call: each row's output is what the call gives it alone, to the bit, and near SDPA's padded
+    batch."""
     generator = torch.Generator().manual_seed(heads)
     cache = torch.randn(2, 12, BLOCK, kv_heads, 64, generator=generator).to(dtype)
     lens, tables = [40, 7, 33, 16], [[5, 2, 7], [9], [1, 3, 11], [0]]
     meta = AttentionMetadata.build([1] * 4, lens, tables, BLOCK, torch.device("cpu"), window)
     query = torch.randn(4, heads, 64, generator=generator).to(dtype)
     got = paged_attention(query, None, None, cache, meta, 0.125, bit_equal_fp32=False)
-    alone = [cpu_attention.decode_attention(query[i], cache, torch.tensor(tables[i]),
-                                            slice(0 if window is None else max(0, n - window), n), 0.125)
+    alone = [one_sequence(query[i], cache, tables[i], slice(0 if window is None else max(0, n - window), n), 0.125)
              for i, n in enumerate(lens)]
     assert torch.equal(got.view(4, heads, 64), torch.stack(alone))
     sdpa = paged_attention(query, None, None, cache, meta, 0.125, softcap=None, bit_equal_fp32=True)
@@ -96,8 +103,8 @@ def test_a_decode_batch_gives_each_row_what_it_gets_alone(dtype, window, heads, 
 def test_a_decode_batch_with_a_block_outside_the_cache_is_refused_naming_its_row():
     cache = torch.zeros(2, 4, BLOCK, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="row 1's block id 9 is outside the cache's 4"):
-        cpu_attention.decode_attention_rows(torch.zeros(2, 4, 64, dtype=torch.bfloat16), cache,
-                                            torch.tensor([1, 2, 9, 0]), torch.tensor([[0, 20], [0, 20]]), 0.125)
+        cpu_attention.decode_attention(torch.zeros(2, 4, 64, dtype=torch.bfloat16), cache,
+                                       torch.tensor([[1, 2], [9, 0]]), torch.tensor([[0, 20], [0, 20]]), 0.125)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -1,7 +1,7 @@
 """A decode step's attention on the CPU in C++ (built by cpu_extension.py, AVX2 code): RoPE on Q and K with the K/V
-store in one call (cpu/rotary_store.cpp, the same bits as the torch path's five ops), and one sequence's attention
-over its paged KV cache in one call (cpu/decode_attention.cpp), for single-stream decoding. The torch path
-(layers/attention.py) views or gathers the sequence's blocks and calls SDPA, about 20-25 us a layer for SmolLM2's
+store in one call (cpu/rotary_store.cpp, the same bits as the torch path's five ops), and a decode batch's attention,
+each sequence over its own paged KV blocks, in one call (cpu/decode_attention.cpp). The torch path
+(layers/attention.py) views or gathers the sequences' blocks and calls SDPA, about 20-25 us a layer for SmolLM2's
 three KV heads and a few hundred keys; the C++ call reads the blocks in place in about half that
 (benchmarks/RESULTS.md, fifteenth session).
 
@@ -16,12 +16,10 @@ import torch
 from fasterllm.kernels.native import cpu_extension
 
 HEAD_DIMS = (64, 80, 96, 128, 256)  # decode_attention.cpp's
-_NO_IDS = torch.empty(0, dtype=torch.long)
 
 
 def runs(query: torch.Tensor, kv_cache: torch.Tensor, fp32: bool) -> bool:
-    """Whether layers/attention.py hands a one-sequence decode to decode_attention: _takes, and a head dimension it
-    runs."""
+    """Whether layers/attention.py hands a decode batch to decode_attention: _takes, and a head dimension it runs."""
     return query.shape[-1] in HEAD_DIMS and _takes(query, kv_cache, fp32)
 
 
@@ -33,26 +31,13 @@ def _takes(x: torch.Tensor, kv_cache: torch.Tensor, fp32: bool) -> bool:
             and cpu_extension.available())
 
 
-def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, blocks: torch.Tensor | slice, keys: slice,
+def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, key_ranges: torch.Tensor,
                      scale: float) -> torch.Tensor:
-    """query [Hq, D] of one sequence's new token -> [Hq, D]: softmax(q k^T * scale) v over its keys at positions
-    keys.start..keys.stop - 1 of its blocks (a tensor of block ids, or a slice of consecutive ones) in kv_cache
-    [2, num_blocks, block_size, Hkv, D]. The query heads of one KV head are consecutive (GQA)."""
-    if isinstance(blocks, slice):
-        block_ids, first_block = _NO_IDS, blocks.start
-    else:
-        block_ids, first_block = blocks.to(torch.long), 0
-    return torch.ops.fasterllm_cpu.decode_attention(query.contiguous(), kv_cache, block_ids, first_block, keys.start,
-                                                    keys.stop, scale)
-
-
-def decode_attention_rows(query: torch.Tensor, kv_cache: torch.Tensor, blocks: torch.Tensor, key_ranges: torch.Tensor,
-                          scale: float) -> torch.Tensor:
-    """query [B, Hq, D] (each row's heads contiguous) of a decode batch's new tokens -> [B, Hq, D]: row b as
-    decode_attention gives it alone, over its keys key_ranges[b, 0]..key_ranges[b, 1] - 1 of its blocks (blocks:
-    [B * W] ids, row after row, padded)."""
-    return torch.ops.fasterllm_cpu.decode_attention_rows(query, kv_cache, blocks.view(query.shape[0], -1),
-                                                         key_ranges, scale)
+    """query [B, Hq, D] (each row's heads contiguous) of a decode batch's new tokens -> [B, Hq, D]: row b's
+    softmax(q k^T * scale) v over its keys at positions key_ranges[b, 0]..key_ranges[b, 1] - 1 of its blocks
+    block_table[b] (ids, padded) in kv_cache [2, num_blocks, block_size, Hkv, D]; the query heads of one KV head are
+    consecutive (GQA). A row's result does not depend on the others."""
+    return torch.ops.fasterllm_cpu.decode_attention(query, kv_cache, block_table, key_ranges, scale)
 
 
 def rotary_store_runs(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,

@@ -57,7 +57,7 @@ void attend_head(const T* query, const T* k_cache, const T* v_cache, const Paged
   auto for_each_row = [&](const T* cache, auto&& visit) {
     for (int64_t b = keys.key_start / keys.block_size, first = b * keys.block_size; first < keys.key_end;
          ++b, first += keys.block_size) {
-      const int64_t block = keys.block_ids ? keys.block_ids[b] : keys.first_block + b;
+      const int64_t block = keys.block_ids[b];
       const T* base = cache + block * keys.block_size * row_stride + h * dim;
       const int64_t lo = first > keys.key_start ? first : keys.key_start;
       const int64_t hi = first + keys.block_size < keys.key_end ? first + keys.block_size : keys.key_end;

@@ -6,8 +6,8 @@
 namespace fasterllm_cpu {
 
 struct PagedKeys {
-  const int64_t* block_ids;  // the sequence's blocks in order, or nullptr: first_block, first_block + 1, ...
-  int64_t first_block, block_size, num_kv_heads, head_dim, key_start, key_end;
+  const int64_t* block_ids;  // the sequence's blocks in order
+  int64_t block_size, num_kv_heads, head_dim, key_start, key_end;
 };
 
 // whether decode_attention runs this head dimension

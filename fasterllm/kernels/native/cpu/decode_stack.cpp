@@ -81,7 +81,7 @@ at::Tensor norm_heads(const at::Tensor& qkv, const at::Tensor& q_norm, const at:
 // FFN, the query heads' and the key heads': empty where the model has none); linears 4l..4l + 3 (qkv, o, gate_up,
 // down), four tensors each (three of the kind's, empty ones where it has fewer, then the bias, empty where none) and
 // (kind, N) in kinds; its KV cache kv_caches[l] (kv_caches: [layers, 2, blocks, block_size, Hkv, D]). cos / sin:
-// the tokens' rotary rows [B, 1, D]; block_table, key_ranges: decode_attention_rows_op's.
+// the tokens' rotary rows [B, 1, D]; block_table, key_ranges: decode_attention_op's.
 std::tuple<at::Tensor, at::Tensor> decode_stack(const at::Tensor& hidden, const std::vector<at::Tensor>& norms,
                                                 const std::vector<at::Tensor>& linear_tensors,
                                                 const std::vector<int64_t>& kinds, double eps, const at::Tensor& cos,
@@ -113,8 +113,7 @@ std::tuple<at::Tensor, at::Tensor> decode_stack(const at::Tensor& hidden, const 
       qkv = norm_heads(qkv, norms[kNormsPerLayer * l + 2], norms[kNormsPerLayer * l + 3], num_heads, num_kv_heads, eps);
     const at::Tensor cache = kv_caches.select(0, l);
     rotary_store_op(qkv, cos, sin, cache, slot_mapping, num_heads);
-    const at::Tensor attended = decode_attention_rows_op(qkv.narrow(1, 0, num_heads), cache, block_table, key_ranges,
-                                                         scale);
+    const at::Tensor attended = decode_attention_op(qkv.narrow(1, 0, num_heads), cache, block_table, key_ranges, scale);
     std::tie(normed, residual) = add_rms_norm_op(
         linears.apply(first + 1, attended.view({tokens, num_heads * head_dim})), residual,
         norms[kNormsPerLayer * l + 1], eps);

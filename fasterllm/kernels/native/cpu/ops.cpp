@@ -197,68 +197,12 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_op(const at::Tensor& x, const st
   return {out, sum};
 }
 
-// one sequence's decode attention (decode_attention.h): query [Hq, D], kv_cache [2, num_blocks, block_size, Hkv, D],
-// both bf16 or both fp32, contiguous; block_ids int64 (empty: first_block, first_block + 1, ...); the KV heads split
-// over the threads
-at::Tensor decode_attention_op(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_ids,
-                               int64_t first_block, int64_t key_start, int64_t key_end, double scale) {
-  TORCH_CHECK(query.dim() == 2 && query.is_contiguous() && query.device().is_cpu() &&
-                  (query.scalar_type() == at::kBFloat16 || query.scalar_type() == at::kFloat),
-              "query must be a contiguous [Hq, D] CPU bfloat16 or float32 tensor, got ", query.scalar_type(), " ",
-              query.sizes());
-  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.scalar_type() == query.scalar_type() &&
-                  kv_cache.is_contiguous() && kv_cache.size(4) == query.size(1),
-              "kv_cache must be a contiguous [2, num_blocks, block_size, Hkv, D=", query.size(1), "] CPU ",
-              query.scalar_type(), " tensor, got ", kv_cache.scalar_type(), " ", kv_cache.sizes());
-  const int64_t num_blocks = kv_cache.size(1), block_size = kv_cache.size(2), num_kv_heads = kv_cache.size(3);
-  const int64_t head_dim = query.size(1), num_heads = query.size(0);
-  TORCH_CHECK(decode_attention_supports(head_dim), "head_dim ", head_dim, " is not one decode_attention runs");
-  TORCH_CHECK(num_heads % num_kv_heads == 0, "query heads (", num_heads, ") must be a multiple of the KV heads (",
-              num_kv_heads, ")");
-  TORCH_CHECK(0 <= key_start && key_start < key_end, "keys ", key_start, "..", key_end, " must be a nonempty range");
-  const int64_t blocks_read = (key_end + block_size - 1) / block_size;
-  const int64_t* ids = nullptr;
-  if (block_ids.numel() > 0) {
-    TORCH_CHECK(block_ids.scalar_type() == at::kLong && block_ids.is_contiguous() && block_ids.numel() >= blocks_read,
-                "block_ids must be a contiguous int64 tensor of at least ", blocks_read, " blocks, got ",
-                block_ids.scalar_type(), " ", block_ids.sizes());
-    ids = block_ids.data_ptr<int64_t>();
-    for (int64_t i = 0; i < blocks_read; ++i)
-      TORCH_CHECK(0 <= ids[i] && ids[i] < num_blocks, "block id ", ids[i], " is outside the cache's ", num_blocks);
-  } else {
-    TORCH_CHECK(0 <= first_block && first_block + blocks_read <= num_blocks, "blocks ", first_block, "..",
-                first_block + blocks_read - 1, " are outside the cache's ", num_blocks);
-  }
-  const PagedKeys keys{ids, first_block, block_size, num_kv_heads, head_dim, key_start, key_end};
-  const int64_t group = num_heads / num_kv_heads;
-  at::Tensor out = at::empty_like(query);
-  at::Tensor scratch = at::empty({num_kv_heads * decode_attention_scratch(group, head_dim, key_end - key_start)},
-                                 query.options().dtype(at::kFloat));
-  // the KV heads over the threads where the work is worth a thread's start (about 4 us here): below about 4,096
-  // (query head, key) pairs one thread does them all
-  const int64_t grain = num_heads * (key_end - key_start) < kThreadedAttentionPairs ? num_kv_heads : 1;
-  const float s = static_cast<float>(scale);
-  float* work = scratch.data_ptr<float>();
-  if (query.scalar_type() == at::kFloat) {
-    const float* k = kv_cache.data_ptr<float>();
-    at::parallel_for(0, num_kv_heads, grain, [&](int64_t h0, int64_t h1) {
-      decode_attention(query.data_ptr<float>(), k, k + kv_cache.numel() / 2, keys, group, s, h0, h1, work,
-                       out.data_ptr<float>());
-    });
-    return out;
-  }
-  auto bits = [](const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); };
-  const uint16_t* k = bits(kv_cache);
-  at::parallel_for(0, num_kv_heads, grain, [&](int64_t h0, int64_t h1) {
-    decode_attention(bits(query), k, k + kv_cache.numel() / 2, keys, group, s, h0, h1, work, bits(out));
-  });
-  return out;
-}
-
-// decode_attention_op over a decode batch: query [B, Hq, D] (each row's heads contiguous, rows at any stride),
+// a decode batch's attention (decode_attention.h), each row over its own keys: query [B, Hq, D] (each row's heads
+// contiguous, rows at any stride), kv_cache [2, num_blocks, block_size, Hkv, D] of query's dtype (bf16 or fp32),
 // block_table [B, W] int64 (row b's blocks, padded), key_ranges [B, 2] int64 (row b's keys key_start..key_end - 1);
-// the (row, KV head) pairs split over the threads. Each row's result is what decode_attention_op gives it alone.
-at::Tensor decode_attention_rows_op(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_table,
+// the (row, KV head) pairs split over the threads where the work is worth a thread's start (about 4 us here): below
+// about 4,096 (query head, key) pairs one thread does them all. A row's result does not depend on the others.
+at::Tensor decode_attention_op(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_table,
                                     const at::Tensor& key_ranges, double scale) {
   TORCH_CHECK(query.dim() == 3 && query.device().is_cpu() && query.stride(2) == 1 &&
                   query.stride(1) == query.size(2) &&
@@ -308,8 +252,7 @@ at::Tensor decode_attention_rows_op(const at::Tensor& query, const at::Tensor& k
     at::parallel_for(0, rows * num_kv_heads, grain, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t b = i / num_kv_heads, h = i % num_kv_heads;
-        const PagedKeys keys{table + b * width, 0, block_size, num_kv_heads, head_dim, ranges[2 * b],
-                             ranges[2 * b + 1]};
+        const PagedKeys keys{table + b * width, block_size, num_kv_heads, head_dim, ranges[2 * b], ranges[2 * b + 1]};
         decode_attention(q + b * query.stride(0), k, k + kv_cache.numel() / 2, keys, group, s, h, h + 1,
                          work + b * per_row, o + b * num_heads * head_dim);
       }
@@ -378,12 +321,9 @@ TORCH_LIBRARY(fasterllm_cpu, m) {
         &fasterllm_cpu::uint8_grouped_gemv);
   m.def("add_rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)",
         &fasterllm_cpu::add_rms_norm_op);
-  m.def("decode_attention(Tensor query, Tensor kv_cache, Tensor block_ids, int first_block, int key_start, "
-        "int key_end, float scale) -> Tensor",
-        &fasterllm_cpu::decode_attention_op);
-  m.def("decode_attention_rows(Tensor query, Tensor kv_cache, Tensor block_table, Tensor key_ranges, float scale) -> "
+  m.def("decode_attention(Tensor query, Tensor kv_cache, Tensor block_table, Tensor key_ranges, float scale) -> "
         "Tensor",
-        &fasterllm_cpu::decode_attention_rows_op);
+        &fasterllm_cpu::decode_attention_op);
   m.def("rotary_store(Tensor(a!) qkv, Tensor cos, Tensor sin, Tensor(b!) kv_cache, Tensor slot_mapping, "
         "int num_heads) -> ()",
         &fasterllm_cpu::rotary_store_op);

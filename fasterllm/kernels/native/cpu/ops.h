@@ -17,10 +17,8 @@ at::Tensor uint8_grouped_gemv(const at::Tensor& x, const at::Tensor& codes, cons
                               const at::Tensor& mins, int64_t N, const std::string& isa);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm_op(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                                                     const at::Tensor& weight, double eps);
-at::Tensor decode_attention_op(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_ids,
-                               int64_t first_block, int64_t key_start, int64_t key_end, double scale);
-at::Tensor decode_attention_rows_op(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_table,
-                                    const at::Tensor& key_ranges, double scale);
+at::Tensor decode_attention_op(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_table,
+                               const at::Tensor& key_ranges, double scale);
 void rotary_store_op(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& kv_cache,
                      const at::Tensor& slot_mapping, int64_t num_heads);
 
