@@ -9,7 +9,9 @@ column is finished by one program: no split-K workspace, no second launch. The w
 quant_weight_only.py's (int8 [N, K] with a scale per row; int4 [N, K/2], k = 2j low nibble and 2j+1 high, an
 fp16 scale and minimum per group of GROUP k; grouped 8-bit [N, K], one code a byte, an fp32 or fp16 scale and
 minimum per group): groups are summed first and scaled once per group (sum_k (q s + m) x = s sum_k q x + m sum_k x),
-so the scales are read per group, not per weight.
+so the scales are read per group, not per weight. Codes become floats exactly by placing them under the bits of 2^23
+(small_int_to_float); compiled for an NVIDIA GPU, one byte permute a code does it for int8 and 8-bit codes
+(bytes_as_floats: 8B shape, H100, batch-1 int8 TPOT 3.39-3.41 -> 3.31 ms, benchmarks/RESULTS.md).
 
 On Hopper and later the kernel is launched early (kernels/dependent_launch.py) and waits for the kernel before it
 only once it starts. Fetching its weight rows into L2 before that wait did not pay (8B shape, batch 1, H100: TPOT
@@ -27,6 +29,7 @@ import triton.language as tl
 
 from fasterllm.kernels.dependent_launch import early_launch, early_start
 from fasterllm.kernels.one_shot_all_reduce import RankBuffers, push_for_next_call
+from fasterllm.kernels.quant_activation import compiled_for_gpu
 
 # (BLOCK_N, BLOCK_B weights per row per step (int4: bytes), num_warps): small BLOCK_N keeps thousands of programs
 # streaming for 4096-wide outputs; larger chunks keep more bytes in flight per program
@@ -46,10 +49,30 @@ def small_int_to_float(u, offset: tl.constexpr):
 
 
 @triton.jit
+def bytes_as_floats(codes, SIGNED: tl.constexpr):
+    """int8 (SIGNED) or uint8 codes -> float32 2^23 + code (+ 128 for int8), exactly, in inline PTX: one byte permute
+    (prmt) places each code's byte under the bits of 2^23, and one xor per four int8 codes flips their sign bits
+    (code + 128), where widening, offsetting and OR-ing (small_int_to_float) take three instructions a code. Compiled
+    kernels on NVIDIA GPUs only (not Triton's interpreter)."""
+    if SIGNED:
+        return tl.inline_asm_elementwise(
+            asm="""{ .reg .b32 t, m; xor.b32 t, $4, 0x80808080; mov.b32 m, 0x4B000000;
+            prmt.b32 $0, t, m, 0x7540; prmt.b32 $1, t, m, 0x7541; prmt.b32 $2, t, m, 0x7542;
+            prmt.b32 $3, t, m, 0x7543; }""",
+            constraints="=r,=r,=r,=r,r", args=[codes], dtype=tl.float32, is_pure=True, pack=4)
+    return tl.inline_asm_elementwise(
+        asm="""{ .reg .b32 m; mov.b32 m, 0x4B000000;
+        prmt.b32 $0, $4, m, 0x7540; prmt.b32 $1, $4, m, 0x7541; prmt.b32 $2, $4, m, 0x7542;
+        prmt.b32 $3, $4, m, 0x7543; }""",
+        constraints="=r,=r,=r,=r,r", args=[codes], dtype=tl.float32, is_pure=True, pack=4)
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, buffers_ptr, epochs_ptr, N, K, stride_wn,
                  stride_gn, GROUPED_BITS: tl.constexpr, GROUP: tl.constexpr, HAS_SCALE: tl.constexpr,
                  HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-                 PUSH: tl.constexpr, ROWS: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, PDL: tl.constexpr):
+                 PUSH: tl.constexpr, ROWS: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, PRMT: tl.constexpr,
+                 PDL: tl.constexpr):
     early_start(PDL)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
@@ -86,7 +109,11 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, buffers_pt
             codes = tl.load(w_rows[:, None, None] + kk[None, :, :], mask=w_mask, other=0,
                             eviction_policy="evict_first")
             x = tl.load(x_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-            codes_x = tl.sum(small_int_to_float(codes.to(tl.int32), 0) * x[None, :, :], axis=2)  # [BLOCK_N, GROUPS]
+            if PRMT:
+                values = bytes_as_floats(codes, False) - 8388608.0
+            else:
+                values = small_int_to_float(codes.to(tl.int32), 0)
+            codes_x = tl.sum(values * x[None, :, :], axis=2)  # [BLOCK_N, GROUPS]
             group = k0 // GROUP + g8
             g_mask = n_mask[:, None] & (group < K // GROUP)[None, :]
             g_offsets = rn[:, None].to(tl.int64) * stride_gn + group[None, :]
@@ -99,7 +126,9 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, buffers_pt
             w_mask = n_mask[:, None] if EVEN_K else n_mask[:, None] & (k < K)[None, :]
             w = tl.load(w_rows[:, None] + k[None, :], mask=w_mask, other=0, eviction_policy="evict_first")
             x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
-            if HAS_SCALE:  # int8 codes
+            if HAS_SCALE and PRMT:  # int8 codes
+                w = bytes_as_floats(w, True) - (8388608.0 + 128.0)
+            elif HAS_SCALE:
                 w = small_int_to_float(w.to(tl.int32) + 128, 128)
             acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         if HAS_SCALE:  # int8: one scale per row of W
@@ -129,6 +158,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = No
         raise ValueError(f"gemv takes one row of K values and a [N, K] weight, got x {tuple(x.shape)} and weight "
                          f"{tuple(weight.shape)}")
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    prmt = compiled_for_gpu(x) and torch.version.hip is None  # bytes_as_floats' PTX: NVIDIA GPUs
 
     def launch(config: tuple[int, int, int], push: RankBuffers | None = None) -> None:
         block_n, block_b, warps = config
@@ -141,16 +171,17 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = No
             GROUPED_BITS=grouped_bits, GROUP=group_size if grouped_bits else 1, HAS_SCALE=scales is not None,
             HAS_BIAS=bias is not None, EVEN_K=(k // per_byte) % block_b == 0, BLOCK_N=block_n, BLOCK_B=block_b,
             PUSH=push is not None, ROWS=1 if push is None else push.epochs.shape[0],
-            RANK=0 if push is None else push.rank, WORLD=1 if push is None else push.world, num_warps=warps,
-            **early_launch(x.device))
+            RANK=0 if push is None else push.rank, WORLD=1 if push is None else push.world, PRMT=prmt,
+            num_warps=warps, **early_launch(x.device))
 
     # the tile is timed writing out, never pushing: a timed push would fill a slot no all-reduce empties
-    launch(_config_for((n, k, weight.dtype, group_size, grouped_bits, x.dtype, x.device), launch), push_to)
+    launch(timed_tile((n, k, weight.dtype, group_size, grouped_bits, x.dtype, x.device), launch), push_to)
     return out if push_to is None else None
 
 
-def _config_for(key: tuple, launch) -> tuple[int, int, int]:
-    """The fastest candidate tile for this shape, timed on its first call on a GPU (not while a graph captures)."""
+def timed_tile(key: tuple, launch) -> tuple[int, int, int]:
+    """The fastest candidate (BLOCK_N, BLOCK_B, num_warps) for key (a shape; the device last), launch(tile) timed on
+    its first call on a GPU (not while a graph captures). Other matrix-vector kernels (fused_moe.py's) use it too."""
     if key in _chosen:
         return _chosen[key]
     device = key[-1]

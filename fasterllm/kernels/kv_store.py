@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from fasterllm.kernels.dependent_launch import early_launch, early_start
-from fasterllm.kernels.quant_activation import cast_rounds, to_quantized
+from fasterllm.kernels.quant_activation import compiled_for_gpu, to_quantized
 from fasterllm.layers.kv_cache_dtype import FP8_KV_DTYPE, cache_values
 
 
@@ -81,7 +81,7 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, va
         key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, key.stride(0), key.stride(1),
         value.stride(0), value.stride(1), *key_cache.stride()[:3], *value_cache.stride()[:3],
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_kv_heads),
-        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=key_cache.shape[1], CAST_ROUNDS=cast_rounds(key),
+        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=key_cache.shape[1], CAST_ROUNDS=compiled_for_gpu(key),
         **early_launch(key.device))
 
 

@@ -129,9 +129,9 @@ def _warps(row_block: int) -> int:
     return 4 if row_block <= 1024 else 8 if row_block <= 4096 else 16
 
 
-def cast_rounds(x: torch.Tensor) -> bool:
-    """Whether Triton's fp8 cast rounds to nearest here: compiled for a GPU, not in the interpreter (which
-    TRITON_INTERPRET turns on with any of Triton's true spellings)."""
+def compiled_for_gpu(x: torch.Tensor) -> bool:
+    """Whether Triton compiles for x's device, a GPU, rather than interpreting (TRITON_INTERPRET on, in any of
+    Triton's true spellings): then its fp8 casts round to nearest, and inline PTX runs on NVIDIA GPUs."""
     return x.is_cuda and os.environ.get("TRITON_INTERPRET", "").lower() not in ("1", "true", "on", "yes")
 
 
@@ -153,7 +153,7 @@ def _quantize_rows(x: torch.Tensor, width: int, silu_mul: bool, q_dtype: torch.d
         chunk = min(_CHUNK, triton.next_power_of_2(width))
         _quantize_rows_kernel[(num_tokens,)](x, q, scales, x.stride(0), q.stride(0), WIDTH=width,
                                              CHUNK=chunk, SILU_MUL=silu_mul, QUANT_MAX=QMAX[q_dtype],
-                                             MIN_ABSMAX=_MIN_ABSMAX, CAST_ROUNDS=cast_rounds(x),
+                                             MIN_ABSMAX=_MIN_ABSMAX, CAST_ROUNDS=compiled_for_gpu(x),
                                              num_warps=_warps(chunk), **early_launch(x.device))
     return q, scales
 
@@ -191,7 +191,8 @@ def rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight: to
             x, x if residual is None else residual, weight, q, scales, new_residual, eps, x.stride(0),
             x.stride(0) if residual is None else residual.stride(0), q.stride(0), new_residual.stride(0),
             HIDDEN=hidden, BLOCK=block, ADD_RESIDUAL=residual is not None, QUANT_MAX=QMAX[q_dtype],
-            MIN_ABSMAX=_MIN_ABSMAX, CAST_ROUNDS=cast_rounds(x), num_warps=_warps(block), **early_launch(x.device))
+            MIN_ABSMAX=_MIN_ABSMAX, CAST_ROUNDS=compiled_for_gpu(x), num_warps=_warps(block),
+            **early_launch(x.device))
     return q, scales, new_residual
 
 

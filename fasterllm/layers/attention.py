@@ -210,11 +210,12 @@ def _decode_group(rows: list[int], query_lens: list[int], seq_lens: list[int], b
 def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv_cache: torch.Tensor,
                         meta: AttentionMetadata, cos_sin: torch.Tensor | None, scale: float,
                         sliding_window: int | None = None, softcap: float | None = None,
-                        kv_scales: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor:
+                        kv_scales: tuple[float, float] = (1.0, 1.0),
+                        head_norms: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
     """GPU: qkv [T, Hq + 2 Hkv, D] -> attention output [T, Hq * D]; one launch applies RoPE to Q and K in
     place (cos_sin None: no rotary positions) and stores the new K/V by slot, then one launch attends every
     sequence (prefill, chunk or decode), within the layer's sliding window. kv_scales: (k_scale, v_scale) of an
-    fp8 cache."""
+    fp8 cache. head_norms: (q weight, k weight, eps) of per-head RMSNorms, in the rotary launch (needs cos_sin)."""
     from fasterllm.kernels.kv_store import store_kv as store_kv_kernel
     from fasterllm.kernels.paged_attention import (
         paged_attention as paged_attention_kernel,
@@ -226,7 +227,7 @@ def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv
         store_kv_kernel(key, value, kv_cache[0], kv_cache[1], meta.slot_mapping, *kv_scales)
     else:
         rotary_and_store_kv(query, key, value, meta.positions, cos_sin, kv_cache[0], kv_cache[1], meta.slot_mapping,
-                            *kv_scales)
+                            *kv_scales, head_norms)
 
     def attend(k: KernelInputs, out: torch.Tensor | None = None) -> torch.Tensor:
         return paged_attention_kernel(query, kv_cache[0], kv_cache[1], k.block_tables, k.seq_lens, k.query_start_loc,

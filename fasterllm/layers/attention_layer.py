@@ -21,6 +21,7 @@ from fasterllm.layers.attention import (
     paged_attention,
     store_kv,
 )
+from fasterllm.layers.norm import RMSNorm
 from fasterllm.layers.rotary import apply_rotary
 
 
@@ -39,14 +40,19 @@ class Attention(nn.Module):
         self.bit_equal_fp32 = True  # an fp32 decode keeps SDPA's sums (layers/norm.release_fp32_bit_equality)
 
     def forward(self, qkv: torch.Tensor, rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None,
-                kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
+                kv_cache: torch.Tensor | None, meta: AttentionMetadata,
+                head_norms: tuple[RMSNorm, RMSNorm] | None = None) -> torch.Tensor:
         """qkv [T, Hq + 2 Hkv, D] (queries, keys, values of the new tokens, before RoPE) -> [T, Hq * D].
         rope: the whole cos/sin table (kernels) or this step's (cos, sin) rows (torch path); None: no rotary
         positions (the model adds its positions to the embeddings; torch path only). kv_cache None: a
-        pass without a cache (embeddings: whole prompts, nothing kept; torch path only)."""
+        pass without a cache (embeddings: whole prompts, nothing kept; torch path only). head_norms: per-head
+        RMSNorms of the queries and keys before RoPE (Qwen3), inside the rotary launch on the kernel path."""
+        if head_norms is not None and (meta.kernel is None or rope is None):  # else inside the rotary launch
+            qkv, head_norms = norm_heads(qkv, *head_norms, self.num_heads, self.num_kv_heads), None
         if meta.kernel is not None:
+            norms = None if head_norms is None else (head_norms[0].weight, head_norms[1].weight, head_norms[0].eps)
             return attend_with_kernels(qkv, self.num_heads, self.num_kv_heads, kv_cache, meta, rope, self.scale,
-                                       self.sliding_window, self.softcap, self.kv_scales)
+                                       self.sliding_window, self.softcap, self.kv_scales, norms)
         stored = False
         if (rope is not None and kv_cache is not None and not meta.prefills
                 and cpu_attention.rotary_store_runs(qkv, rope, kv_cache, not self.bit_equal_fp32)):
@@ -60,6 +66,16 @@ class Attention(nn.Module):
             store_kv(kv_cache, qkv[:, self.num_heads:], meta.slot_mapping, self.kv_scales)
         return paged_attention(query, key, value, kv_cache, meta.for_window(self.sliding_window), self.scale,
                                self.softcap, self.kv_scales, self.bit_equal_fp32)
+
+
+def norm_heads(qkv: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm, num_q_heads: int, num_kv_heads: int
+               ) -> torch.Tensor:
+    """qkv [T, Hq + 2 Hkv, D] with the query heads through q_norm and the key heads through k_norm (per head, or all
+    heads at once where a norm is that wide: OLMoE), the value heads as they are."""
+    q, k, v = qkv.split([num_q_heads, num_kv_heads, num_kv_heads], dim=1)
+    q = q_norm(q.reshape(-1, q_norm.weight.shape[0]))[0].view(q.shape)
+    k = k_norm(k.reshape(-1, k_norm.weight.shape[0]))[0].view(k.shape)
+    return torch.cat([q, k, v], dim=1)
 
 
 class CrossAttention(nn.Module):

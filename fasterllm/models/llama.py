@@ -17,7 +17,7 @@ from fasterllm.config import GATED_GELU_FORMS, KVCacheSpec, ModelConfig
 from fasterllm.distributed.tensor_parallel import SINGLE_DEVICE, TensorParallel
 from fasterllm.layers.activation import GeluAndMul, SiluAndMul
 from fasterllm.layers.attention import AttentionMetadata
-from fasterllm.layers.attention_layer import Attention
+from fasterllm.layers.attention_layer import Attention, norm_heads
 from fasterllm.layers.linear import pack_linears
 from fasterllm.layers.moe import SparseMoE
 from fasterllm.layers.norm import RMSNorm, norm_add_norm
@@ -118,11 +118,13 @@ class DecoderLayer(nn.Module):
                    kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
         """The normed rows -> this rank's heads of the attention's output, o_proj's input."""
         qkv = self.qkv_proj(hidden).view(-1, *self.qkv_shape)
-        if self.q_norm is not None:
-            qkv = self._norm_heads(qkv)
+        head_norms = None if self.q_norm is None else (self.q_norm, self.k_norm)
+        if head_norms is not None and (self.clip_qkv is not None or self.q_norm.weight.shape[0] != qkv.shape[2]):
+            # norms a clip follows, or norms over all heads at once (OLMoE): here, not inside the attention
+            qkv, head_norms = norm_heads(qkv, *head_norms, self.num_q_heads, self.num_kv_heads), None
         if self.clip_qkv is not None:
             qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
-        return self.attn(qkv, rope, kv_cache, meta)
+        return self.attn(qkv, rope, kv_cache, meta, head_norms)
 
     def _ffn(self, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's partial sums of the FFN's output; where the layer leaves its down projection, that
@@ -131,13 +133,6 @@ class DecoderLayer(nn.Module):
             return self.moe(hidden)
         activated = self.act(self.gate_up_proj(hidden))
         return activated if self.leaves_down_proj else self.down_proj(activated)
-
-    def _norm_heads(self, qkv: torch.Tensor) -> torch.Tensor:
-        """The query heads through q_norm and the key heads through k_norm, the value heads as they are."""
-        q, k, v = qkv.split([self.num_q_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
-        q = self.q_norm(q.reshape(-1, self.q_norm.weight.shape[0]))[0].view(q.shape)
-        k = self.k_norm(k.reshape(-1, self.k_norm.weight.shape[0]))[0].view(k.shape)
-        return torch.cat([q, k, v], dim=1)
 
 
 class LlamaForCausalLM(nn.Module):

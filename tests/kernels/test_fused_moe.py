@@ -10,7 +10,8 @@ from fasterllm.layers.moe import route, run_experts
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytest.importorskip("triton")
-from fasterllm.kernels.fused_moe import SMALL_TILES, TILE_CONFIGS, UNGROUPED_SLOTS, fused_experts  # noqa: E402
+from fasterllm.kernels.fused_moe import (  # noqa: E402
+    ROW_SLOTS, SMALL_TILES, TILE_CONFIGS, UNGROUPED_SLOTS, fused_experts, tile_config)
 from fasterllm.kernels.moe_align import align_by_expert  # noqa: E402
 
 
@@ -57,10 +58,11 @@ def test_every_tile_shape_matches_the_torch_loop(config):
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
 
 
-@pytest.mark.parametrize("num_tokens", [1, 4])
-def test_a_few_tokens_run_ungrouped_a_tile_per_slot(num_tokens):
-    # 4 tokens x top 8 of 8 experts: every expert is read once per token, from its own tile
-    assert num_tokens * 8 <= UNGROUPED_SLOTS
+@pytest.mark.parametrize("num_tokens", [1, 2, 4])
+def test_a_few_tokens_run_as_matrix_vector_products_or_a_tile_per_slot(num_tokens):
+    # top 8 of 8 experts: every expert is read once per token; 1-2 tokens through the matrix-vector launches, 4 tokens
+    # ungrouped, each slot from its own tile
+    assert 2 * 8 <= ROW_SLOTS < 4 * 8 <= UNGROUPED_SLOTS
     x, w_gate_up, w_down, weights, experts = moe_inputs(num_tokens, 8, 48, 40, 8)
     expected = run_experts(x, w_gate_up, w_down, weights, experts, SiluAndMul())
     got = fused_experts(x, w_gate_up, w_down, weights, experts, "silu")
@@ -80,7 +82,8 @@ def test_the_sums_start_at_zero_whatever_their_buffer_held(monkeypatch, num_toke
         return buffer.fill_(float("nan")) if buffer.is_floating_point() else buffer
 
     monkeypatch.setattr(torch, "empty", nan_filled)
-    got = fused_experts(x, w_gate_up, w_down, weights, experts, "silu")
+    config = tile_config(num_tokens * top_k, 8)  # the tiles' launches, also for the few-slot cases
+    got = fused_experts(x, w_gate_up, w_down, weights, experts, "silu", config)
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
 
 

@@ -7,6 +7,8 @@ import torch
 
 from fasterllm.layers.attention import AttentionMetadata, KernelInputs, attend_with_kernels, paged_attention
 from fasterllm.layers.attention import store_kv as store_kv_torch
+from fasterllm.layers.attention_layer import Attention, norm_heads
+from fasterllm.layers.norm import RMSNorm
 from fasterllm.layers.rotary import RotaryEmbedding, apply_rotary as apply_rotary_reference, rope_inv_freq
 from fasterllm.worker.piecewise_graphs import piecewise_token_sizes
 
@@ -152,6 +154,52 @@ def test_attention_layer_kernels_match_torch_path():
     store_kv_torch(torch_cache, torch.cat([key, value], dim=1), meta.slot_mapping)
     torch_out = paged_attention(query, key, value, torch_cache, meta, scale)
     torch.testing.assert_close(kernel_cache, torch_cache, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(kernel_out, torch_out, atol=1e-5, rtol=1e-5)
+
+
+def head_norms(head_dim: int, dtype: torch.dtype) -> tuple[RMSNorm, RMSNorm]:
+    """Qwen3's per-head query and key RMSNorms, with weights away from 1."""
+    generator = torch.Generator().manual_seed(1)
+    norms = RMSNorm(head_dim, 1e-6), RMSNorm(head_dim, 1e-6)
+    for norm in norms:
+        norm.weight.data = (1 + 0.5 * torch.randn(head_dim, generator=generator)).to(DEVICE, dtype)
+        norm.requires_grad_(False)  # as a loaded model's
+    return norms
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [32, 80])
+def test_head_norms_inside_the_launch_match_the_norms_then_the_launch(dtype, head_dim):
+    num_heads, num_kv_heads = 4, 2
+    rotary, qkv, positions, slots, cache = make_inputs(6, num_heads, num_kv_heads, head_dim, dtype, 16, 4, 64)
+    qkv = qkv * 4  # far from unit RMS: a missing norm shows
+    q_norm, k_norm = head_norms(head_dim, dtype)
+    fused_qkv, fused_cache = qkv.clone(), cache.clone()
+    rotary_and_store_kv(*split(fused_qkv, num_heads, num_kv_heads), positions, rotary.cos_sin, fused_cache[0],
+                        fused_cache[1], slots, head_norms=(q_norm.weight, k_norm.weight, q_norm.eps))
+    two_qkv, two_cache = norm_heads(qkv, q_norm, k_norm, num_heads, num_kv_heads), cache.clone()
+    rotary_and_store_kv(*split(two_qkv, num_heads, num_kv_heads), positions, rotary.cos_sin, two_cache[0],
+                        two_cache[1], slots)
+    # fp32 sums of squares in another order: bf16 may round the other way (one unit in the last place)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(fused_qkv, two_qkv, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(fused_cache, two_cache, atol=tolerance, rtol=tolerance)
+
+
+def test_attention_layer_head_norms_kernels_match_torch_path():
+    """The attention layer given Qwen3's head norms: inside the rotary launch on the kernel path, before RoPE on the
+    torch path; one decode and one chunk, as above."""
+    num_heads, num_kv_heads, head_dim, block_size = 4, 2, 32, 16
+    rotary, qkv, _, _, cache = make_inputs(5, num_heads, num_kv_heads, head_dim, torch.float32, block_size, 4, 64)
+    qkv = qkv * 4
+    norms = head_norms(head_dim, torch.float32)
+    layer = Attention(num_heads, num_kv_heads, head_dim)
+    meta = decode_and_chunk_meta(block_size)
+    kernel_cache, torch_cache = cache.clone(), cache.clone()
+    kernel_out = layer(qkv.clone(), rotary.cos_sin, kernel_cache, meta, norms)
+    meta.kernel = None
+    torch_out = layer(qkv.clone(), rotary.cos_sin_for(meta.positions), torch_cache, meta, norms)
+    torch.testing.assert_close(kernel_cache, torch_cache, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(kernel_out, torch_out, atol=1e-5, rtol=1e-5)
 
 

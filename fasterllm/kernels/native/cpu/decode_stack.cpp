@@ -67,7 +67,7 @@ at::Tensor norm_head_rows(const at::Tensor& qkv, int64_t first, int64_t count, c
 }
 
 // qkv [B, H, D] with its query and key heads each through their RMSNorm (Qwen3), the values as they are: what
-// models/llama.DecoderLayer._norm_heads does
+// layers/attention_layer.norm_heads does
 at::Tensor norm_heads(const at::Tensor& qkv, const at::Tensor& q_norm, const at::Tensor& k_norm, int64_t num_heads,
                       int64_t num_kv_heads, double eps) {
   return at::cat({norm_head_rows(qkv, 0, num_heads, q_norm, eps),
