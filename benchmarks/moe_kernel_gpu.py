@@ -1,7 +1,8 @@
 """Tile sweep of the fused MoE kernel (kernels/fused_moe.py) on a GPU, at Qwen3-30B-A3B's expert shape (128 experts
-of 768 x 2048, top 8), for decode-sized and prefill-sized token counts: time of the two launches per config, the
-weight bytes they read over that time, and the layer's routing and grouping by expert around them (fused_experts'
-time includes its grouping). Each is timed as CUDA-graph replays, as the engine's decode steps run, with L2
+of 768 x 2048, top 8), for decode-sized and prefill-sized token counts: the default path's time (for at most
+ROW_SLOTS slots the matrix-vector launches) beside the tiled launches' time per config, the weight bytes they read
+over that time, and the layer's routing and grouping by expert around them (fused_experts' time includes its
+grouping). Each is timed as CUDA-graph replays, as the engine's decode steps run, with L2
 flushed between calls (quant_kernels_gpu.time_it; the figures in RESULTS.md up to commit c53dd54 replayed without
 the flush).
 
@@ -15,7 +16,7 @@ import itertools
 import torch
 
 from fasterllm.bench.gpu_roofline import copy_bandwidth
-from fasterllm.kernels.fused_moe import TileConfig, fused_experts, tile_config
+from fasterllm.kernels.fused_moe import ROW_SLOTS, TileConfig, fused_experts, tile_config
 from fasterllm.kernels.moe_align import align_by_expert
 from fasterllm.layers.moe import route
 from quant_kernels_gpu import time_it  # CUDA-graph replays, L2 flushed between calls
@@ -23,12 +24,16 @@ from quant_kernels_gpu import time_it  # CUDA-graph replays, L2 flushed between 
 EXPERTS, HIDDEN, INTER, TOP_K = 128, 2048, 768, 8
 
 
-def candidates(num_tokens: int) -> list[TileConfig]:
+def candidates(num_tokens: int, shared_memory: int) -> list[TileConfig]:
+    """The sweep's tiles, less those whose gate/up launch needs more shared memory than the device has (bf16 x, gate
+    and up tiles per pipeline stage): fused_experts would fall back to SMALL_TILES, and inside a graph capture that
+    failed launch ends the capture."""
     if num_tokens * TOP_K // EXPERTS < 16:  # under a tile's worth of slots per expert: weight-read bound
         grid = itertools.product([16], [32, 64, 128], [64, 128, 256], [4], [2, 3, 4])
     else:
         grid = itertools.product([16, 32, 64, 128], [64, 128], [64], [4, 8], [3, 4])
-    return [TileConfig(*c) for c in grid]
+    configs = [TileConfig(*c) for c in grid]
+    return [c for c in configs if c.num_stages * (c.block_m + 2 * c.block_n) * c.block_k * 2 <= shared_memory]
 
 
 def main() -> None:
@@ -52,7 +57,7 @@ def main() -> None:
         default = tile_config(num_tokens * TOP_K, EXPERTS)
         grouping = time_it(lambda: align_by_expert(experts, EXPERTS, default.block_m))
         results = []
-        for config in candidates(num_tokens):
+        for config in candidates(num_tokens, torch.cuda.get_device_properties(device).shared_memory_per_block_optin):
             try:
                 out = fused_experts(x, w_gate_up, w_down, weights, experts, "silu", config)
             except Exception as exc:  # a config the device cannot hold (shared memory)
@@ -63,9 +68,10 @@ def main() -> None:
             results.append((seconds, config, error))
         results.sort(key=lambda r: r[0])
         now = time_it(lambda: fused_experts(x, w_gate_up, w_down, weights, experts, "silu"))
+        path = "matrix-vector launches" if num_tokens * TOP_K <= ROW_SLOTS else default
         print(f"tokens {num_tokens}: {used} experts used, {weight_bytes / 1e6:.1f} MB of their weights; route "
-              f"{routing * 1e6:.1f} us, grouping by expert {grouping * 1e6:.1f} us; default {default}: {now * 1e6:.1f} us "
-              f"({weight_bytes / now / 1e12:.2f} TB/s)")
+              f"{routing * 1e6:.1f} us, grouping by expert {grouping * 1e6:.1f} us; default ({path}): "
+              f"{now * 1e6:.1f} us ({weight_bytes / now / 1e12:.2f} TB/s); swept tiles, fastest first:")
         for seconds, config, error in results[:5]:
             print(f"  {seconds * 1e6:8.1f} us  {weight_bytes / seconds / 1e12:5.2f} TB/s  "
                   f"{2 * num_tokens * TOP_K * 3 * HIDDEN * INTER / seconds / 1e12:6.1f} TFLOP/s  "
