@@ -231,8 +231,8 @@ def fused_experts(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.T
                   scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """hidden [T, H], w_gate_up [E, 2I, H], w_down [E, H, I], routing_weights and experts [T, k] -> [T, H]: sum over a
     token's k experts of weight * down(act(gate(x)) * up(x)). config: the grouped GEMM's tiles, also for a few slots
-(default: matrix-vector products for at most ROW_SLOTS slots, else tile_config's). scales:
-    the weights are codes, and these their fp32 scales per output channel, ([E, 2I], [E, H])."""
+    (default: matrix-vector products for at most ROW_SLOTS slots, else tile_config's). scales: the weights are codes,
+    and these their fp32 scales per output channel, ([E, 2I], [E, H])."""
     num_tokens, hidden_size = hidden.shape
     num_experts, double_inter, _ = w_gate_up.shape
     inter, top_k = double_inter // 2, experts.shape[1]

@@ -52,8 +52,8 @@ def _rotate_heads(x_ptr, stride_h, cos_lo, cos_hi, sin_lo, sin_hi, norm_ptr, nor
 @triton.jit
 def _rotary_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, cos_sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale,
                    v_scale, q_norm_ptr, k_norm_ptr, norm_eps, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
-                   stride_vh, stride_table, table_rows,
-                   stride_kb, stride_ks, stride_kch, stride_vb, stride_vs, stride_vch,
+                   stride_vh, stride_table, table_rows, stride_kb, stride_ks, stride_kch, stride_vb, stride_vs,
+                   stride_vch,
                    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
                    BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
                    STORE_KV: tl.constexpr, BLOCK_SIZE: tl.constexpr, CAST_ROUNDS: tl.constexpr,
@@ -122,10 +122,9 @@ def _launch(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor, cos
     q_norm, k_norm, norm_eps = head_norms or (cos_sin, cos_sin, 0.0)  # without norms cos_sin stands in, never read
     _rotary_kernel[(num_tokens,)](
         query, key, value, positions, cos_sin, key_cache, value_cache, slot_mapping, k_scale, v_scale, q_norm, k_norm,
-        norm_eps, query.stride(0),
-        query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1), cos_sin.stride(0),
-        cos_sin.shape[0], *cache_strides, NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=key.shape[1], HALF=half,
-        BLOCK_QH=triton.next_power_of_2(num_q_heads), BLOCK_KH=triton.next_power_of_2(key.shape[1]),
+        norm_eps, query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        cos_sin.stride(0), cos_sin.shape[0], *cache_strides, NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=key.shape[1],
+        HALF=half, BLOCK_QH=triton.next_power_of_2(num_q_heads), BLOCK_KH=triton.next_power_of_2(key.shape[1]),
         BLOCK_HALF=triton.next_power_of_2(half), STORE_KV=store is not None,
         BLOCK_SIZE=key_cache.shape[1] if store else 1, CAST_ROUNDS=compiled_for_gpu(key), NORM=head_norms is not None,
         **early_launch(query.device))
