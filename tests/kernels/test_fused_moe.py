@@ -133,10 +133,11 @@ def test_bf16_at_a_real_shape():
     torch.testing.assert_close(got.float(), expected, atol=3e-2, rtol=3e-2)
 
 
-@pytest.mark.parametrize("top_k, num_experts, num_tokens", [(1, 4, 37), (2, 8, 37), (8, 8, 3)])
+@pytest.mark.parametrize("top_k, num_experts, num_tokens", [(1, 4, 37), (2, 8, 37), (8, 8, 3), (8, 8, 2)])
 def test_int8_experts_match_the_torch_loop_over_the_same_codes(top_k, num_experts, num_tokens):
     """Experts as int8 codes with a scale per output channel (quantization='int8'): the kernels read the codes, and
-    answer as the torch loop over the same codes does, grouped (37 tokens) and a tile per slot (3 tokens x 8)."""
+    answer as the torch loop over the same codes does, grouped (37 tokens), a tile per slot (3 tokens x 8) and as
+    matrix-vector products (2 tokens x 8)."""
     from fasterllm.layers.quantization.experts import quantize_stacked
 
     x, w_gate_up, w_down, weights, experts = moe_inputs(num_tokens, num_experts, 48, 40, top_k, seed=3)
