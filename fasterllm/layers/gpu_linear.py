@@ -38,16 +38,21 @@ class GPULinear(FlatLinear):
         self.weight, self.bias = weight, bias
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 1:
-            return gemv(x, self.weight, bias=self.bias)
-        if self.padded_weight is not None:
+        if self.padded_weight is not None and x.shape[0] > 1:
             return F.linear(x, self.padded_weight, self.padded_bias)[:, :self.out_features]
-        return F.linear(x, self.weight, self.bias)
+        return float_linear(x, self.weight, self.bias)
 
     def push_row(self, x: torch.Tensor, push_to: RankBuffers) -> None:
         """One row's product, a row-parallel layer's partial sums, written straight into the fused all-reduce's
         buffers (distributed/symmetric_all_reduce.py) instead of to an output."""
         gemv(x, self.weight, bias=self.bias, push_to=push_to)
+
+
+def float_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (contiguous) @ weight^T (+ bias) on a GPU: one row through our matrix-vector kernel, more through
+    cuBLAS. For float weights outside a GPULinear too (a mixture of experts' router, which quantization keeps
+    float)."""
+    return gemv(x, weight, bias=bias) if x.shape[0] == 1 else F.linear(x, weight, bias)
 
 
 def _padded_rows(weight: torch.Tensor) -> torch.Tensor | None:

@@ -92,10 +92,10 @@ def route(hidden: torch.Tensor, router: torch.Tensor, top_k: int, normalize: boo
     each ranked by its best probability, the k chosen from the kept_groups best only (DeepSeek-V2's
     group_limited_greedy; weights stay the softmax over all experts). On a GPU without groups in one Triton launch
     after the router's product: kernels/moe_routing.py."""
-    if hidden.is_cuda and hidden.shape[0] == 1:  # one token: a matrix-vector product, as dense layers at batch 1
-        from fasterllm.kernels.gemv import gemv  # Triton: only with CUDA
+    if hidden.is_cuda:  # one token through the matrix-vector kernel, as the dense layers' products
+        from fasterllm.layers.gpu_linear import float_linear  # Triton: only with CUDA
 
-        logits = gemv(hidden.contiguous(), router)
+        logits = float_linear(hidden.contiguous(), router)
     else:
         logits = F.linear(hidden, router)
     if hidden.is_cuda and groups is None:
