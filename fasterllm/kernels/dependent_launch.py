@@ -31,7 +31,13 @@ def early_launch(device: torch.device) -> dict[str, bool]:
 
 @functools.cache
 def _pdl_capable(index: int | None) -> bool:
-    return os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.get_device_capability(index)[0] >= 9
+    return not interpreting() and torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET on, in any of Triton's true spellings)
+    rather than compiling them."""
+    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
 
 
 @triton.jit

@@ -11,13 +11,11 @@ The float value each one quantizes is rounded to x's dtype first, exactly as the
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.dependent_launch import early_launch, early_start
+from fasterllm.kernels.dependent_launch import early_launch, early_start, interpreting
 
 # columns a program holds at once: a whole Llama-3-8B intermediate row (14336), read once and quantized from registers;
 # wider rows loop twice (absmax, then quantize) in steps of this many (2048 a step took 11 us a row on an H100)
@@ -130,9 +128,9 @@ def _warps(row_block: int) -> int:
 
 
 def compiled_for_gpu(x: torch.Tensor) -> bool:
-    """Whether Triton compiles for x's device, a GPU, rather than interpreting (TRITON_INTERPRET on, in any of
-    Triton's true spellings): then its fp8 casts round to nearest, and inline PTX runs on NVIDIA GPUs."""
-    return x.is_cuda and os.environ.get("TRITON_INTERPRET", "").lower() not in ("1", "true", "on", "yes")
+    """Whether Triton compiles for x's device, a GPU, rather than interpreting: then its fp8 casts round to nearest,
+    and inline PTX runs on NVIDIA GPUs."""
+    return x.is_cuda and not interpreting()
 
 
 def _check_target(x: torch.Tensor, q_dtype: torch.dtype) -> None:
