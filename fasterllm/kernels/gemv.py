@@ -179,18 +179,20 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = No
     return out if push_to is None else None
 
 
-def timed_tile(key: tuple, launch) -> tuple[int, int, int]:
-    """The fastest candidate (BLOCK_N, BLOCK_B, num_warps) for key (a shape; the device last), launch(tile) timed on
-    its first call on a GPU (not while a graph captures). Other matrix-vector kernels (fused_moe.py's) use it too."""
+def timed_tile(key: tuple, launch, candidates: list[tuple[int, int, int]] = _CANDIDATES,
+               default: tuple[int, int, int] = _DEFAULT) -> tuple[int, int, int]:
+    """The fastest of candidates (gemv's: (BLOCK_N, BLOCK_B, num_warps)) for key (a shape; the device last),
+    launch(tile) timed on its first call on a GPU (not while a graph captures: default then). Other matrix-vector
+    kernels (fused_moe.py's, int4_gemv.py's) use it too."""
     if key in _chosen:
         return _chosen[key]
     device = key[-1]
     if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return _DEFAULT
+        return default
     # decode reads W from HBM, not from L2: a buffer twice the L2 is written between runs
     flush = torch.empty(2 * torch.cuda.get_device_properties(device).L2_cache_size, dtype=torch.uint8, device=device)
     timings = {}
-    for config in _CANDIDATES:
+    for config in candidates:
         launch(config)  # compile
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(7)]
         # the GPU sleeps while the runs are queued behind it, so the events time the kernels, not their Python

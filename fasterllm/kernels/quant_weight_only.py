@@ -15,12 +15,13 @@ half a byte (int4) each and widened in registers. Layouts (made by the quantizer
         (code 8's value) per group [K/group, N, 2]: the bytes torch._weight_int4pack_mm reads
 The quantizers are the CPU layers' (layers/quantization/int8.py, int4.py); pack_int4_codes and pack_int4_tinygemm
 make the bytes. Row-major: one row goes through gemv.py's matrix-vector kernel, up to FUSED_MAX_ROWS through the
-kernel here (split K, quant_split_k.py). tinygemm's layout: up to TINYGEMM_MAX_ROWS bf16 rows through torch's
-kernel, other rows up to FUSED_MAX_ROWS through the kernel here. More rows (prefill) dequantize the weight once and
+kernel here (split K, quant_split_k.py). tinygemm's layout: one bf16 row through int4_gemv.py's Gluon kernel, up to
+TINYGEMM_MAX_ROWS bf16 rows through torch's kernel, other rows up to FUSED_MAX_ROWS through the kernel here. More rows (prefill) dequantize the weight once and
 call cuBLAS, compute-bound there anyway.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -303,21 +304,34 @@ def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
 def tinygemm_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int,
                     bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] times an int4 weight in tinygemm's layout (pack_int4_tinygemm; scale_zeros [K/group, N, 2]: scale
-    and the value of code 8 per group) -> [M, N]. Up to TINYGEMM_MAX_ROWS bf16 rows on an NVIDIA GPU (bf16
-    scale_zeros) go through torch._weight_int4pack_mm (its tensor-core kernel reads the bytes in the order its mma
-    fragments need: 2.1-2.4x bf16 cuBLAS on the 8B projections at one row, where the row-major kernels reach
-    1.1-1.6x); more rows, and other dtypes, through this file's Triton kernels reading the same bytes."""
+    and the value of code 8 per group) -> [M, N]. bf16 on an NVIDIA GPU (bf16 scale_zeros): one row through
+    int4_gemv.py's Gluon kernel where Triton has Gluon (8B shape, H100: batch-1 TPOT 3.27 -> 2.65 ms, RESULTS.md),
+    up to TINYGEMM_MAX_ROWS rows through torch._weight_int4pack_mm (its tensor-core kernel reads the bytes in the
+    order its mma fragments need: 2.1-2.4x bf16 cuBLAS on the 8B projections at one row, where the row-major kernels
+    reach 1.1-1.6x); more rows, and other dtypes, through this file's Triton kernels reading the same bytes."""
     w = _tinygemm(packed, scale_zeros, group_size)
     m, k = x.shape
     if x.stride(-1) != 1 or w.k != k:
         raise ValueError(f"x {tuple(x.shape)} (contiguous last dim) does not fit the int4 weight [{w.n}, {w.k}]")
-    if (0 < m <= TINYGEMM_MAX_ROWS and x.dtype == scale_zeros.dtype == torch.bfloat16
-            and tinygemm_kernel_available(x.device)):
+    bf16_on_nvidia = x.dtype == scale_zeros.dtype == torch.bfloat16 and tinygemm_kernel_available(x.device)
+    if m == 1 and bf16_on_nvidia and _gluon_int4_gemv() is not None:
+        return _gluon_int4_gemv()(x, packed, scale_zeros, group_size, bias)
+    if 0 < m <= TINYGEMM_MAX_ROWS and bf16_on_nvidia:
         out = torch._weight_int4pack_mm(x.contiguous(), packed, group_size, scale_zeros)
         return out if bias is None else out + bias
     if m > FUSED_MAX_ROWS:
         return F.linear(x, _dequantize(w, x.dtype), bias)
     return _matmul_tiles(x, w, None, bias)
+
+
+@functools.cache
+def _gluon_int4_gemv():
+    """int4_gemv.py's kernel for one row, or None where Triton has no Gluon (torch's kernel then)."""
+    try:
+        from fasterllm.kernels.int4_gemv import int4_gemv
+    except ImportError:
+        return None
+    return int4_gemv
 
 
 def tinygemm_kernel_available(device: torch.device) -> bool:
