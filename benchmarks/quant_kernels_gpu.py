@@ -177,8 +177,8 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     bench_quantizers(args.rows)
     bench_matmuls(args.rows)
-    for key, (block_n, block_b, warps) in gemv.chosen_tiles().items():  # what the first calls timed best
-        print(f"matrix-vector tile for {key}: BLOCK_N {block_n}, BLOCK_B {block_b}, {warps} warps", flush=True)
+    for key, tile in gemv.chosen_tiles().items():  # what the first calls timed best
+        print(f"matrix-vector tile for {key}: {tile}", flush=True)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from fasterllm.kernels.quant_activation import compiled_for_gpu
 _CANDIDATES = [(1, 2048, 4), (2, 1024, 4), (2, 2048, 4), (4, 512, 4), (4, 1024, 4), (4, 1024, 8), (8, 512, 4),
                (8, 1024, 8), (16, 256, 4), (16, 512, 8)]
 _DEFAULT = (4, 512, 4)  # the CPU interpreter and shapes timed nowhere
-_chosen: dict[tuple, tuple[int, int, int]] = {}
+_chosen: dict[tuple, tuple[int, ...]] = {}
 _QUEUE_CYCLES = 10_000_000  # ~5 ms of GPU clock: enough to queue the timed runs behind it
 
 
@@ -179,8 +179,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = No
     return out if push_to is None else None
 
 
-def timed_tile(key: tuple, launch, candidates: list[tuple[int, int, int]] = _CANDIDATES,
-               default: tuple[int, int, int] = _DEFAULT) -> tuple[int, int, int]:
+def timed_tile(key: tuple, launch, candidates: list[tuple[int, ...]] = _CANDIDATES,
+               default: tuple[int, ...] = _DEFAULT) -> tuple[int, ...]:
     """The fastest of candidates (gemv's: (BLOCK_N, BLOCK_B, num_warps)) for key (a shape; the device last),
     launch(tile) timed on its first call on a GPU (not while a graph captures: default then). Other matrix-vector
     kernels (fused_moe.py's, int4_gemv.py's) use it too."""
@@ -209,7 +209,7 @@ def timed_tile(key: tuple, launch, candidates: list[tuple[int, int, int]] = _CAN
     return _chosen[key]
 
 
-def chosen_tiles() -> dict[tuple, tuple[int, int, int]]:
-    """(N, K, weight dtype, group, grouped bits, x dtype, device) -> the (BLOCK_N, BLOCK_B, num_warps) timed fastest
-    so far."""
+def chosen_tiles() -> dict[tuple, tuple[int, ...]]:
+    """Each shape timed so far -> its fastest tile: gemv's (N, K, weight dtype, group, grouped bits, x dtype, device)
+    -> (BLOCK_N, BLOCK_B, num_warps); the other kernels' keys and tiles are theirs."""
     return dict(_chosen)

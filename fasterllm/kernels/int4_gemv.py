@@ -35,9 +35,9 @@ from triton.experimental.gluon import language as gl
 from fasterllm.kernels.dependent_launch import early_launch
 from fasterllm.kernels.gemv import timed_tile
 
-# (R rows a thread, num_warps, prefetch): gemv.timed_tile's candidate triples
-CANDIDATES = [(1, 8, 1), (2, 4, 0), (2, 4, 1), (2, 8, 1), (2, 16, 1), (4, 4, 1), (4, 8, 0), (4, 8, 1)]
-DEFAULT = (2, 4, 1)  # a shape timed nowhere (a graph capture's first call)
+# (R rows a thread, num_warps), each the fastest at one of the 8B projections on an H100 (RESULTS.md)
+CANDIDATES = [(1, 8), (2, 4), (2, 8), (4, 4), (4, 8)]
+DEFAULT = (2, 4)  # a shape timed nowhere (a graph capture's first call)
 
 
 @gluon.jit
@@ -126,8 +126,7 @@ def _accumulate(acc, step):
 
 @gluon.jit
 def _int4_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, N, KT, GROUP: gl.constexpr, R: gl.constexpr,
-                      WARPS: gl.constexpr, PREFETCH: gl.constexpr, HAS_BIAS: gl.constexpr,
-                      PDL: gl.constexpr):
+                      WARPS: gl.constexpr, HAS_BIAS: gl.constexpr, PDL: gl.constexpr):
     # [R blocks, 8 rows, T tiles, 4 words]: a thread holds one tile's 4 words of R rows
     L4: gl.constexpr = gl.BlockedLayout([R, 1, 1, 4], [1, 8, 4, 1], [1, 1, WARPS, 1], [3, 1, 2, 0])
     L3: gl.constexpr = gl.SliceLayout(3, L4)  # [R, 8, T]
@@ -158,16 +157,11 @@ def _int4_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, N, KT, GROUP: gl.
                                   is_pure=False, pack=1)
     x0, x1, x2, x3 = _load_x(x_ptr, x_offsets, x_tile, KT, 0)
     step = (words, x0, x1, x2, x3, pairs)
-    for t0 in range(0, KT, T):
-        if PREFETCH:  # the next step's loads are in flight while this step's arithmetic runs
-            following = _load_step(x_ptr, w_ptr, sz_ptr, w_offsets, n_mask4, x_offsets, x_tile, tile3, tile4, n3, N,
-                                   KT, t0 + T, TILES_PER_GROUP)
-            acc = _accumulate(acc, step)
-            step = following
-        else:
-            acc = _accumulate(acc, step)
-            step = _load_step(x_ptr, w_ptr, sz_ptr, w_offsets, n_mask4, x_offsets, x_tile, tile3, tile4, n3, N, KT,
-                              t0 + T, TILES_PER_GROUP)
+    for t0 in range(0, KT, T):  # the next step's loads are in flight while this step's arithmetic runs
+        following = _load_step(x_ptr, w_ptr, sz_ptr, w_offsets, n_mask4, x_offsets, x_tile, tile3, tile4, n3, N, KT,
+                               t0 + T, TILES_PER_GROUP)
+        acc = _accumulate(acc, step)
+        step = following
     out = gl.sum(acc, axis=2)
     if HAS_BIAS:
         out += gl.load(bias_ptr + n2, mask=n2 < N, other=0.0).to(gl.float32)
@@ -175,7 +169,7 @@ def _int4_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, N, KT, GROUP: gl.
 
 
 def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int,
-              bias: torch.Tensor | None = None, tile: tuple[int, int, int] | None = None) -> torch.Tensor:
+              bias: torch.Tensor | None = None, tile: tuple[int, int] | None = None) -> torch.Tensor:
     """x [1, K] bf16 (contiguous) times the int4 weight pack_int4_tinygemm made (int32 [N/8, K/32, 32, 1];
     scale_zeros bf16 [K/group, N, 2], group_size a multiple of 32) -> [1, N] bf16. NVIDIA GPUs only. tile: one of
     CANDIDATES instead of the one timed fastest (tests, benchmarks)."""
@@ -189,12 +183,11 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, 
     x_pairs = x.view(torch.int32)
     pairs = scale_zeros.view(torch.int32)
 
-    def launch(config: tuple[int, int, int]) -> None:
-        rows, warps, prefetch = config
+    def launch(config: tuple[int, int]) -> None:
+        rows, warps = config
         _int4_gemv_kernel[(-(-n // (8 * rows)),)](
             x_pairs, packed, pairs, bias if bias is not None else out, out, n, k // 32, GROUP=group_size, R=rows,
-            WARPS=warps, PREFETCH=bool(prefetch), HAS_BIAS=bias is not None, num_warps=warps,
-            **early_launch(x.device))
+            WARPS=warps, HAS_BIAS=bias is not None, num_warps=warps, **early_launch(x.device))
 
     launch(tile or timed_tile(("int4_gemv", n, k, group_size, x.device), launch, CANDIDATES, DEFAULT))
     return out
