@@ -26,23 +26,11 @@ import torch
 import triton
 import triton.language as tl
 
+from fasterllm.kernels.activation import ACTIVATIONS, activate
 from fasterllm.kernels.dependent_launch import early_launch, early_start
 from fasterllm.kernels.gemv import timed_tile
 from fasterllm.kernels.moe_align import align_by_expert
 from fasterllm.kernels.online_softmax import dot
-
-# act(gate) of launch 1: the activations gated FFNs use
-ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu": 2}
-
-
-@triton.jit
-def _act(g, ACT: tl.constexpr):
-    if ACT == 0:
-        return g / (1.0 + tl.exp(-g))
-    if ACT == 1:  # 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), tanh written out
-        inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-        return 0.5 * g * (2.0 / (1.0 + tl.exp(-2.0 * inner)))
-    return 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))
 
 
 @triton.jit
@@ -92,7 +80,7 @@ def _gate_up_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sums_ptr, num_sums, slots_
             scales = scale_ptr + expert.to(tl.int64) * stride_se + columns
             gate *= tl.load(scales, mask=columns < inter, other=0.0)[None, :]
             up *= tl.load(scales + inter, mask=columns < inter, other=0.0)[None, :]
-        gated = _act(gate, ACT) * up
+        gated = activate(gate, ACT) * up
         tl.store(out_ptr + rows[:, None] * stride_os + columns[None, :], gated.to(out_ptr.dtype.element_ty),
                  mask=valid[:, None] & (columns[None, :] < inter))
 
@@ -155,7 +143,7 @@ def _gate_up_rows_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, experts_ptr, hidden, 
         scales = scale_ptr + expert * stride_se + columns
         gate *= tl.load(scales, mask=c_mask, other=0.0)
         up *= tl.load(scales + inter, mask=c_mask, other=0.0)
-    gated = _act(gate, ACT) * up
+    gated = activate(gate, ACT) * up
     tl.store(out_ptr + slot * stride_os + columns, gated.to(out_ptr.dtype.element_ty), mask=c_mask)
 
 

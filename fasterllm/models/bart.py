@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fasterllm.config import KVCacheSpec
+from fasterllm.layers.activation import TORCH_ACTIVATIONS
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.attention_layer import Attention, CrossAttention
 from fasterllm.layers.linear import pack_linears
@@ -26,8 +27,6 @@ from fasterllm.layers.varlen_attention import VarlenBatch, varlen_attention
 from fasterllm.models.checkpoint_copier import CheckpointCopier
 from fasterllm.seq2seq_config import Seq2SeqConfig
 
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
 LEARNED_POSITIONS = ("bart", "mbart")  # the others' positions are fixed sinusoids
 LEARNED_POSITION_OFFSET = 2  # BART's learned position table keeps two rows before position 0
 
@@ -49,7 +48,8 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: Seq2SeqConfig):
         super().__init__()
         hidden = cfg.hidden_size
-        self.num_heads, self.pre_norm, self.act = cfg.encoder_attention_heads, cfg.pre_norm, ACTIVATIONS[cfg.activation]
+        self.num_heads, self.pre_norm = cfg.encoder_attention_heads, cfg.pre_norm
+        self.act = TORCH_ACTIVATIONS[cfg.activation]
         self.qkv_proj = nn.Linear(hidden, 3 * hidden)
         self.out_proj = nn.Linear(hidden, hidden)
         self.self_attn_layer_norm = nn.LayerNorm(hidden)
@@ -68,7 +68,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         hidden, heads = cfg.hidden_size, cfg.decoder_attention_heads
         self.num_heads, self.head_dim = heads, cfg.head_dim
-        self.pre_norm, self.act = cfg.pre_norm, ACTIVATIONS[cfg.activation]
+        self.pre_norm, self.act = cfg.pre_norm, TORCH_ACTIVATIONS[cfg.activation]
         self.qkv_proj = nn.Linear(hidden, 3 * hidden)
         self.self_attn = Attention(heads, heads, cfg.head_dim)
         self.out_proj = nn.Linear(hidden, hidden)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fasterllm.layers.activation import silu_and_mul
+from fasterllm.layers.activation import act_and_mul
 from fasterllm.layers.norm import RMSNorm
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -59,7 +59,7 @@ def test_per_token(dtype, q_dtype, width):
 def test_silu_and_mul_quantize_matches_the_float_activation(dtype, q_dtype):
     torch.manual_seed(1)
     gate_up = (3 * torch.randn(5, 2 * 1576, device=DEVICE)).to(dtype)
-    check(silu_and_mul_quantize(gate_up, q_dtype), silu_and_mul(gate_up), q_dtype)
+    check(silu_and_mul_quantize(gate_up, q_dtype), act_and_mul(gate_up), q_dtype)
 
 
 @pytest.mark.parametrize("with_residual", [False, True])
@@ -93,4 +93,4 @@ def test_model_shapes(q_dtype):
     x = torch.randn(256, 4096, device=DEVICE, dtype=torch.bfloat16)
     check(quantize_per_token(x, q_dtype), x, q_dtype)
     gate_up = torch.randn(64, 2 * 14336, device=DEVICE, dtype=torch.bfloat16)
-    check(silu_and_mul_quantize(gate_up, q_dtype), silu_and_mul(gate_up), q_dtype)
+    check(silu_and_mul_quantize(gate_up, q_dtype), act_and_mul(gate_up), q_dtype)
