@@ -16,8 +16,8 @@ half a byte (int4) each and widened in registers. Layouts (made by the quantizer
 The quantizers are the CPU layers' (layers/quantization/int8.py, int4.py); pack_int4_codes and pack_int4_tinygemm
 make the bytes. Row-major: one row goes through gemv.py's matrix-vector kernel, up to FUSED_MAX_ROWS through the
 kernel here (split K, quant_split_k.py). tinygemm's layout: one bf16 row through int4_gemv.py's Gluon kernel, up to
-TINYGEMM_MAX_ROWS bf16 rows through torch's kernel, other rows up to FUSED_MAX_ROWS through the kernel here. More rows (prefill) dequantize the weight once and
-call cuBLAS, compute-bound there anyway.
+TINYGEMM_MAX_ROWS bf16 rows through torch's kernel, other rows up to FUSED_MAX_ROWS through the kernel here. More
+rows (prefill) dequantize the weight once and call cuBLAS, compute-bound there anyway.
 """
 from __future__ import annotations
 
