@@ -41,6 +41,16 @@ DEFAULT = (2, 4)  # a shape timed nowhere (a graph capture's first call)
 
 
 @gluon.jit
+def _early_start(PDL: gl.constexpr):
+    """dependent_launch.early_start in Gluon: wait for the kernel before (all its writes visible), then let the next
+    kernel's programs start."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@gluon.jit
 def _nibble_values(words, SHIFT: gl.constexpr, HIGH: gl.constexpr):
     """The nibble at bits 16-19 (HIGH) or 12-15 of words << SHIFT (>> -SHIFT) as the float 1 + q / 128 or
     16 + q / 128: one lop3 ((w & mask) | magic)."""
@@ -72,7 +82,8 @@ def _rows_tiles(v):
 @gluon.jit
 def _load_weights(w_ptr, sz_ptr, w_offsets, n_mask4, tile3, tile4, n3, N, KT, t0, TILES_PER_GROUP: gl.constexpr):
     """The words [R, 8, T, 4] and (scale, zero) pairs [R, 8, T] of the tiles from t0; tiles past K read as zeros
-    (which add nothing)."""
+    (which add nothing). Weights only: no kernel writes them, so the first step's may be read before
+    _early_start (tests/kernels/test_dependent_launch.py allows this function there)."""
     words = gl.load(w_ptr + w_offsets + t0 * 32, mask=n_mask4 & (t0 + tile4 < KT), other=0)
     pairs = gl.load(sz_ptr + ((t0 + tile3) // TILES_PER_GROUP) * N + n3, mask=(n3 < N) & (t0 + tile3 < KT), other=0)
     return words, pairs
@@ -149,12 +160,9 @@ def _int4_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, N, KT, GROUP: gl.
     n_mask4 = gl.expand_dims(n3 < N, 3)
     x_offsets = gl.expand_dims(x_tile, 1) * 16 + gl.expand_dims(word, 0)  # [T, 4]: x's bf16 pair 2j of p = 0
     acc = gl.zeros([R, 8, T], gl.float32, layout=L3)
-    # the weights do not depend on the kernel before: their first loads are in flight before waiting for it
+    # no kernel writes the weights: their first loads are in flight before waiting for the kernel before
     words, pairs = _load_weights(w_ptr, sz_ptr, w_offsets, n_mask4, tile3, tile4, n3, N, KT, 0, TILES_PER_GROUP)
-    if PDL:  # wait for the kernel before (x), let the next one start
-        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
+    _early_start(PDL)
     x0, x1, x2, x3 = _load_x(x_ptr, x_offsets, x_tile, KT, 0)
     step = (words, x0, x1, x2, x3, pairs)
     for t0 in range(0, KT, T):  # the next step's loads are in flight while this step's arithmetic runs
