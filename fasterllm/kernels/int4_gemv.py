@@ -103,6 +103,7 @@ def _load_x(x_ptr, x_offsets, x_tile, KT, t0):
 @gluon.jit
 def _load_step(x_ptr, w_ptr, sz_ptr, w_offsets, n_mask4, x_offsets, x_tile, tile3, tile4, n3, N, KT, t0,
                TILES_PER_GROUP: gl.constexpr):
+    """One step's loads: the weights' and x's of the tiles from t0."""
     words, pairs = _load_weights(w_ptr, sz_ptr, w_offsets, n_mask4, tile3, tile4, n3, N, KT, t0, TILES_PER_GROUP)
     x0, x1, x2, x3 = _load_x(x_ptr, x_offsets, x_tile, KT, t0)
     return words, x0, x1, x2, x3, pairs
