@@ -21,11 +21,11 @@ import torch.nn.functional as F
 
 from fasterllm.kernels.quant_activation import (quantize_per_token, quantize_per_token_reference, rms_norm_quantize,
                                                 silu_and_mul_quantize)
-from fasterllm.kernels import gemv
+from fasterllm.kernels import gemv, tile_timer
 from fasterllm.kernels.quant_w8a8 import int8_gemm, int8_gemm_reference
 from fasterllm.kernels.quant_weight_only import (dequantize_reference, pack_int4_codes, tinygemm_reference,
                                                  weight_only_matmul, weight_only_matmul_reference)
-from fasterllm.layers.activation import silu_and_mul
+from fasterllm.layers.activation import act_and_mul
 from fasterllm.layers.norm import RMSNorm
 from fasterllm.layers.quantization.gpu import FP8Linear, Int4GPULinear
 from fasterllm.layers.quantization.int4 import GROUP_SIZE, quantize_int4_grouped
@@ -55,7 +55,7 @@ def time_it(fn, flush_l2: bool = True) -> float:
     of 7 replays. Graphs, as the engine's decode runs these kernels: timed eagerly, a few-microsecond kernel
     measures its Python launch instead (do_bench timed 95-370 us for kernels that take 15-25 us on the GPU).
     flush_l2=False: a graph of the 20 calls alone, for inputs a step has just written (still in L2)."""
-    fn()  # compile, and let first-call tile timing (gemv.py) happen outside the capture
+    fn()  # compile, and let first-call tile timing (tile_timer.py) happen outside the capture
 
     def replay_seconds(body) -> float:
         side = torch.cuda.Stream()
@@ -155,7 +155,7 @@ def bench_quantizers(rows: list[int]) -> None:
         cases = {
             "quant": (lambda: quantize_per_token(x)[0], lambda: quantize_per_token_reference(x)[0], 3 * x.numel()),
             "silu+q": (lambda: silu_and_mul_quantize(gate_up)[0],
-                       lambda: quantize_per_token_reference(silu_and_mul(gate_up))[0], 5 * gate_up.numel() // 2),
+                       lambda: quantize_per_token_reference(act_and_mul(gate_up))[0], 5 * gate_up.numel() // 2),
             "norm+q": (lambda: rms_norm_quantize(x, residual, norm.weight, 1e-5)[0],
                        lambda: quantize_per_token_reference(norm(x, residual)[0])[0], 7 * x.numel()),
         }
@@ -177,7 +177,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     bench_quantizers(args.rows)
     bench_matmuls(args.rows)
-    for key, tile in gemv.chosen_tiles().items():  # what the first calls timed best
+    for key, tile in tile_timer.chosen_tiles().items():  # what the first calls timed best
         print(f"matrix-vector tile for {key}: {tile}", flush=True)
 
 

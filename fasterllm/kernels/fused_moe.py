@@ -28,9 +28,10 @@ import triton.language as tl
 
 from fasterllm.kernels.activation import ACTIVATIONS, activate
 from fasterllm.kernels.dependent_launch import early_launch, early_start
-from fasterllm.kernels.gemv import timed_tile
+from fasterllm.kernels.gemv import CANDIDATES, DEFAULT
 from fasterllm.kernels.moe_align import align_by_expert
 from fasterllm.kernels.online_softmax import dot
+from fasterllm.kernels.tile_timer import timed_tile
 
 
 @triton.jit
@@ -275,7 +276,7 @@ def _launch(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
 def _launch_rows(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, routing_weights: torch.Tensor,
                  experts: torch.Tensor, activation: str, scales: tuple[torch.Tensor, torch.Tensor] | None
                  ) -> torch.Tensor:
-    """The few-slot launches: matrix-vector products, each launch's tile timed once per shape (gemv.timed_tile)."""
+    """The few-slot launches: matrix-vector products, each launch's tile (one of gemv's) timed once per shape."""
     num_tokens, hidden_size = hidden.shape
     num_experts, double_inter, _ = w_gate_up.shape
     inter, top_k = double_inter // 2, experts.shape[1]
@@ -301,6 +302,6 @@ def _launch_rows(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Te
             SCALED=scales is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **pdl)
 
     shape = (num_tokens, top_k, hidden_size, inter, w_gate_up.dtype, hidden.dtype)
-    gate_up(timed_tile(("moe gate_up", *shape, hidden.device), gate_up))
-    down(timed_tile(("moe down", *shape, hidden.device), down))
+    gate_up(timed_tile(("moe gate_up", *shape, hidden.device), gate_up, CANDIDATES, DEFAULT))
+    down(timed_tile(("moe down", *shape, hidden.device), down, CANDIDATES, DEFAULT))
     return out

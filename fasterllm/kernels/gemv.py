@@ -18,8 +18,8 @@ only once it starts. Fetching its weight rows into L2 before that wait did not p
 5.94-6.04 ms fetching whole rows, 5.69 ms the first chunk of each, 5.60-5.61 ms without; benchmarks/RESULTS.md).
 
 The best tile depends on the shape and the GPU, so the first call of each shape on a GPU times a few candidate
-tiles (CUDA events, outside any graph capture) and keeps the fastest; the engine's warm-up before capturing
-its decode graphs makes that first call.
+tiles (kernels/tile_timer.py) and keeps the fastest; the engine's warm-up before capturing its decode graphs makes
+that first call.
 """
 from __future__ import annotations
 
@@ -30,14 +30,14 @@ import triton.language as tl
 from fasterllm.kernels.dependent_launch import early_launch, early_start
 from fasterllm.kernels.one_shot_all_reduce import RankBuffers, push_for_next_call
 from fasterllm.kernels.quant_activation import compiled_for_gpu
+from fasterllm.kernels.tile_timer import timed_tile
 
 # (BLOCK_N, BLOCK_B weights per row per step (int4: bytes), num_warps): small BLOCK_N keeps thousands of programs
 # streaming for 4096-wide outputs; larger chunks keep more bytes in flight per program
-_CANDIDATES = [(1, 2048, 4), (2, 1024, 4), (2, 2048, 4), (4, 512, 4), (4, 1024, 4), (4, 1024, 8), (8, 512, 4),
-               (8, 1024, 8), (16, 256, 4), (16, 512, 8)]
-_DEFAULT = (4, 512, 4)  # the CPU interpreter and shapes timed nowhere
-_chosen: dict[tuple, tuple[int, ...]] = {}
-_QUEUE_CYCLES = 10_000_000  # ~5 ms of GPU clock: enough to queue the timed runs behind it
+# (fused_moe.py's few-slot launches take the same tiles)
+CANDIDATES = [(1, 2048, 4), (2, 1024, 4), (2, 2048, 4), (4, 512, 4), (4, 1024, 4), (4, 1024, 8), (8, 512, 4),
+              (8, 1024, 8), (16, 256, 4), (16, 512, 8)]
+DEFAULT = (4, 512, 4)  # the CPU interpreter and shapes timed nowhere
 
 
 @triton.jit
@@ -194,41 +194,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = No
             num_warps=warps, **early_launch(x.device))
 
     # the tile is timed writing out, never pushing: a timed push would fill a slot no all-reduce empties
-    launch(timed_tile((n, k, weight.dtype, group_size, grouped_bits, x.dtype, x.device), launch), push_to)
+    launch(timed_tile((n, k, weight.dtype, group_size, grouped_bits, x.dtype, x.device), launch, CANDIDATES,
+                      DEFAULT), push_to)
     return out if push_to is None else None
-
-
-def timed_tile(key: tuple, launch, candidates: list[tuple[int, ...]] = _CANDIDATES,
-               default: tuple[int, ...] = _DEFAULT) -> tuple[int, ...]:
-    """The fastest of candidates (gemv's: (BLOCK_N, BLOCK_B, num_warps)) for key (a shape; the device last),
-    launch(tile) timed on its first call on a GPU (not while a graph captures: default then). Other matrix-vector
-    kernels (fused_moe.py's, int4_gemv.py's) use it too."""
-    if key in _chosen:
-        return _chosen[key]
-    device = key[-1]
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return default
-    # decode reads W from HBM, not from L2: a buffer twice the L2 is written between runs
-    flush = torch.empty(2 * torch.cuda.get_device_properties(device).L2_cache_size, dtype=torch.uint8, device=device)
-    timings = {}
-    for config in candidates:
-        launch(config)  # compile
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(7)]
-        # the GPU sleeps while the runs are queued behind it, so the events time the kernels, not their Python
-        # launches (which take longer than a small projection's kernel and made the choice a coin toss)
-        torch.cuda._sleep(_QUEUE_CYCLES)
-        for start, end in events:
-            flush.zero_()
-            start.record()
-            launch(config)
-            end.record()
-        torch.cuda.synchronize(device)
-        timings[config] = sorted(start.elapsed_time(end) for start, end in events)[len(events) // 2]
-    _chosen[key] = min(timings, key=timings.get)
-    return _chosen[key]
-
-
-def chosen_tiles() -> dict[tuple, tuple[int, ...]]:
-    """Each shape timed so far -> its fastest tile: gemv's (N, K, weight dtype, group, grouped bits, x dtype, device)
-    -> (BLOCK_N, BLOCK_B, num_warps); the other kernels' keys and tiles are theirs."""
-    return dict(_chosen)

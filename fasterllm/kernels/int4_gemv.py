@@ -22,7 +22,7 @@ thread keeps its codes and the x they meet in its own registers:
   group of 32-256 k.
 
 About 3.4-3.7 instructions a weight (sm_90 SASS, R = 4-8). Launched with PDL where the GPU has it
-(dependent_launch.py). Its tile (R, warps) is timed once per shape, as gemv.py's is. Triton's interpreter cannot run
+(dependent_launch.py). Its tile (R, warps) is timed once per shape (tile_timer.py). Triton's interpreter cannot run
 Gluon: CI tests the layout and the arithmetic above in torch (tests/kernels/test_int4_gemv.py), the GPU tests run
 the kernel against tinygemm_reference.
 """
@@ -33,9 +33,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from fasterllm.kernels.dependent_launch import early_launch
-from fasterllm.kernels.gemv import timed_tile
+from fasterllm.kernels.tile_timer import timed_tile
 
-# (R rows a thread, num_warps), each the fastest at one of the 8B projections on an H100 (RESULTS.md)
+# (R rows a thread, num_warps), each the fastest at one of the 8B projections on an H100 (RESULTS.md): tile_timer's
+# candidates
 CANDIDATES = [(1, 8), (2, 4), (2, 8), (4, 4), (4, 8)]
 DEFAULT = (2, 4)  # a shape timed nowhere (a graph capture's first call)
 
