@@ -28,7 +28,7 @@ import triton.language as tl
 
 from fasterllm.kernels.activation import ACTIVATIONS, activate
 from fasterllm.kernels.dependent_launch import early_launch, early_start
-from fasterllm.kernels.gemv import CANDIDATES, DEFAULT
+from fasterllm.kernels.gemv import CANDIDATES, DEFAULT, add_chunk_product, load_weight_chunk
 from fasterllm.kernels.moe_align import align_by_expert
 from fasterllm.kernels.online_softmax import dot
 from fasterllm.kernels.tile_timer import timed_tile
@@ -115,15 +115,12 @@ def _down_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, slots_ptr, tile_experts_ptr, 
 
 @triton.jit
 def _weight_rows_dot(rows, x_row, k_size, n_mask, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    """[BLOCK_N] fp32: the weight rows at rows (pointers [BLOCK_N, 1]) times the k_size values at x_row."""
+    """[BLOCK_N] fp32: the weight rows starting at rows (pointers [BLOCK_N]) times the k_size values at x_row, in
+    gemv.py's chunks."""
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(0, k_size, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_mask = ks < k_size
-        x = tl.load(x_row + ks, mask=k_mask, other=0.0).to(tl.float32)
-        w = tl.load(rows + ks[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
-                    eviction_policy="evict_first")
-        acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        acc = add_chunk_product(acc, load_weight_chunk(rows, n_mask, k0, k_size, BLOCK_K, False), x_row, k0, k_size,
+                                BLOCK_K, False, False)
     return acc
 
 
@@ -136,7 +133,7 @@ def _gate_up_rows_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, experts_ptr, hidden, 
     expert = tl.load(experts_ptr + slot).to(tl.int64)
     columns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     c_mask = columns < inter
-    gate_rows = w_ptr + expert * stride_we + columns[:, None].to(tl.int64) * stride_wn
+    gate_rows = w_ptr + expert * stride_we + columns.to(tl.int64) * stride_wn
     x_row = x_ptr + (slot // TOP_K) * stride_xt
     gate = _weight_rows_dot(gate_rows, x_row, hidden, c_mask, BLOCK_K, BLOCK_N)
     up = _weight_rows_dot(gate_rows + inter * stride_wn, x_row, hidden, c_mask, BLOCK_K, BLOCK_N)

@@ -68,7 +68,7 @@ def bytes_as_floats(codes, SIGNED: tl.constexpr):
 
 
 @triton.jit
-def _load_weights(w_rows, n_mask, k0, K, BLOCK_B: tl.constexpr, EVEN_K: tl.constexpr):
+def load_weight_chunk(w_rows, n_mask, k0, K, BLOCK_B: tl.constexpr, EVEN_K: tl.constexpr):
     """Columns k0 .. k0 + BLOCK_B of the float or int8 weight rows. Weights only: no kernel writes them, so the
     first chunk's may be read before early_start (tests/kernels/test_dependent_launch.py allows this function
     there)."""
@@ -78,7 +78,7 @@ def _load_weights(w_rows, n_mask, k0, K, BLOCK_B: tl.constexpr, EVEN_K: tl.const
 
 
 @triton.jit
-def _float_chunk(acc, w, x_ptr, k0, K, BLOCK_B: tl.constexpr, HAS_SCALE: tl.constexpr, PRMT: tl.constexpr):
+def add_chunk_product(acc, w, x_ptr, k0, K, BLOCK_B: tl.constexpr, HAS_SCALE: tl.constexpr, PRMT: tl.constexpr):
     """acc plus the weight chunk w (float, or int8 codes: HAS_SCALE) times x's columns k0 .. k0 + BLOCK_B."""
     k = k0 + tl.arange(0, BLOCK_B)
     x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
@@ -100,7 +100,7 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, buffers_pt
     w_rows = w_ptr + rn.to(tl.int64) * stride_wn
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     if GROUPED_BITS == 0 and not HAS_SCALE:  # float weights, which no kernel writes: the first chunk's load is in
-        w = _load_weights(w_rows, n_mask, 0, K, BLOCK_B, EVEN_K)  # flight before waiting (int8's lost: RESULTS.md)
+        w = load_weight_chunk(w_rows, n_mask, 0, K, BLOCK_B, EVEN_K)  # flight before waiting (int8's lost: RESULTS.md)
     early_start(PDL)
     if GROUPED_BITS == 4:
         GROUPS: tl.constexpr = 2 * BLOCK_B // GROUP  # whole groups per chunk: BLOCK_B bytes = 2 * BLOCK_B k
@@ -146,10 +146,10 @@ def _gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, buffers_pt
             acc += tl.sum(scale * codes_x + minimum * tl.sum(x, axis=1)[None, :], axis=1)
     else:
         if not HAS_SCALE:
-            acc = _float_chunk(acc, w, x_ptr, 0, K, BLOCK_B, HAS_SCALE, PRMT)
+            acc = add_chunk_product(acc, w, x_ptr, 0, K, BLOCK_B, HAS_SCALE, PRMT)
         for k0 in range(0 if HAS_SCALE else BLOCK_B, K, BLOCK_B):
-            acc = _float_chunk(acc, _load_weights(w_rows, n_mask, k0, K, BLOCK_B, EVEN_K), x_ptr, k0, K, BLOCK_B,
-                               HAS_SCALE, PRMT)
+            w = load_weight_chunk(w_rows, n_mask, k0, K, BLOCK_B, EVEN_K)
+            acc = add_chunk_product(acc, w, x_ptr, k0, K, BLOCK_B, HAS_SCALE, PRMT)
         if HAS_SCALE:  # int8: one scale per row of W
             acc = acc * tl.load(scale_ptr + rn, mask=n_mask, other=0.0)
     if HAS_BIAS:

@@ -81,7 +81,7 @@ def _rows_tiles(v):
 
 
 @gluon.jit
-def _load_weights(w_ptr, sz_ptr, w_offsets, n_mask4, tile3, tile4, n3, N, KT, t0, TILES_PER_GROUP: gl.constexpr):
+def load_weight_chunk(w_ptr, sz_ptr, w_offsets, n_mask4, tile3, tile4, n3, N, KT, t0, TILES_PER_GROUP: gl.constexpr):
     """The words [R, 8, T, 4] and (scale, zero) pairs [R, 8, T] of the tiles from t0; tiles past K read as zeros
     (which add nothing). Weights only: no kernel writes them, so the first step's may be read before
     _early_start (tests/kernels/test_dependent_launch.py allows this function there)."""
@@ -105,7 +105,7 @@ def _load_x(x_ptr, x_offsets, x_tile, KT, t0):
 def _load_step(x_ptr, w_ptr, sz_ptr, w_offsets, n_mask4, x_offsets, x_tile, tile3, tile4, n3, N, KT, t0,
                TILES_PER_GROUP: gl.constexpr):
     """One step's loads: the weights' and x's of the tiles from t0."""
-    words, pairs = _load_weights(w_ptr, sz_ptr, w_offsets, n_mask4, tile3, tile4, n3, N, KT, t0, TILES_PER_GROUP)
+    words, pairs = load_weight_chunk(w_ptr, sz_ptr, w_offsets, n_mask4, tile3, tile4, n3, N, KT, t0, TILES_PER_GROUP)
     x0, x1, x2, x3 = _load_x(x_ptr, x_offsets, x_tile, KT, t0)
     return words, x0, x1, x2, x3, pairs
 
@@ -163,7 +163,7 @@ def _int4_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, N, KT, GROUP: gl.
     x_offsets = gl.expand_dims(x_tile, 1) * 16 + gl.expand_dims(word, 0)  # [T, 4]: x's bf16 pair 2j of p = 0
     acc = gl.zeros([R, 8, T], gl.float32, layout=L3)
     # no kernel writes the weights: their first loads are in flight before waiting for the kernel before
-    words, pairs = _load_weights(w_ptr, sz_ptr, w_offsets, n_mask4, tile3, tile4, n3, N, KT, 0, TILES_PER_GROUP)
+    words, pairs = load_weight_chunk(w_ptr, sz_ptr, w_offsets, n_mask4, tile3, tile4, n3, N, KT, 0, TILES_PER_GROUP)
     _early_start(PDL)
     x0, x1, x2, x3 = _load_x(x_ptr, x_offsets, x_tile, KT, 0)
     step = (words, x0, x1, x2, x3, pairs)

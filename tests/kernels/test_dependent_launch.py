@@ -4,8 +4,8 @@ A kernel launched with PDL may start while the kernel before it still runs; if i
 `early_start(PDL)` it would race with that kernel, on Hopper GPUs only and only now and then. So the rule of
 kernels/dependent_launch.py is checked on the source: each `kernel[grid](..., **early_launch(device))` in
 fasterllm/kernels launches a function in which no statement before `early_start(PDL)` (`_early_start(PDL)` in a
-Gluon kernel) loads, stores or calls a helper that does, except `_load_weights`: a layer's weights, which no kernel
-writes while decode steps run (kernels/int4_gemv.py's first step).
+Gluon kernel) loads, stores or calls a helper that does, except `load_weight_chunk`: a layer's weights, which no
+kernel writes while decode steps run (the first chunk of gemv.py's float weights and of int4_gemv.py's).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _early_launches(tree: ast.Module) -> set[str]:
 
 
 MEMORY_OPS = {"load", "store", "atomic_add", "atomic_cas", "atomic_xchg", "atomic_max", "atomic_min"}
-WEIGHT_LOADS = "_load_weights"
+WEIGHT_LOADS = "load_weight_chunk"
 
 
 def _is_early_start(statement: ast.stmt) -> bool:
