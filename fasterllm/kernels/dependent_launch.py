@@ -17,11 +17,12 @@ launched with PDL, or whose previous kernel never signals (cuBLAS, torch's own),
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from fasterllm.kernels.triton_target import interpreting
 
 
 def early_launch(device: torch.device) -> dict[str, bool]:
@@ -34,12 +35,6 @@ def early_launch(device: torch.device) -> dict[str, bool]:
 @functools.cache
 def _pdl_capable(index: int | None) -> bool:
     return not interpreting() and torch.cuda.get_device_capability(index)[0] >= 9
-
-
-def interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET on, in any of Triton's true spellings)
-    rather than compiling them."""
-    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
 
 
 @triton.jit

@@ -29,8 +29,8 @@ import triton.language as tl
 
 from fasterllm.kernels.dependent_launch import early_launch, early_start
 from fasterllm.kernels.one_shot_all_reduce import RankBuffers, push_for_next_call
-from fasterllm.kernels.quant_activation import compiled_for_gpu
 from fasterllm.kernels.tile_timer import timed_tile
+from fasterllm.kernels.triton_target import compiled_for_gpu
 
 # (BLOCK_N, BLOCK_B weights per row per step (int4: bytes), num_warps): small BLOCK_N keeps thousands of programs
 # streaming for 4096-wide outputs; larger chunks keep more bytes in flight per program

@@ -14,7 +14,8 @@ import triton
 import triton.language as tl
 
 from fasterllm.kernels.dependent_launch import early_launch, early_start
-from fasterllm.kernels.quant_activation import compiled_for_gpu, to_quantized
+from fasterllm.kernels.quant_activation import to_quantized
+from fasterllm.kernels.triton_target import compiled_for_gpu
 from fasterllm.layers.kv_cache_dtype import FP8_KV_DTYPE, cache_values
 
 

@@ -15,7 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fasterllm.kernels.dependent_launch import early_launch, early_start, interpreting
+from fasterllm.kernels.dependent_launch import early_launch, early_start
+from fasterllm.kernels.triton_target import compiled_for_gpu
 
 # columns a program holds at once: a whole Llama-3-8B intermediate row (14336), read once and quantized from registers;
 # wider rows loop twice (absmax, then quantize) in steps of this many (2048 a step took 11 us a row on an H100)
@@ -125,12 +126,6 @@ def _rms_norm_quantize_kernel(x_ptr, residual_ptr, weight_ptr, q_ptr, scale_ptr,
 def _warps(row_block: int) -> int:
     """Warps for a program holding row_block values of a row at once (16 warps from 4097 on)."""
     return 4 if row_block <= 1024 else 8 if row_block <= 4096 else 16
-
-
-def compiled_for_gpu(x: torch.Tensor) -> bool:
-    """Whether Triton compiles for x's device, a GPU, rather than interpreting: then its fp8 casts round to nearest,
-    and inline PTX runs on NVIDIA GPUs."""
-    return x.is_cuda and not interpreting()
 
 
 def _check_target(x: torch.Tensor, q_dtype: torch.dtype) -> None:

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from fasterllm.kernels.dependent_launch import early_launch, early_start
 from fasterllm.kernels.kv_store import check_store_args, to_cache_values
-from fasterllm.kernels.quant_activation import compiled_for_gpu
+from fasterllm.kernels.triton_target import compiled_for_gpu
 
 
 @triton.jit
