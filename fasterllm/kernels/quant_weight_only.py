@@ -314,8 +314,9 @@ def tinygemm_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Te
     if x.stride(-1) != 1 or w.k != k:
         raise ValueError(f"x {tuple(x.shape)} (contiguous last dim) does not fit the int4 weight [{w.n}, {w.k}]")
     bf16_on_nvidia = x.dtype == scale_zeros.dtype == torch.bfloat16 and tinygemm_kernel_available(x.device)
-    if m == 1 and bf16_on_nvidia and _gluon_int4_gemv() is not None:
-        return _gluon_int4_gemv()(x, packed, scale_zeros, group_size, bias)
+    one_row_kernel = _gluon_int4_gemv() if m == 1 and bf16_on_nvidia else None
+    if one_row_kernel is not None:
+        return one_row_kernel(x, packed, scale_zeros, group_size, bias)
     if 0 < m <= TINYGEMM_MAX_ROWS and bf16_on_nvidia:
         out = torch._weight_int4pack_mm(x.contiguous(), packed, group_size, scale_zeros)
         return out if bias is None else out + bias
