@@ -89,13 +89,20 @@ def select_beams(logits: torch.Tensor, chunks: SearchChunks,
         scores.append([slot_scores[slot] for slot in slot_order] + [float("-inf")] * padding)
         order.append(slot_order + list(range(state.width, width)))
         row += num_slots
-    logprobs = torch.cat([logits.log_softmax(dim=-1), logits.new_full((1, vocab), float("-inf"))])
-    ranked = logprobs[host_to_device(index, torch.long, device)] + host_to_device(scores, torch.float32, device)[
-        :, :, None]  # [searches, W, V]: cumulative logprob of every continuation, slots best first
-    order_t = host_to_device(order, torch.long, device)
     num_candidates = max(state.num_candidates for state in states)
-    top_scores, top = ranked.view(len(states), width * vocab).topk(num_candidates, dim=-1)
-    tokens, slots = top % vocab, order_t.gather(1, top // vocab)
+    # only a row's best num_candidates tokens can be among its search's best num_candidates: each row's are taken
+    # first, so no other [rows, V] tensor than the logprobs is made
+    top_logprobs, top_tokens = logits.log_softmax(dim=-1).topk(min(num_candidates, vocab), dim=-1)
+    top_logprobs = torch.cat([top_logprobs, top_logprobs.new_full((1, top_logprobs.shape[1]), float("-inf"))])
+    top_tokens = torch.cat([top_tokens, torch.zeros_like(top_tokens[:1])])
+    index_t = host_to_device(index, torch.long, device)
+    ranked = top_logprobs[index_t] + host_to_device(scores, torch.float32, device)[:, :, None]
+    # [searches, W, K]: cumulative logprob of each slot's best continuations, slots best first
+    order_t = host_to_device(order, torch.long, device)
+    per_slot = ranked.shape[2]
+    top_scores, top = ranked.view(len(states), width * per_slot).topk(num_candidates, dim=-1)
+    tokens = top_tokens[index_t].view(len(states), width * per_slot).gather(1, top)
+    slots = order_t.gather(1, top // per_slot)
     longest_eos = max(1, max(len(state.eos_token_ids) for state in states))
     eos = host_to_device([s.eos_token_ids + [-1] * (longest_eos - len(s.eos_token_ids)) for s in states],
                          torch.long, device)
