@@ -15,6 +15,7 @@ from fasterllm.config import EngineArgs, SchedulerConfig
 from fasterllm.distributed.symmetric_all_reduce import try_symmetric_all_reduce
 from fasterllm.distributed.tensor_parallel import init_tensor_parallel
 from fasterllm.loader.checkpoint import Checkpoint, open_checkpoint
+from fasterllm.worker.cpu_heap import keep_freed_memory
 from fasterllm.worker.model_runner import ModelRunner
 
 
@@ -41,6 +42,8 @@ def init_worker(config: WorkerConfig, rank: int = 0, init_method: str | None = N
         torch.cuda.set_device(device)
     elif device.type == "cpu" and size > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+    if device.type == "cpu":
+        keep_freed_memory()
     torch.manual_seed(args.seed)  # every rank alike: they sample the same tokens from the same logits
     tp = init_tensor_parallel(rank, size, init_method, device)
     checkpoint = checkpoint or open_checkpoint(args.model, args.tokenizer)
