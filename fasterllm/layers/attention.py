@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -51,6 +51,10 @@ class DecodeGroup:
     # mask
     block_table: torch.Tensor | None = None
     key_ranges: torch.Tensor | None = None
+    # cross-attention, where runs of rows share one cross block table (a beam search's slots): (which row each of
+    # [runs * g] query places takes, a run's own rows then copies of its first; where each row's result lies in
+    # those places; g). blocks, mask and keys are then the runs', whose rows become query rows of one attention
+    query_runs: tuple[torch.Tensor, torch.Tensor, int] | None = None
 
 
 @dataclass
@@ -169,8 +173,8 @@ class AttentionMetadata:
                 mask = torch.ones(query_len, encoder_len, dtype=torch.bool, device=device)
                 prefills.append(PrefillGroup(start, start + query_len, blocks, mask))
             start += query_len
-        decode = _decode_group(decode_rows, query_lens, encoder_lens, cross_tables, block_size, device,
-                               None) if decode_rows else None
+        decode = _cross_decode_group(decode_rows, query_lens, encoder_lens, cross_tables, block_size,
+                                     device) if decode_rows else None
         empty = torch.empty(0, dtype=torch.long, device=device)
         return AttentionMetadata(empty, empty, start, prefills, decode)
 
@@ -205,6 +209,30 @@ def _decode_group(rows: list[int], query_lens: list[int], seq_lens: list[int], b
     return DecodeGroup(token_index, blocks.view(-1), mask[:, None, None, :].to(device),
                        slice(0, num_blocks * block_size), [n - 1 for n in lens], blocks,
                        torch.tensor([starts, lens], dtype=torch.long).t().contiguous())
+
+
+def _cross_decode_group(rows: list[int], query_lens: list[int], encoder_lens: list[int], cross_tables: list[list[int]],
+                        block_size: int, device: torch.device) -> DecodeGroup:
+    """The decode rows' cross-attention. Consecutive rows with one cross block table (the slots of a beam search,
+    which share the request's cross blocks) read those blocks once, their queries as rows of one attention, padded
+    to the longest run: the gather and the attention per block move a run's worth once, not once a slot."""
+    per_row = _decode_group(rows, query_lens, encoder_lens, cross_tables, block_size, device, None)
+    runs = [0]  # the start of each run, as positions in rows
+    for i in range(1, len(rows)):
+        if cross_tables[rows[i]] != cross_tables[rows[i - 1]]:
+            runs.append(i)
+    if len(runs) == len(rows):
+        return per_row
+    lengths = [end - start for start, end in zip(runs, runs[1:] + [len(rows)])]
+    longest = max(lengths)
+    places, results = [], []
+    for run, (start, length) in enumerate(zip(runs, lengths)):
+        places.extend(list(range(start, start + length)) + [start] * (longest - length))
+        results.extend(range(run * longest, run * longest + length))
+    per_run = _decode_group([rows[start] for start in runs], query_lens, encoder_lens, cross_tables, block_size,
+                            device, None)
+    return replace(per_row, blocks=per_run.blocks, mask=per_run.mask, keys=per_run.keys,
+                   query_runs=(torch.tensor(places, device=device), torch.tensor(results, device=device), longest))
 
 
 def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv_cache: torch.Tensor,
@@ -332,14 +360,24 @@ def _decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, d: DecodeGrou
         return cpu_attention.decode_attention(query, kv_cache, d.block_table, d.key_ranges, scale)
     batch, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[-2]
+    group = num_heads // num_kv_heads
+    rows_each = 1 if d.query_runs is None else d.query_runs[2]
+    if d.query_runs is not None:  # a run's rows, [runs, g, H, D], become query rows: [runs, Hkv, g * group, D]
+        query = query.index_select(0, d.query_runs[0])
+        batch = query.shape[0] // rows_each
     # each KV head's query heads become rows of one query block: no K/V repeat needed
-    q = query.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    q = query.view(batch, rows_each, num_kv_heads, group, head_dim).transpose(1, 2).reshape(
+        batch, num_kv_heads, rows_each * group, head_dim)
     kv = _read_blocks(kv_cache, d.blocks, query.dtype, kv_scales)  # K and V together: a view, or one gather
     kv = kv.view(2, batch, -1, num_kv_heads, head_dim)[:, :, d.keys].transpose(2, 3)
     mask = d.mask
     if mask is not None and mask.shape[1] == num_heads:  # an additive mask per query head: rows of its KV head
-        mask = mask.view(mask.shape[0], num_kv_heads, num_heads // num_kv_heads, -1)
-    return _attend(q, kv[0], kv[1], mask, scale, softcap).reshape(batch, num_heads, head_dim)
+        mask = mask.view(mask.shape[0], num_kv_heads, group, -1)
+    out = _attend(q, kv[0], kv[1], mask, scale, softcap)
+    if d.query_runs is None:
+        return out.reshape(batch, num_heads, head_dim)
+    out = out.view(batch, num_kv_heads, rows_each, group, head_dim).transpose(1, 2)
+    return out.reshape(batch * rows_each, num_heads, head_dim).index_select(0, d.query_runs[1])
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,

@@ -73,3 +73,27 @@ def test_store_kv_writes_keys_and_values_to_their_slots():
     assert torch.equal(cache[0, 6, 3], key[0]) and torch.equal(cache[1, 6, 3], value[0])
     assert torch.equal(cache[0, 1, 0], key[1]) and torch.equal(cache[1, 1, 0], value[1])
     assert torch.count_nonzero(cache) == 2 * 2 * NUM_KV_HEADS * HEAD_DIM  # nothing else written
+
+
+def test_cross_attention_rows_sharing_blocks_match_each_row_alone():
+    """Cross-attention where runs of decode rows share one cross block table (a beam search's slots: runs of 3, 1 and
+    2 here, the 1-run padded to the others' length) and a two-token chunk sits among them: every row attends to all
+    of its table's encoder keys, as it would alone."""
+    torch.manual_seed(0)
+    tables = {"a": [3, 4], "b": [9], "c": [0, 7, 2], "d": [5]}
+    encoder_lens = {"a": 6, "b": 3, "c": 10, "d": 4}
+    rows = ["a", "a", "a", "b", "c", "d", "d"]
+    query_lens = [1, 1, 1, 2, 1, 1, 1]
+    encoded = {name: torch.randn(2, n, NUM_KV_HEADS, HEAD_DIM) for name, n in encoder_lens.items()}
+    cache = cache_holding(list(encoded.values()), list(tables.values()))
+    meta = AttentionMetadata.build_cross(query_lens, [encoder_lens[r] for r in rows], [tables[r] for r in rows],
+                                         BLOCK_SIZE, CPU)
+    assert meta.decode.query_runs is not None and meta.decode.query_runs[2] == 3  # the path named is the path tested
+    queries = torch.randn(sum(query_lens), NUM_HEADS, HEAD_DIM)
+    got = paged_attention(queries, None, None, cache, meta, HEAD_DIM ** -0.5)
+    token = 0
+    for name, count in zip(rows, query_lens):
+        for _ in range(count):
+            torch.testing.assert_close(got[token], reference(queries[token], encoded[name], None), atol=1e-6,
+                                       rtol=1e-6)
+            token += 1
