@@ -50,10 +50,10 @@ def cpu_flags() -> set[str]:
 
 
 def _int8_matmul_is_exact() -> bool:
-    """Whether torch._int_mm sums int8 products exactly here. Without VNNI (AVX2, AVX-512 before Cascade Lake) oneDNN
-    shifts one operand to u8 and adds pairs of u8 x s8 products in int16, which saturates: 127 x 127 rows came out
-    tens of thousands off (torch 2.13). Asked once with such rows rather than read from flags, since
-    ONEDNN_MAX_CPU_ISA may cap oneDNN below what the flags say."""
+    """Whether torch._int_mm sums int8 products exactly here. Without VNNI oneDNN may shift one operand to u8 and add
+    pairs of u8 x s8 products in int16, which saturates: 127 x 127 rows came out tens of thousands off (torch 2.13, an
+    AVX-512 machine capped to AVX2), while an AVX2-only Zen 3 summed them exactly. Asked once with such rows rather
+    than read from flags, since neither the flags nor ONEDNN_MAX_CPU_ISA tell which kernel oneDNN runs."""
     a = torch.full((1, 64), 127, dtype=torch.int8)
     b = torch.full((64, 8), -127, dtype=torch.int8)
     try:
