@@ -51,9 +51,9 @@ class DecodeGroup:
     # mask
     block_table: torch.Tensor | None = None
     key_ranges: torch.Tensor | None = None
-    # cross-attention, where runs of rows share one cross block table (a beam search's slots): (which row each of
-    # [runs * g] query places takes, a run's own rows then copies of its first; where each row's result lies in
-    # those places; g). blocks, mask and keys are then the runs', whose rows become query rows of one attention
+    # cross-attention where runs of consecutive rows share one cross block table (a beam search's slots), each run
+    # padded to g rows: (the row each of the [runs * g] query places reads, a run's rows then repeats of its first;
+    # the place of each row's result; g). blocks, mask and keys are then the runs'
     query_runs: tuple[torch.Tensor, torch.Tensor, int] | None = None
 
 
