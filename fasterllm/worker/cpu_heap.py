@@ -4,9 +4,9 @@ A CPU step allocates tensors of tens of MB (128 beam rows of logits over a 58k v
 by its end. glibc serves such sizes with fresh mmap pages, or trims the heap's top back to the system, so every step
 takes them again page by page: each first touch is a page fault, and on a VM one costs microseconds (a 30 MB
 log_softmax took 32 ms inside a beam-search step, 7 ms on its own). Raising the mmap threshold to 256 MiB (32 MiB
-where an older glibc refuses more) and the trim threshold to 1 GiB keeps those pages in the process, as tcmalloc or jemalloc would, which
-vLLM's CPU backend asks for through LD_PRELOAD. It is a process-wide setting: an LLM made in the caller's process
-sets it there too. Where the C library is not glibc nothing changes.
+where an older glibc refuses more) and the trim threshold to 1 GiB keeps those pages in the process, as tcmalloc or
+jemalloc would, which vLLM's CPU backend asks for through LD_PRELOAD. It is a process-wide setting: an LLM made in
+the caller's process sets it there too. Where the C library is not glibc nothing changes.
 """
 from __future__ import annotations
 
