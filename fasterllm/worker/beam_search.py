@@ -132,11 +132,11 @@ def select_beams(logits: torch.Tensor, chunks: SearchChunks,
         out = torch.full((len(states), width + 1), fill, dtype=values.dtype, device=device)
         return out.scatter_(1, target, values)[:, :width]
 
-    return [chunks.search_ids[i] for i in picked], {"candidate_slots": slots[:, :width], "candidate_tokens": tokens[:, :width],
-            "candidate_scores": top_scores[:, :width], "candidate_eos": is_eos[:, :width],
-            "slot_parents": by_slot(parents, 0), "slot_tokens": by_slot(next_tokens, 0),
-            "slot_scores": by_slot(next_scores, float("-inf")),
-            "order": torch.where(in_width, target, columns)}
+    return [chunks.search_ids[i] for i in picked], {
+        "candidate_slots": slots[:, :width], "candidate_tokens": tokens[:, :width],
+        "candidate_scores": top_scores[:, :width], "candidate_eos": is_eos[:, :width],
+        "slot_parents": by_slot(parents, 0), "slot_tokens": by_slot(next_tokens, 0),
+        "slot_scores": by_slot(next_scores, float("-inf")), "order": torch.where(in_width, target, columns)}
 
 
 def selection_on_host(search_ids: list[str], tensors: dict) -> SearchSelection:

@@ -225,8 +225,10 @@ class ModelRunner:
             logits_rows.extend([len(token_ids) - 1] * num_samples)
         cross = None
         if self.encoder_decoder:
-            cross = ([len(s.encoder_token_ids) for s in scheduled_states], [s.cross_block_table for s in scheduled_states])
-        search_rows = stage_search_rows(searches, self.requests.searches, token_ids, query_lens, seq_lens, tables, cross)
+            cross = ([len(s.encoder_token_ids) for s in scheduled_states],
+                     [s.cross_block_table for s in scheduled_states])
+        search_rows = stage_search_rows(searches, self.requests.searches, token_ids, query_lens, seq_lens, tables,
+                                        cross)
         logits_rows.extend(search_rows.logits_rows)  # the beam searches' rows go after the sampling rows
         for *_, first_row, count in prompt_rows:  # then the prompt-scoring rows
             logits_rows.extend(range(first_row, first_row + count))
