@@ -8,7 +8,8 @@ Each line: kernel, shape, GPU time (see time_it: CUDA graphs, L2 flushed before 
 read (scales included) and the speed-up over bf16 F.linear of the same shape, and the worst error against its
 reference relative to the output's largest value (NaN fails). "int4" is the layer the engine builds for bf16
 (tinygemm's layout on NVIDIA GPUs of compute capability 8.0+: torch's kernel up to 4 rows, ours above),
-"int4-rows" the row-major layout of fp16 and fp32 models. A kernel that raises prints its error and the
+"int4-rows" the row-major layout of fp16 and fp32 models; at one row "int8" is int8_gemv.py's Gluon kernel on
+NVIDIA GPUs and "gemv-int8" gemv.py's Triton kernel on the same codes. A kernel that raises prints its error and the
 run goes on. Random weights (std 0.02) and activations; bf16.
 """
 from __future__ import annotations
@@ -132,6 +133,9 @@ def bench_layer(layer: str, n: int, k: int, rows: list[int]) -> None:
         if m == 1:  # the matrix-vector kernel on the bf16 weight itself, against cuBLAS (the bf16 row)
             cases["gemv-bf16"] = (lambda: gemv.gemv(x, weight),
                                   lambda: (x.float() @ weight.float().t()).to(x.dtype), 2 * n * k)
+            # gemv.py's Triton kernel on the int8 codes, beside "int8" (int8_gemv.py's Gluon kernel on NVIDIA GPUs)
+            cases["gemv-int8"] = (lambda: gemv.gemv(x, q8, s8), lambda: weight_only_matmul_reference(x, q8, s8),
+                                  n * k + 4 * n)
         for name, (run, reference, weight_bytes) in cases.items():
             try:
                 error = relative(run(), reference())

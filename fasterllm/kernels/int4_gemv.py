@@ -33,22 +33,13 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from fasterllm.kernels.dependent_launch import early_launch
+from fasterllm.kernels.gluon_parts import bf16_of_pair, early_start
 from fasterllm.kernels.tile_timer import timed_tile
 
 # (R rows a thread, num_warps), each the fastest at one of the 8B projections on an H100 (RESULTS.md): tile_timer's
 # candidates
 CANDIDATES = [(1, 8), (2, 4), (2, 8), (4, 4), (4, 8)]
 DEFAULT = (2, 4)  # a shape timed nowhere (a graph capture's first call)
-
-
-@gluon.jit
-def _early_start(PDL: gl.constexpr):
-    """dependent_launch.early_start in Gluon: wait for the kernel before (all its writes visible), then let the next
-    kernel's programs start."""
-    if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -67,14 +58,6 @@ def _nibble_values(words, SHIFT: gl.constexpr, HIGH: gl.constexpr):
 
 
 @gluon.jit
-def _bf16_of_pair(pairs, HIGH: gl.constexpr):
-    """The low (or HIGH) bf16 of int32 pairs, as float32."""
-    if HIGH:
-        return (pairs & -65536).to(gl.float32, bitcast=True)
-    return (pairs << 16).to(gl.float32, bitcast=True)
-
-
-@gluon.jit
 def _rows_tiles(v):
     """[T, 4] -> [1, 1, T, 4]: x's values against every row."""
     return gl.expand_dims(gl.expand_dims(v, 0), 0)
@@ -84,7 +67,7 @@ def _rows_tiles(v):
 def load_weight_chunk(w_ptr, sz_ptr, w_offsets, n_mask4, tile3, tile4, n3, N, KT, t0, TILES_PER_GROUP: gl.constexpr):
     """The words [R, 8, T, 4] and (scale, zero) pairs [R, 8, T] of the tiles from t0; tiles past K read as zeros
     (which add nothing). Weights only: no kernel writes them, so the first step's may be read before
-    _early_start (tests/kernels/test_dependent_launch.py allows this function there)."""
+    early_start (tests/kernels/test_dependent_launch.py allows this function there)."""
     words = gl.load(w_ptr + w_offsets + t0 * 32, mask=n_mask4 & (t0 + tile4 < KT), other=0)
     pairs = gl.load(sz_ptr + ((t0 + tile3) // TILES_PER_GROUP) * N + n3, mask=(n3 < N) & (t0 + tile3 < KT), other=0)
     return words, pairs
@@ -114,10 +97,10 @@ def _load_step(x_ptr, w_ptr, sz_ptr, w_offsets, n_mask4, x_offsets, x_tile, tile
 def _accumulate(acc, step):
     """acc [R, 8, T] plus one step's products: each (row, tile) adds its 32 weights times x."""
     words, x0, x1, x2, x3, pairs = step
-    low0, low1, low2, low3 = (_bf16_of_pair(x0, False), _bf16_of_pair(x1, False), _bf16_of_pair(x2, False),
-                              _bf16_of_pair(x3, False))
-    high0, high1, high2, high3 = (_bf16_of_pair(x0, True), _bf16_of_pair(x1, True), _bf16_of_pair(x2, True),
-                                  _bf16_of_pair(x3, True))
+    low0, low1, low2, low3 = (bf16_of_pair(x0, False), bf16_of_pair(x1, False), bf16_of_pair(x2, False),
+                              bf16_of_pair(x3, False))
+    high0, high1, high2, high3 = (bf16_of_pair(x0, True), bf16_of_pair(x1, True), bf16_of_pair(x2, True),
+                                  bf16_of_pair(x3, True))
     # nibble p meets the low bf16 of pair p (p < 4) or the high one of pair p - 4; nibbles 0, 3, 5 become
     # 16 + q / 128, the others 1 + q / 128
     dots = _nibble_values(words, 12, False) * _rows_tiles(low0)
@@ -132,7 +115,7 @@ def _accumulate(acc, step):
     sixteens = low0 + low3 + high1
     x_sums = gl.sum(_rows_tiles(ones + sixteens), axis=3)  # [1, 1, T]
     offsets = gl.sum(_rows_tiles(ones + 16.0 * sixteens), axis=3)
-    scale, zero = _bf16_of_pair(pairs, False), _bf16_of_pair(pairs, True)
+    scale, zero = bf16_of_pair(pairs, False), bf16_of_pair(pairs, True)
     # sum ((q - 8) s + z) x = 128 s (sum (c + q / 128) x - sum c x) + (z - 8 s) sum x
     return acc + (128.0 * scale) * (gl.sum(dots, axis=3) - offsets) + (zero - 8.0 * scale) * x_sums
 
@@ -164,7 +147,7 @@ def _int4_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, N, KT, GROUP: gl.
     acc = gl.zeros([R, 8, T], gl.float32, layout=L3)
     # no kernel writes the weights: their first loads are in flight before waiting for the kernel before
     words, pairs = load_weight_chunk(w_ptr, sz_ptr, w_offsets, n_mask4, tile3, tile4, n3, N, KT, 0, TILES_PER_GROUP)
-    _early_start(PDL)
+    early_start(PDL)
     x0, x1, x2, x3 = _load_x(x_ptr, x_offsets, x_tile, KT, 0)
     step = (words, x0, x1, x2, x3, pairs)
     for t0 in range(0, KT, T):  # the next step's loads are in flight while this step's arithmetic runs

@@ -22,6 +22,7 @@ rows (prefill) dequantize the weight once and call cuBLAS, compute-bound there a
 from __future__ import annotations
 
 import functools
+import importlib
 from dataclasses import dataclass
 
 import torch
@@ -287,7 +288,8 @@ def _dequantize(w: _KernelWeight, dtype: torch.dtype) -> torch.Tensor:
 def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
                        minimums: torch.Tensor | None = None, group_size: int = 0, code_bits: int = 4) -> torch.Tensor:
     """x [M, K] (bf16/fp16/fp32) times a quantized weight -> [M, N]: int8 when minimums is None, else grouped codes
-    of code_bits (4: int4 bytes [N, K/2]; 8: uint8 codes [N, K])."""
+    of code_bits (4: int4 bytes [N, K/2]; 8: uint8 codes [N, K]). One row: int8 in bf16 on an NVIDIA GPU through
+    int8_gemv.py's Gluon kernel where Triton has Gluon, the rest through gemv.py's Triton kernel."""
     grouped = minimums is not None
     m, k = x.shape
     w = _row_major(qweight, scales, minimums, group_size, code_bits)
@@ -297,6 +299,9 @@ def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     if m > FUSED_MAX_ROWS:  # prefill: compute-bound, cuBLAS on a dequantized copy
         return F.linear(x, _dequantize(w, x.dtype), bias)
     if m == 1:  # batch-1 decode: a matrix-vector product streaming the weight bytes
+        int8_kernel = _gluon("int8_gemv") if not grouped and nvidia_capability(x.device) else None
+        if int8_kernel is not None and int8_kernel.fits(x, qweight) and scales.dtype == torch.float32:
+            return int8_kernel.int8_gemv(x, qweight, scales, bias)
         return gemv(x, qweight, scales, bias, minimums, group_size, code_bits)
     return _matmul_tiles(x, w, None if grouped else scales, bias)
 
@@ -314,9 +319,9 @@ def tinygemm_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Te
     if x.stride(-1) != 1 or w.k != k:
         raise ValueError(f"x {tuple(x.shape)} (contiguous last dim) does not fit the int4 weight [{w.n}, {w.k}]")
     bf16_on_nvidia = x.dtype == scale_zeros.dtype == torch.bfloat16 and tinygemm_kernel_available(x.device)
-    one_row_kernel = _gluon_int4_gemv() if m == 1 and bf16_on_nvidia else None
+    one_row_kernel = _gluon("int4_gemv") if m == 1 and bf16_on_nvidia else None
     if one_row_kernel is not None:
-        return one_row_kernel(x, packed, scale_zeros, group_size, bias)
+        return one_row_kernel.int4_gemv(x, packed, scale_zeros, group_size, bias)
     if 0 < m <= TINYGEMM_MAX_ROWS and bf16_on_nvidia:
         out = torch._weight_int4pack_mm(x.contiguous(), packed, group_size, scale_zeros)
         return out if bias is None else out + bias
@@ -326,13 +331,13 @@ def tinygemm_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Te
 
 
 @functools.cache
-def _gluon_int4_gemv():
-    """int4_gemv.py's kernel for one row, or None where Triton has no Gluon (torch's kernel then)."""
+def _gluon(module: str):
+    """The Gluon kernel module kernels/<module>.py (int4_gemv, int8_gemv: one row on an NVIDIA GPU), or None where
+    Triton has no Gluon (torch's tinygemm kernel, gemv.py's Triton kernel then)."""
     try:
-        from fasterllm.kernels.int4_gemv import int4_gemv
+        return importlib.import_module(f"fasterllm.kernels.{module}")
     except ImportError:
         return None
-    return int4_gemv
 
 
 def tinygemm_kernel_available(device: torch.device) -> bool:

@@ -3,9 +3,10 @@
 A kernel launched with PDL may start while the kernel before it still runs; if it touched memory before
 `early_start(PDL)` it would race with that kernel, on Hopper GPUs only and only now and then. So the rule of
 kernels/dependent_launch.py is checked on the source: each `kernel[grid](..., **early_launch(device))` in
-fasterllm/kernels launches a function in which no statement before `early_start(PDL)` (`_early_start(PDL)` in a
+fasterllm/kernels launches a function in which no statement before `early_start(PDL)` (gluon_parts.py's in a
 Gluon kernel) loads, stores or calls a helper that does, except `load_weight_chunk`: a layer's weights, which no
-kernel writes while decode steps run (the first chunk of gemv.py's float weights and of int4_gemv.py's).
+kernel writes while decode steps run (the first chunk of gemv.py's float weights, the first step's of
+int4_gemv.py's and int8_gemv.py's).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ WEIGHT_LOADS = "load_weight_chunk"
 def _is_early_start(statement: ast.stmt) -> bool:
     call = statement.value if isinstance(statement, ast.Expr) else None
     return (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-            and call.func.id in ("early_start", "_early_start") and [ast.unparse(a) for a in call.args] == ["PDL"])
+            and call.func.id == "early_start" and [ast.unparse(a) for a in call.args] == ["PDL"])
 
 
 def _touches_memory(node: ast.AST, functions: dict[str, ast.FunctionDef], seen: set[str]) -> bool:
