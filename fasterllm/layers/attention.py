@@ -184,10 +184,7 @@ def _decode_group(rows: list[int], query_lens: list[int], seq_lens: list[int], b
     """The decode rows' blocks and key range. One sequence (single-stream decoding) needs no mask: its keys
     are cut to its own window, and its blocks, when consecutive (as a fresh pool hands them out), are read
     in place instead of gathered."""
-    token_index = None
-    if len(rows) < len(query_lens):
-        row_ends = list(itertools.accumulate(query_lens))
-        token_index = torch.tensor([row_ends[row] - 1 for row in rows], device=device)
+    token_index = _token_index(rows, query_lens, device)
     lens = [seq_lens[row] for row in rows]
     num_blocks = -(-max(lens) // block_size)
     if len(rows) == 1:
@@ -198,31 +195,46 @@ def _decode_group(rows: list[int], query_lens: list[int], seq_lens: list[int], b
         blocks = slice(table[0], table[0] + num_blocks) if consecutive else torch.tensor(table, device=device)
         return DecodeGroup(token_index, blocks, None, slice(first_key, seq_len), [seq_len - 1], torch.tensor([table]),
                            torch.tensor([[first_key, seq_len]]))
-    # short rows padded with block 0, a real block whose keys the mask hides
-    blocks = torch.tensor([(block_tables[row] + [0] * num_blocks)[:num_blocks] for row in rows], device=device)
+    starts = [0] * len(lens) if sliding_window is None else [max(0, n - sliding_window) for n in lens]
+    table, key_ranges = _row_tables(rows, block_tables, num_blocks, starts, lens)
+    blocks = table.to(device)
     key_positions = torch.arange(num_blocks * block_size)[None, :]
     lens_column = torch.tensor(lens)[:, None]
     mask = key_positions < lens_column
     if sliding_window is not None:
         mask &= key_positions >= lens_column - sliding_window
-    starts = [0] * len(lens) if sliding_window is None else [max(0, n - sliding_window) for n in lens]
     return DecodeGroup(token_index, blocks.view(-1), mask[:, None, None, :].to(device),
-                       slice(0, num_blocks * block_size), [n - 1 for n in lens], blocks,
-                       torch.tensor([starts, lens], dtype=torch.long).t().contiguous())
+                       slice(0, num_blocks * block_size), [n - 1 for n in lens], blocks, key_ranges)
+
+
+def _token_index(rows: list[int], query_lens: list[int], device: torch.device) -> torch.Tensor | None:
+    """The flat batch's row of each decode row's token; None when every row is a decode."""
+    if len(rows) == len(query_lens):
+        return None
+    row_ends = list(itertools.accumulate(query_lens))
+    return torch.tensor([row_ends[row] - 1 for row in rows], device=device)
+
+
+def _row_tables(rows: list[int], block_tables: list[list[int]], num_blocks: int, starts: list[int],
+                lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's block ids, short rows padded with block 0 (a real block whose keys the mask or the key range
+    hides), [B, num_blocks]; and its keys (first, end), [B, 2]: what the C++ attention reads of each row."""
+    table = torch.tensor([(block_tables[row] + [0] * num_blocks)[:num_blocks] for row in rows])
+    return table, torch.tensor([starts, lens], dtype=torch.long).t().contiguous()
 
 
 def _cross_decode_group(rows: list[int], query_lens: list[int], encoder_lens: list[int], cross_tables: list[list[int]],
                         block_size: int, device: torch.device) -> DecodeGroup:
     """The decode rows' cross-attention. Consecutive rows with one cross block table (the slots of a beam search,
     which share the request's cross blocks) read those blocks once, their queries as rows of one attention, padded
-    to the longest run: the gather and the attention per block move a run's worth once, not once a slot."""
-    per_row = _decode_group(rows, query_lens, encoder_lens, cross_tables, block_size, device, None)
+    to the longest run: the gather and the attention per block move a run's worth once, not once a slot. Each
+    row's own table and keys stay for the C++ attention, which reads every row's keys in place."""
     runs = [0]  # the start of each run, as positions in rows
     for i in range(1, len(rows)):
         if cross_tables[rows[i]] != cross_tables[rows[i - 1]]:
             runs.append(i)
     if len(runs) == len(rows):
-        return per_row
+        return _decode_group(rows, query_lens, encoder_lens, cross_tables, block_size, device, None)
     lengths = [end - start for start, end in zip(runs, runs[1:] + [len(rows)])]
     longest = max(lengths)
     places, results = [], []
@@ -231,7 +243,10 @@ def _cross_decode_group(rows: list[int], query_lens: list[int], encoder_lens: li
         results.extend(range(run * longest, run * longest + length))
     per_run = _decode_group([rows[start] for start in runs], query_lens, encoder_lens, cross_tables, block_size,
                             device, None)
-    return replace(per_row, blocks=per_run.blocks, mask=per_run.mask, keys=per_run.keys,
+    lens = [encoder_lens[row] for row in rows]
+    table, key_ranges = _row_tables(rows, cross_tables, -(-max(lens) // block_size), [0] * len(lens), lens)
+    return replace(per_run, token_index=_token_index(rows, query_lens, device), positions=[n - 1 for n in lens],
+                   block_table=table, key_ranges=key_ranges,
                    query_runs=(torch.tensor(places, device=device), torch.tensor(results, device=device), longest))
 
 

@@ -7,15 +7,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fasterllm.kernels.native import cpu_attention, cpu_extension
 from fasterllm.layers.attention import AttentionMetadata, paged_attention, store_kv
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 6, 2, 8, 4, 12
 CPU = torch.device("cpu")
 
 
-def cache_holding(sequences: list[torch.Tensor], tables: list[list[int]]) -> torch.Tensor:
+def cache_holding(sequences: list[torch.Tensor], tables: list[list[int]], head_dim: int = HEAD_DIM) -> torch.Tensor:
     """A random cache with each sequence's K/V ([2, L, Hkv, D]) written into its blocks, in table order."""
-    cache = torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    cache = torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, head_dim)
     for kv, table in zip(sequences, tables):
         for position in range(kv.shape[1]):
             cache[:, table[position // BLOCK_SIZE], position % BLOCK_SIZE] = kv[:, position]
@@ -26,7 +27,7 @@ def reference(query: torch.Tensor, kv: torch.Tensor, window: int | None) -> torc
     """The last token's attention over the sequence's keys (its window's), K/V heads repeated: [Hq * D]."""
     keys = kv[:, -window:] if window is not None else kv
     k, v = (keys[i].transpose(0, 1).repeat_interleave(NUM_HEADS // NUM_KV_HEADS, dim=0) for i in (0, 1))
-    out = F.scaled_dot_product_attention(query[:, None], k, v, scale=HEAD_DIM ** -0.5)
+    out = F.scaled_dot_product_attention(query[:, None], k, v, scale=query.shape[-1] ** -0.5)
     return out.reshape(-1)
 
 
@@ -75,22 +76,28 @@ def test_store_kv_writes_keys_and_values_to_their_slots():
     assert torch.count_nonzero(cache) == 2 * 2 * NUM_KV_HEADS * HEAD_DIM  # nothing else written
 
 
-def test_cross_attention_rows_sharing_blocks_match_each_row_alone():
+@pytest.mark.parametrize("bit_equal_fp32", [True, False])
+def test_cross_attention_rows_sharing_blocks_match_each_row_alone(bit_equal_fp32):
     """Cross-attention where runs of decode rows share one cross block table (a beam search's slots: runs of 3, 1 and
     2 here, the 1-run padded to the others' length) and a two-token chunk sits among them: every row attends to all
-    of its table's encoder keys, as it would alone."""
+    of its table's encoder keys, as it would alone. Through SDPA over the runs (bit_equal_fp32) and, where the C++
+    extension is built, through its attention over each row's own table and keys."""
+    if not bit_equal_fp32 and not cpu_extension.available():
+        pytest.skip("the C++ extension is not built here")
+    head_dim = HEAD_DIM if bit_equal_fp32 else 64  # a head size the C++ attention runs
     torch.manual_seed(0)
     tables = {"a": [3, 4], "b": [9], "c": [0, 7, 2], "d": [5]}
     encoder_lens = {"a": 6, "b": 3, "c": 10, "d": 4}
     rows = ["a", "a", "a", "b", "c", "d", "d"]
     query_lens = [1, 1, 1, 2, 1, 1, 1]
-    encoded = {name: torch.randn(2, n, NUM_KV_HEADS, HEAD_DIM) for name, n in encoder_lens.items()}
-    cache = cache_holding(list(encoded.values()), list(tables.values()))
+    encoded = {name: torch.randn(2, n, NUM_KV_HEADS, head_dim) for name, n in encoder_lens.items()}
+    cache = cache_holding(list(encoded.values()), list(tables.values()), head_dim)
     meta = AttentionMetadata.build_cross(query_lens, [encoder_lens[r] for r in rows], [tables[r] for r in rows],
                                          BLOCK_SIZE, CPU)
     assert meta.decode.query_runs is not None and meta.decode.query_runs[2] == 3  # the path named is the path tested
-    queries = torch.randn(sum(query_lens), NUM_HEADS, HEAD_DIM)
-    got = paged_attention(queries, None, None, cache, meta, HEAD_DIM ** -0.5)
+    queries = torch.randn(sum(query_lens), NUM_HEADS, head_dim)
+    assert cpu_attention.runs(queries, cache, fp32=True) != bit_equal_fp32
+    got = paged_attention(queries, None, None, cache, meta, head_dim ** -0.5, bit_equal_fp32=bit_equal_fp32)
     token = 0
     for name, count in zip(rows, query_lens):
         for _ in range(count):
