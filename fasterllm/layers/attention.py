@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -100,7 +101,7 @@ class AttentionMetadata:
             return AttentionMetadata(torch.tensor(positions, device=device), torch.tensor(slots, device=device),
                                      len(seq_lens), [], decode, sliding_window=sliding_window, build_inputs=inputs)
         width = max(len(t) for t in block_tables)
-        tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.long)
+        tables = torch.from_numpy(np.array([t + [0] * (width - len(t)) for t in block_tables], dtype=np.int64))
         seq_index = torch.repeat_interleave(torch.arange(len(query_lens)), torch.tensor(query_lens))
         positions = torch.cat([torch.arange(s - q, s) for q, s in zip(query_lens, seq_lens)])
         slot_mapping = tables[seq_index, positions // block_size] * block_size + positions % block_size
@@ -219,7 +220,9 @@ def _row_tables(rows: list[int], block_tables: list[list[int]], num_blocks: int,
                 lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's block ids, short rows padded with block 0 (a real block whose keys the mask or the key range
     hides), [B, num_blocks]; and its keys (first, end), [B, 2]: what the C++ attention reads of each row."""
-    table = torch.tensor([(block_tables[row] + [0] * num_blocks)[:num_blocks] for row in rows])
+    # through numpy: torch.tensor over nested lists took ~1 ms for 256 rows of 13 blocks, np.array ~0.3 ms
+    table = torch.from_numpy(np.array([(block_tables[row] + [0] * num_blocks)[:num_blocks] for row in rows],
+                                      dtype=np.int64))
     return table, torch.tensor([starts, lens], dtype=torch.long).t().contiguous()
 
 
