@@ -11,7 +11,8 @@ H100 this took 2% off the 8B shape's batch-1 step and 19% off BART-large's, whos
 A kernel launched with `**early_launch(device)` calls early_start(PDL) before it reads or writes anything another
 kernel touches: it waits for the previous kernel, then lets the next one start. Only a layer's weights, which no
 kernel writes while decode steps run, may be read before it, through a load_weight_chunk (the first chunk of gemv.py's
-float weights and of int4_gemv.py's; tests/kernels/test_dependent_launch.py checks the sources). A kernel that was not
+float weights, the first step's of int4_gemv.py and int8_gemv.py; tests/kernels/test_dependent_launch.py checks the
+sources; the Gluon kernels wait through gluon_parts.early_start). A kernel that was not
 launched with PDL, or whose previous kernel never signals (cuBLAS, torch's own), passes both instructions at once.
 """
 from __future__ import annotations

@@ -14,9 +14,11 @@ registers than it saved (benchmarks/RESULTS.md). Here the register layout is our
   2^23 (the float 2^23 + code + 128, exact), one add takes 2^23 + 128 away (exact), one fused multiply-add.
 - each row's sum is scaled by its fp32 scale once, at the end.
 
-The first step's weights are loaded before the PDL wait (no kernel writes them). Its tile (R, RL, warps) is timed
-once per shape (tile_timer.py). Triton's interpreter cannot run Gluon: the CPU runs gemv.py's kernel; the GPU tests
-run this one against it and against the dequantized product (tests/kernels/test_int8_gemv.py).
+The first step's weights are loaded before the PDL wait (no kernel writes them): the gain is in decode's chain of
+launches, where it overlaps the kernel before; timed alone it is slower than gemv.py's kernel at three of the 8B
+shapes (benchmarks/RESULTS.md), and it is used on Hopper and later only, where PDL is. Its tile (R, RL, warps) is
+timed once per shape (tile_timer.py). Triton's interpreter cannot run Gluon: the CPU runs gemv.py's kernel; the GPU
+tests run this one against it and against the dequantized product (tests/kernels/test_int8_gemv.py).
 """
 from __future__ import annotations
 
@@ -70,7 +72,7 @@ def _accumulate(acc, words, x):
 
 
 @gluon.jit
-def _int8_gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, N, KC, row_words, R: gl.constexpr,
+def _int8_gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, N, KC, row_chunks, R: gl.constexpr,
                       RL: gl.constexpr, WARPS: gl.constexpr, HAS_BIAS: gl.constexpr, PDL: gl.constexpr):
     # [BR rows, C chunks, 4 words]: a thread holds one chunk's 4 words of R rows
     L3: gl.constexpr = gl.BlockedLayout([R, 1, 4], [RL, 32 // RL, 1], [1, WARPS, 1], [2, 1, 0])
@@ -85,7 +87,9 @@ def _int8_gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, N, KC, row_wor
     row3 = gl.expand_dims(gl.expand_dims(row, 1), 2)
     chunk3 = gl.expand_dims(gl.expand_dims(chunk, 0), 2)
     row_mask3 = row3 < N
-    w_offsets = row3.to(gl.int64) * row_words + chunk3 * 4 + gl.expand_dims(gl.expand_dims(word, 0), 0)
+    # a row's stride in 16-byte chunks, times 4 words: the compiler sees every row start 16-byte aligned (128-bit
+    # loads) whatever the stride's own divisibility
+    w_offsets = row3.to(gl.int64) * row_chunks * 4 + chunk3 * 4 + gl.expand_dims(gl.expand_dims(word, 0), 0)
     x_offsets = gl.expand_dims(x_chunk, 1) * 4 + gl.expand_dims(word, 0)
     acc = gl.zeros([BR, C], gl.float32, layout=L2)
     # no kernel writes the weights: their first loads are in flight before waiting for the kernel before
@@ -128,7 +132,7 @@ def int8_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias
     def launch(config: tuple[int, int, int]) -> None:
         rows, lanes, warps = config
         _int8_gemv_kernel[(-(-n // (rows * lanes)),)](
-            x_words, words, scales, bias if bias is not None else out, out, n, k // 16, qweight.stride(0) // 4,
+            x_words, words, scales, bias if bias is not None else out, out, n, k // 16, qweight.stride(0) // 16,
             R=rows, RL=lanes, WARPS=warps, HAS_BIAS=bias is not None, num_warps=warps, **early_launch(x.device))
 
     launch(tile or timed_tile(("int8_gemv", n, k, x.device), launch, CANDIDATES, DEFAULT))

@@ -14,10 +14,11 @@ half a byte (int4) each and widened in registers. Layouts (made by the quantizer
   int4, tinygemm's layout (bf16 layers on a GPU): int32 [N/8, K/32, 32, 1] (pack_int4_tinygemm), scale and zero
         (code 8's value) per group [K/group, N, 2]: the bytes torch._weight_int4pack_mm reads
 The quantizers are the CPU layers' (layers/quantization/int8.py, int4.py); pack_int4_codes and pack_int4_tinygemm
-make the bytes. Row-major: one row goes through gemv.py's matrix-vector kernel, up to FUSED_MAX_ROWS through the
-kernel here (split K, quant_split_k.py). tinygemm's layout: one bf16 row through int4_gemv.py's Gluon kernel, up to
-TINYGEMM_MAX_ROWS bf16 rows through torch's kernel, other rows up to FUSED_MAX_ROWS through the kernel here. More
-rows (prefill) dequantize the weight once and call cuBLAS, compute-bound there anyway.
+make the bytes. Row-major: one row goes through gemv.py's matrix-vector kernel (int8 in bf16 on Hopper and later:
+int8_gemv.py's Gluon kernel), up to FUSED_MAX_ROWS through the kernel here (split K, quant_split_k.py). tinygemm's
+layout: one bf16 row through int4_gemv.py's Gluon kernel, up to TINYGEMM_MAX_ROWS bf16 rows through torch's kernel,
+other rows up to FUSED_MAX_ROWS through the kernel here. More rows (prefill) dequantize the weight once and call
+cuBLAS, compute-bound there anyway.
 """
 from __future__ import annotations
 
@@ -288,8 +289,10 @@ def _dequantize(w: _KernelWeight, dtype: torch.dtype) -> torch.Tensor:
 def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
                        minimums: torch.Tensor | None = None, group_size: int = 0, code_bits: int = 4) -> torch.Tensor:
     """x [M, K] (bf16/fp16/fp32) times a quantized weight -> [M, N]: int8 when minimums is None, else grouped codes
-    of code_bits (4: int4 bytes [N, K/2]; 8: uint8 codes [N, K]). One row: int8 in bf16 on an NVIDIA GPU through
-    int8_gemv.py's Gluon kernel where Triton has Gluon, the rest through gemv.py's Triton kernel."""
+    of code_bits (4: int4 bytes [N, K/2]; 8: uint8 codes [N, K]). One row: int8 codes with fp32 scales times a bf16
+    row on an NVIDIA GPU of compute capability 9.0+ (PDL, where its gain was measured) through int8_gemv.py's Gluon
+    kernel where Triton has Gluon and int8_gemv.fits holds (K a multiple of 16, 16-byte aligned rows and x), the rest
+    through gemv.py's Triton kernel."""
     grouped = minimums is not None
     m, k = x.shape
     w = _row_major(qweight, scales, minimums, group_size, code_bits)
@@ -299,7 +302,7 @@ def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     if m > FUSED_MAX_ROWS:  # prefill: compute-bound, cuBLAS on a dequantized copy
         return F.linear(x, _dequantize(w, x.dtype), bias)
     if m == 1:  # batch-1 decode: a matrix-vector product streaming the weight bytes
-        int8_kernel = _gluon("int8_gemv") if not grouped and nvidia_capability(x.device) else None
+        int8_kernel = _gluon("int8_gemv") if not grouped and (nvidia_capability(x.device) or (0, 0)) >= (9, 0) else None
         if int8_kernel is not None and int8_kernel.fits(x, qweight) and scales.dtype == torch.float32:
             return int8_kernel.int8_gemv(x, qweight, scales, bias)
         return gemv(x, qweight, scales, bias, minimums, group_size, code_bits)
@@ -336,8 +339,10 @@ def _gluon(module: str):
     Triton has no Gluon (torch's tinygemm kernel, gemv.py's Triton kernel then)."""
     try:
         return importlib.import_module(f"fasterllm.kernels.{module}")
-    except ImportError:
-        return None
+    except ImportError as exc:  # Triton without Gluon; any other import error is a bug to show
+        if (exc.name or "").startswith("triton"):
+            return None
+        raise
 
 
 def tinygemm_kernel_available(device: torch.device) -> bool:

@@ -1,6 +1,7 @@
 """The tile of a matrix-vector kernel, timed on the GPU per shape (gemv.py, fused_moe.py's few-slot launches,
-int4_gemv.py): the best tile depends on the shape and the GPU, so a shape's first call times each candidate (CUDA
-events, outside any graph capture, L2 flushed between runs) and keeps the fastest for every later call."""
+int4_gemv.py, int8_gemv.py): the best tile depends on the shape and the GPU, so a shape's first call times each
+candidate (CUDA events, outside any graph capture, L2 flushed between runs) and keeps the fastest for every later
+call."""
 from __future__ import annotations
 
 import torch

@@ -45,7 +45,8 @@ def check(method, m, n, k, dtype, with_bias=True):
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 5, 33])  # one row (gemv.py), a few, more than one 32-row tile (split K)
+# one row (gemv.py; bf16 int8 on Hopper: int8_gemv.py, where K allows), a few, more than one 32-row tile (split K)
+@pytest.mark.parametrize("m", [1, 5, 33])
 def test_matches_dequantized_reference(method, dtype, m):
     check(method, m, 200, 576, dtype)  # 576 = SmolLM2's hidden: a partial K block and a partial N block
 

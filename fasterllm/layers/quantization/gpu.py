@@ -2,7 +2,8 @@
 and grouped 8-bit codes (a GGUF's Q8_0 / Q5_K / Q6_K blocks as stored).
 
   int8  Int8GPULinear   int8 weights per output channel, read and widened inside Triton kernels
-                        (kernels/quant_weight_only.py: one row, 2-64 rows, prefill)
+                        (kernels/quant_weight_only.py: one row, 2-64 rows, prefill; one bf16 row on Hopper
+                        and later: the Gluon kernel of kernels/int8_gemv.py)
   int4  Int4GPULinear   4-bit codes (groups of 32, scale + minimum, the CPU layer's and GGUF Q4_1's convention),
                         two per byte, dequantized inside the same kernels; bf16 layers (NVIDIA, 8.0+) keep
                         tinygemm's byte order and bf16 scale + zero, and 1-4 rows run torch's int4 kernel
