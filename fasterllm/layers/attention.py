@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -182,30 +182,12 @@ class AttentionMetadata:
 
 def _decode_group(rows: list[int], query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
                   block_size: int, device: torch.device, sliding_window: int | None) -> DecodeGroup:
-    """The decode rows' blocks and key range. One sequence (single-stream decoding) needs no mask: its keys
-    are cut to its own window, and its blocks, when consecutive (as a fresh pool hands them out), are read
-    in place instead of gathered."""
-    token_index = _token_index(rows, query_lens, device)
+    """The decode rows' blocks and key range: each row's own (the C++ attention's) and the gather SDPA reads."""
     lens = [seq_lens[row] for row in rows]
-    num_blocks = -(-max(lens) // block_size)
-    if len(rows) == 1:
-        seq_len = seq_lens[rows[0]]
-        table = block_tables[rows[0]][:num_blocks]
-        consecutive = table == list(range(table[0], table[0] + num_blocks))
-        first_key = 0 if sliding_window is None else max(0, seq_len - sliding_window)
-        blocks = slice(table[0], table[0] + num_blocks) if consecutive else torch.tensor(table, device=device)
-        return DecodeGroup(token_index, blocks, None, slice(first_key, seq_len), [seq_len - 1], torch.tensor([table]),
-                           torch.tensor([[first_key, seq_len]]))
     starts = [0] * len(lens) if sliding_window is None else [max(0, n - sliding_window) for n in lens]
-    table, key_ranges = _row_tables(rows, block_tables, num_blocks, starts, lens)
-    blocks = table.to(device)
-    key_positions = torch.arange(num_blocks * block_size)[None, :]
-    lens_column = torch.tensor(lens)[:, None]
-    mask = key_positions < lens_column
-    if sliding_window is not None:
-        mask &= key_positions >= lens_column - sliding_window
-    return DecodeGroup(token_index, blocks.view(-1), mask[:, None, None, :].to(device),
-                       slice(0, num_blocks * block_size), [n - 1 for n in lens], blocks, key_ranges)
+    table, key_ranges = _row_tables(rows, block_tables, -(-max(lens) // block_size), starts, lens)
+    return DecodeGroup(_token_index(rows, query_lens, device), *_gathered_keys(table, starts, lens, block_size, device),
+                       [n - 1 for n in lens], table, key_ranges)
 
 
 def _token_index(rows: list[int], query_lens: list[int], device: torch.device) -> torch.Tensor | None:
@@ -226,6 +208,22 @@ def _row_tables(rows: list[int], block_tables: list[list[int]], num_blocks: int,
     return table, torch.tensor([starts, lens], dtype=torch.long).t().contiguous()
 
 
+def _gathered_keys(table: torch.Tensor, starts: list[int], lens: list[int], block_size: int,
+                   device: torch.device) -> tuple[torch.Tensor | slice, torch.Tensor | None, slice]:
+    """What the SDPA path reads for rows with these tables and keys [starts, lens): (blocks, mask, keys). One
+    sequence (single-stream decoding) needs no mask: its keys are cut to its own window, and its blocks, when
+    consecutive (as a fresh pool hands them out), are read in place instead of gathered."""
+    num_blocks = table.shape[1]
+    if len(lens) == 1:
+        ids, keys = table[0].tolist(), slice(starts[0], lens[0])
+        if ids == list(range(ids[0], ids[0] + num_blocks)):
+            return slice(ids[0], ids[0] + num_blocks), None, keys
+        return table[0].to(device), None, keys
+    key_positions = torch.arange(num_blocks * block_size)[None, :]
+    mask = (key_positions < torch.tensor(lens)[:, None]) & (key_positions >= torch.tensor(starts)[:, None])
+    return table.to(device).view(-1), mask[:, None, None, :].to(device), slice(0, num_blocks * block_size)
+
+
 def _cross_decode_group(rows: list[int], query_lens: list[int], encoder_lens: list[int], cross_tables: list[list[int]],
                         block_size: int, device: torch.device) -> DecodeGroup:
     """The decode rows' cross-attention. Consecutive rows with one cross block table (the slots of a beam search,
@@ -244,13 +242,14 @@ def _cross_decode_group(rows: list[int], query_lens: list[int], encoder_lens: li
     for run, (start, length) in enumerate(zip(runs, lengths)):
         places.extend(list(range(start, start + length)) + [start] * (longest - length))
         results.extend(range(run * longest, run * longest + length))
-    per_run = _decode_group([rows[start] for start in runs], query_lens, encoder_lens, cross_tables, block_size,
-                            device, None)
     lens = [encoder_lens[row] for row in rows]
-    table, key_ranges = _row_tables(rows, cross_tables, -(-max(lens) // block_size), [0] * len(lens), lens)
-    return replace(per_run, token_index=_token_index(rows, query_lens, device), positions=[n - 1 for n in lens],
-                   block_table=table, key_ranges=key_ranges,
-                   query_runs=(torch.tensor(places, device=device), torch.tensor(results, device=device), longest))
+    num_blocks = -(-max(lens) // block_size)
+    table, key_ranges = _row_tables(rows, cross_tables, num_blocks, [0] * len(lens), lens)
+    run_lens = [lens[start] for start in runs]
+    return DecodeGroup(_token_index(rows, query_lens, device),
+                       *_gathered_keys(table[runs], [0] * len(runs), run_lens, block_size, device),
+                       [n - 1 for n in lens], table, key_ranges,
+                       (torch.tensor(places, device=device), torch.tensor(results, device=device), longest))
 
 
 def attend_with_kernels(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, kv_cache: torch.Tensor,
