@@ -235,17 +235,16 @@ class Engine:
         # a parent's extra rows (parallel sampling) become its children, sharing its blocks
         rows: list[Request | None] = []  # None: a lookahead row of a request that has ended since
         first_tokens: dict[str, int] = {}
-        computed = {item.request.request_id: item.request.num_computed_tokens + item.num_new_tokens
-                    for item in batch.scheduled}
         # by object, not id: a lookahead row's request may have ended and its id been added again since
-        live = {item.request.request_id: item.request for item in batch.scheduled if not item.request.finished}
-        for row, (request_id, token) in enumerate(zip(result.request_ids, tokens)):
-            request = live.get(request_id)
-            if request is None:
+        live = {item.request.request_id: item for item in batch.scheduled if not item.request.finished}
+        for request_id, token in zip(result.request_ids, tokens):
+            item = live.get(request_id)
+            if item is None:
                 rows.append(None)
                 continue
+            request = item.request
             if request_id in first_tokens:  # an extra row: a child continuing the parent's step
-                request = fork_sample(self.forks, request, token, computed[request_id])
+                request = fork_sample(self.forks, request, token, request.num_computed_tokens + item.num_new_tokens)
                 self.output_processor.add_request(request)
             else:
                 first_tokens[request_id] = token
@@ -263,10 +262,12 @@ class Engine:
             stop = check_stop(request, self.output_processor)
             if stop is not None:
                 self.scheduler.finish_request(request, *stop)
-            families.setdefault(request.family[0].request_id, request.family[0])
+            head = request.family[0]
+            families[head.request_id] = head
         outputs = []
+        final_only = RequestOutputKind.FINAL_ONLY
         for head in families.values():
-            if head.sampling_params.output_kind is RequestOutputKind.FINAL_ONLY and not head.family_finished:
+            if head.sampling_params.output_kind is final_only and not head.family_finished:
                 continue  # no output until it ends: building one a step is a large batch's host work
             output = self.output_processor.make_output(head)
             outputs.append(output)

@@ -149,7 +149,15 @@ class KVCacheManager:
         A shared block about to be written is replaced by a private copy first (copy-on-write).
         Returns False, taking nothing, when the pool is short.
         """
-        table = self.block_tables.setdefault(request.request_id, [])
+        table = self.block_tables.get(request.request_id)
+        if table and not reserve:  # the common decode step: room in its table, its write block its own
+            computed, size = request.num_computed_tokens, self.block_size
+            index = computed // size
+            if computed + num_new_tokens <= len(table) * size and (index >= len(table) or
+                                                                    self.ref_counts[table[index]] <= 1):
+                return True
+        if table is None:
+            table = self.block_tables[request.request_id] = []
         shared = self._shared_write_block(request)
         needed = self.blocks_for_tokens(request.num_computed_tokens + num_new_tokens) - len(table)
         if needed + (shared is not None) + reserve > len(self.free_queue):

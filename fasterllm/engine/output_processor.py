@@ -35,21 +35,20 @@ class IncrementalDetokenizer:
     def add_tokens(self, token_ids: list[int]) -> str | None:
         """Append tokens; return the stop string that now ends the text, if any (the text is cut there)."""
         searched_from = len(self.text)
-        for token_id in token_ids:
-            self.tokens.append(token_id)
-            self._decode_step()
+        tokens, tokenizer, skip = self.tokens, self.tokenizer, self.skip_special_tokens
+        for token_id in token_ids:  # per generated token of every running request: kept lean
+            tokens.append(token_id)
+            prefix, read = self.prefix_offset, self.read_offset
+            # the window's text before the new tokens (one token, once a step's text came out whole), then with them
+            before = tokenizer.decode_one(tokens[prefix], skip) if read - prefix == 1 else \
+                tokenizer.decode(tokens[prefix:read], skip)
+            after = tokenizer.decode(tokens[prefix:], skip)
+            if len(after) > len(before) and not after.endswith(_INCOMPLETE):
+                self.text += after[len(before):]
+                self.prefix_offset, self.read_offset = read, len(tokens)
         if not self.stop_strings:
             return None
         return self._find_stop(max(0, searched_from - self.hold_back))
-
-    def _decode_step(self) -> None:
-        window = self.tokens[self.prefix_offset:]
-        before = self.tokenizer.decode(self.tokens[self.prefix_offset:self.read_offset], self.skip_special_tokens)
-        after = self.tokenizer.decode(window, self.skip_special_tokens)
-        if len(after) > len(before) and not after.endswith(_INCOMPLETE):
-            self.text += after[len(before):]
-            self.prefix_offset = self.read_offset
-            self.read_offset = len(self.tokens)
 
     def _find_stop(self, search_start: int) -> str | None:
         best: tuple[int, str] | None = None
@@ -105,13 +104,12 @@ class OutputProcessor:
         """The output of a request and its parallel samples (head.family), under the head's id."""
         params = head.sampling_params
         tracked = params.logprobs is not None or params.ranks_samples
-        completions = [CompletionOutput(
-            index=index, text=self._text(member),
-            token_ids=list(member.output_token_ids),
-            cumulative_logprob=member.cumulative_logprob if tracked else None, logprobs=member.logprobs,
-            finish_reason=member.finish_reason, stop_reason=member.stop_reason)
-            for index, member in enumerate(head.family)]
         finished = head.family_finished
+        # positional: a streamed step builds one per running request
+        completions = [CompletionOutput(index, self._text(member), list(member.output_token_ids),
+                                        member.cumulative_logprob if tracked else None, member.logprobs,
+                                        member.finish_reason, member.stop_reason)
+                       for index, member in enumerate(head.family)]
         if finished:
             for member in head.family:
                 self.detokenizers.pop(member.request_id, None)

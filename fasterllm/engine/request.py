@@ -103,7 +103,10 @@ class Request:
     @property
     def family_finished(self) -> bool:
         """Whether it and every parallel sample of its family have finished (the family's output is final)."""
-        return all(member.finished for member in self.family)
+        family = self.family
+        if len(family) == 1:  # asked of every request every step: most have no parallel samples
+            return self.status is RequestStatus.FINISHED
+        return all(member.finished for member in family)
 
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

@@ -46,6 +46,7 @@ class TokenizerWrapper:
         self.eos_token_ids = sorted(i for i in eos_ids if i is not None)
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.special_ids = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+        self._single_texts: tuple[dict[int, str], dict[int, str]] = ({}, {})  # decode_one's, by skip_special_tokens
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
@@ -69,6 +70,15 @@ class TokenizerWrapper:
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def decode_one(self, token_id: int, skip_special_tokens: bool = True) -> str:
+        """decode([token_id]), kept once computed: a token's text alone depends on nothing else, and the incremental
+        detokenizer asks for it once per generated token."""
+        texts = self._single_texts[skip_special_tokens]
+        text = texts.get(token_id)
+        if text is None:
+            text = texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=skip_special_tokens)
+        return text
 
     def id_to_token(self, token_id: int) -> str | None:
         return self.tokenizer.id_to_token(token_id)

@@ -9,6 +9,7 @@ which waited for every copy it queued.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import torch
@@ -103,10 +104,13 @@ class InputBuffers:
                 rows: int) -> torch.Tensor:
         """The step's block tables in the buffers (only the columns they use are copied); the first `rows` rows."""
         host, device = buffers[0][self.turn], buffers[1]
-        array = host.numpy()
-        for i, table in enumerate(tables):
-            array[i, :len(table)] = table
-        width = max(len(t) for t in tables)
+        # one numpy scatter of all the tables' entries: a row-by-row assignment costs ~1 us a sequence
+        lengths = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+        entries = np.fromiter(chain.from_iterable(tables), dtype=np.int32, count=int(lengths.sum()))
+        starts = np.cumsum(lengths) - lengths
+        host.numpy()[np.repeat(np.arange(len(tables)), lengths),
+                     np.arange(len(entries)) - np.repeat(starts, lengths)] = entries
+        width = int(lengths.max())
         device[:len(tables), :width].copy_(host[:len(tables), :width], non_blocking=True)
         return device[:rows]
 

@@ -278,19 +278,23 @@ class ModelRunner:
                                          self.device)
         return sample(logits, md)
 
-    def _carried_inputs(self, carried: list[tuple[int, str]]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _carried_inputs(self, carried: list[tuple[int, str]]) -> tuple[torch.Tensor | slice, torch.Tensor] | None:
         """Rows whose input is the previous step's sample: (their token rows, the ids gathered on the device)."""
         if not carried:
             return None
         samples, sampled_ids = self.previous_samples
-        # a request's row (its last, where best_of gives it several: such a step is never looked ahead of)
-        row_of = {request_id: row for row, request_id in enumerate(sampled_ids)}
         token_rows, requests = zip(*carried)
-        ids = samples[host_to_device([row_of[r] for r in requests], torch.long, self.device)]
+        if requests == tuple(sampled_ids[:len(requests)]):  # a decode batch as the step before sampled it
+            ids = samples[:len(requests)]
+        else:  # a request's row (its last, where best_of gives it several: such a step is never looked ahead of)
+            row_of = {request_id: row for row, request_id in enumerate(sampled_ids)}
+            ids = samples[host_to_device([row_of[r] for r in requests], torch.long, self.device)]
+        if token_rows == tuple(range(len(token_rows))):  # every row a decode row: the first rows, no index to send
+            return slice(0, len(token_rows)), ids
         return host_to_device(list(token_rows), torch.long, self.device), ids
 
     def _forward(self, token_ids: list[int], query_lens: list[int], seq_lens: list[int], tables: list[list[int]],
-                 logits_rows: list[int], carried: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 logits_rows: list[int], carried: tuple[torch.Tensor | slice, torch.Tensor] | None = None,
                  cross: tuple[list[int], list[list[int]]] | None = None) -> torch.Tensor:
         """One forward pass -> fp32 logits of logits_rows: a CUDA graph for a decode batch that has one, piecewise
         graphs (attention eager between them) for a step of up to 512 tokens, the Triton kernels eagerly for any other

@@ -35,12 +35,12 @@ class SamplingMetadata:
             return host_to_device(values, dtype, device)
 
         greedy = [p.greedy for p in params]
-        top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
         # best_of > n ranks samples by cumulative logprob, so those rows need logprobs too
         wanted = [p.logprobs or 0 for p in params if p.logprobs is not None or p.ranks_samples]
         if all(greedy):  # argmax alone: no per-row settings to send to the device
             return SamplingMetadata(None, None, None, None, None, True, generators,
                                     max(wanted) if wanted else None, controls)
+        top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
         return SamplingMetadata(
             temperature=column([1.0 if g else p.temperature for p, g in zip(params, greedy)], torch.float32),
             top_k=column(top_k, torch.long) if any(k < vocab_size for k in top_k) else None,

@@ -62,3 +62,13 @@ def test_partial_stop_string_is_held_back_then_released(tokenizer):
     for token in tokenizer.encode("ART"):
         assert detok.add_tokens([token]) is None
     assert detok.text == "go START" and detok.visible_text(True) == "go START"
+
+
+def test_a_kept_single_token_text_is_that_tokens_decode_under_each_special_token_rule(tokenizer):
+    """The detokenizer takes a lone token's text from decode_one's store: it must be decode([id]), kept apart for
+    skip_special_tokens True and False (a special token decodes to itself only when kept)."""
+    special = min(tokenizer.special_ids)
+    for token_id in (special, *tokenizer.encode("Crème 🙂 and")):
+        for skip in (True, False, True):  # asked again: the kept text
+            assert tokenizer.decode_one(token_id, skip) == tokenizer.decode([token_id], skip)
+    assert tokenizer.decode_one(special, False) != tokenizer.decode_one(special, True)

@@ -41,7 +41,7 @@ def test_graph_replays_match_eager_and_transformers(encoder_dir, dtype):
         got, expected = _vectors(graphed, batch), _vectors(eager, batch)
         # padded GEMMs may take other cuBLAS kernels: bf16 roundings differ, fp32 ones barely
         assert F.cosine_similarity(got, expected).min() >= (0.999999 if dtype == "float32" else 0.9999)
-    assert len(graphed.engine.executor.runner.graphs.captured) >= 4 and eager.engine.executor.runner.graphs is None
+    assert len(graphed.engine.runner.graphs.captured) >= 4 and eager.engine.runner.graphs is None
     reference = _transformers_vectors(encoder_dir, graphed, sentences[:40], graphed.engine.dtype)
     assert F.cosine_similarity(_vectors(graphed, sentences[:40]), reference).min() >= 0.9999
 
@@ -50,6 +50,6 @@ def test_a_batch_past_the_largest_bucket_runs_eagerly(encoder_dir):
     llm = LLM(model=str(encoder_dir), task="embed", dtype="bfloat16", device="cuda")
     long_sentences = mixed_sentences(word_vocabulary(llm), 120, 100, 120, seed=4)  # > 8,192 tokens in one batch
     vectors = _vectors(llm, long_sentences)
-    assert not llm.engine.executor.runner.graphs.captured
+    assert not llm.engine.runner.graphs.captured
     eager = LLM(model=str(encoder_dir), task="embed", dtype="bfloat16", device="cuda", enforce_eager=True)
     assert F.cosine_similarity(vectors, _vectors(eager, long_sentences)).min() >= 0.99999
