@@ -86,28 +86,28 @@ class BeamSearch:
             self._slot_outputs = [self._beam_tokens(self.num_steps, slot) for slot in range(self.width)]
         return [token for tokens in self._slot_outputs for token in tokens[first:first + num_new]]
 
-    def advance(self, selection: SearchSelection, index: int) -> None:
-        """Take the step's selection (row `index` of the arrays): new hypotheses, the live beams in their slots, and
-        whether the search is done."""
+    def advance(self, selection: dict[str, list], index: int) -> None:
+        """Take the step's selection (selection_lists of the step's SearchSelection; this search's is row `index`):
+        new hypotheses, the live beams in their slots, and whether the search is done."""
         width, penalty = self.width, self.params.length_penalty
         metrics, now = self.head.metrics, time.time()
         metrics.first_token_time, metrics.last_token_time = metrics.first_token_time or now, now
         step = self.num_steps
         new_length = step + 1
         at_limit = new_length >= self.max_new_tokens
-        ending = selection.candidate_eos[index, :width]
-        if at_limit or ending.any():  # only the top beam_width candidates may end as hypotheses
-            slots, tokens, scores, eos = (array[index, :width].tolist() for array in (
-                selection.candidate_slots, selection.candidate_tokens, selection.candidate_scores,
-                selection.candidate_eos))
-            for rank in (range(width) if at_limit else np.flatnonzero(ending).tolist()):
-                self.hypotheses.append(Hypothesis(step, slots[rank], tokens[rank], scores[rank],
-                                                  scores[rank] / new_length ** penalty,
-                                                  "stop" if eos[rank] else "length"))
+        eos = selection["candidate_eos"][index][:width]
+        if at_limit or any(eos):  # only the top beam_width candidates may end as hypotheses
+            slots, tokens, scores = (selection[name][index] for name in (
+                "candidate_slots", "candidate_tokens", "candidate_scores"))
+            for rank in range(width):
+                if at_limit or eos[rank]:
+                    self.hypotheses.append(Hypothesis(step, slots[rank], tokens[rank], scores[rank],
+                                                      scores[rank] / new_length ** penalty,
+                                                      "stop" if eos[rank] else "length"))
             self.hypotheses = sorted(self.hypotheses, key=lambda h: h.score, reverse=True)[:width]
         full = len(self.hypotheses) == width
-        scores = selection.slot_scores[index, :width].tolist()
-        order = selection.order[index, :width].tolist()
+        scores = selection["slot_scores"][index][:width]
+        order = selection["order"][index][:width]
         improvable = True
         if not at_limit and full:  # can the best live beam still beat the worst hypothesis?
             length = self.max_new_tokens if self.params.early_stopping == "never" and penalty > 0 else new_length
@@ -115,21 +115,21 @@ class BeamSearch:
         self.done = at_limit or not improvable or (self.params.early_stopping is True and full)
         if self.done:
             return
-        parents = selection.slot_parents[index, :width]
-        self.parents[step] = parents
-        self.tokens[step] = selection.slot_tokens[index, :width]
+        parents, tokens = selection["slot_parents"][index][:width], selection["slot_tokens"][index][:width]
+        self.parents[step], self.tokens[step] = parents, tokens
         self.scores, self.order = scores, order
         self.num_steps, self._slot_outputs = new_length, None
-        self.blocks.reorder(parents.tolist(), self.head.num_computed_tokens)
+        self.blocks.reorder(parents, self.head.num_computed_tokens)
         # the request's tokens count the search's length (the scheduler's chunks); the best beam's stand for them
-        self.head.append_token(int(self.tokens[step, order[0]]))
+        self.head.append_token(tokens[order[0]])
 
     def _beam_tokens(self, num_steps: int, slot: int) -> list[int]:
         """The tokens of the beam in `slot` after num_steps selections, read back through the parents."""
+        parents, step_tokens = self.parents[:num_steps].tolist(), self.tokens[:num_steps].tolist()
         tokens = []
         for step in range(num_steps - 1, -1, -1):
-            tokens.append(int(self.tokens[step, slot]))
-            slot = int(self.parents[step, slot])
+            tokens.append(step_tokens[step][slot])
+            slot = parents[step][slot]
         return tokens[::-1]
 
     def make_output(self, tokenizer: TokenizerWrapper) -> RequestOutput:
@@ -154,15 +154,24 @@ def advance_searches(batch: ScheduledBatch, selection: SearchSelection | None, s
     live = {item.request.request_id: item.request for item in batch.scheduled
             if item.request.group is not None and not item.request.finished}
     outputs = []
+    lists = selection_lists(selection)
     for index, search_id in enumerate(selection.search_ids):
         head = live.get(search_id)
         if head is None:
             continue
         search = head.group
-        search.advance(selection, index)
+        search.advance(lists, index)
         if search.done:
             scheduler.finish_request(head, "stop")
             head.metrics.finished_time = time.time()
             outputs.append(search.make_output(tokenizer))
             del requests[search_id]
     return outputs
+
+
+def selection_lists(selection: SearchSelection) -> dict[str, list]:
+    """The selection's arrays as nested lists, converted once a step: each search reads a few values of its row, and
+    numpy's per-element reads cost more than the conversion."""
+    return {name: getattr(selection, name).tolist() for name in (
+        "candidate_slots", "candidate_tokens", "candidate_scores", "candidate_eos", "slot_parents", "slot_tokens",
+        "slot_scores", "order")}
