@@ -83,7 +83,8 @@ class BeamSearch:
         if num_new == 1 and first == self.num_steps - 1:  # decoding: each slot's last selected token
             return self.tokens[first].tolist()
         if self._slot_outputs is None:
-            self._slot_outputs = [self._beam_tokens(self.num_steps, slot) for slot in range(self.width)]
+            history = self._history()
+            self._slot_outputs = [self._beam_tokens(history, self.num_steps, slot) for slot in range(self.width)]
         return [token for tokens in self._slot_outputs for token in tokens[first:first + num_new]]
 
     def advance(self, selection: dict[str, list], index: int) -> None:
@@ -123,9 +124,14 @@ class BeamSearch:
         # the request's tokens count the search's length (the scheduler's chunks); the best beam's stand for them
         self.head.append_token(tokens[order[0]])
 
-    def _beam_tokens(self, num_steps: int, slot: int) -> list[int]:
+    def _history(self) -> tuple[list[list[int]], list[list[int]]]:
+        """Every step's parents and tokens per slot, as lists: read back once per call site, not once per beam."""
+        return self.parents[:self.num_steps].tolist(), self.tokens[:self.num_steps].tolist()
+
+    @staticmethod
+    def _beam_tokens(history: tuple[list[list[int]], list[list[int]]], num_steps: int, slot: int) -> list[int]:
         """The tokens of the beam in `slot` after num_steps selections, read back through the parents."""
-        parents, step_tokens = self.parents[:num_steps].tolist(), self.tokens[:num_steps].tolist()
+        parents, step_tokens = history
         tokens = []
         for step in range(num_steps - 1, -1, -1):
             tokens.append(step_tokens[step][slot])
@@ -136,8 +142,9 @@ class BeamSearch:
         """The n best hypotheses, best first, as the finished output of the search's request."""
         head = self.head
         completions = []
+        history = self._history()  # a hypothesis ended at a step no later than the search's last
         for index, h in enumerate(self.hypotheses[:self.params.n]):
-            token_ids = self._beam_tokens(h.step, h.parent) + [h.token_id]
+            token_ids = self._beam_tokens(history, h.step, h.parent) + [h.token_id]
             completions.append(CompletionOutput(
                 index=index, text=tokenizer.decode(token_ids, self.params.skip_special_tokens), token_ids=token_ids,
                 cumulative_logprob=h.cumulative_logprob, logprobs=None, finish_reason=h.finish_reason, score=h.score))

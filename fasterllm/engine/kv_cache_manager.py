@@ -160,7 +160,8 @@ class KVCacheManager:
             table = self.block_tables[request.request_id] = []
         shared = self._shared_write_block(request)
         needed = self.blocks_for_tokens(request.num_computed_tokens + num_new_tokens) - len(table)
-        if needed + (shared is not None) + reserve > len(self.free_queue):
+        # blocks the table holds beyond what it needs do not pay for a copy-on-write block
+        if max(needed, 0) + (shared is not None) + reserve > len(self.free_queue):
             return False
         if shared is not None:
             source = table[shared]

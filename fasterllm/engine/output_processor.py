@@ -153,7 +153,7 @@ class OutputProcessor:
                         num_wanted: int) -> dict[int, Logprob]:
         """One position's logprobs: the sampled token (first) and the top num_wanted alternatives."""
         def text(token_id: int) -> str:
-            return self.tokenizer.decode([token_id], skip_special_tokens=False)
+            return self.tokenizer.decode_one(token_id, skip_special_tokens=False)
 
         entry = {ids[0]: Logprob(values[0], rank_of_sampled, text(ids[0]))}
         for rank, (token_id, value) in enumerate(zip(ids[1:1 + num_wanted], values[1:1 + num_wanted]), start=1):

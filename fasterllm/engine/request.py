@@ -105,7 +105,7 @@ class Request:
         """Whether it and every parallel sample of its family have finished (the family's output is final)."""
         family = self.family
         if len(family) == 1:  # asked of every request every step: most have no parallel samples
-            return self.status is RequestStatus.FINISHED
+            return self.finished
         return all(member.finished for member in family)
 
     def append_token(self, token_id: int) -> None:

@@ -279,14 +279,16 @@ class ModelRunner:
         return sample(logits, md)
 
     def _carried_inputs(self, carried: list[tuple[int, str]]) -> tuple[torch.Tensor | slice, torch.Tensor] | None:
-        """Rows whose input is the previous step's sample: (their token rows, the ids gathered on the device)."""
+        """Rows whose input is the previous step's sample: (their token rows, a slice where they are the first rows,
+        and the ids gathered on the device)."""
         if not carried:
             return None
         samples, sampled_ids = self.previous_samples
         token_rows, requests = zip(*carried)
+        # a request's row is its only one: a step where best_of gives one several is never looked ahead of
         if requests == tuple(sampled_ids[:len(requests)]):  # a decode batch as the step before sampled it
             ids = samples[:len(requests)]
-        else:  # a request's row (its last, where best_of gives it several: such a step is never looked ahead of)
+        else:
             row_of = {request_id: row for row, request_id in enumerate(sampled_ids)}
             ids = samples[host_to_device([row_of[r] for r in requests], torch.long, self.device)]
         if token_rows == tuple(range(len(token_rows))):  # every row a decode row: the first rows, no index to send
@@ -299,7 +301,8 @@ class ModelRunner:
         """One forward pass -> fp32 logits of logits_rows: a CUDA graph for a decode batch that has one, piecewise
         graphs (attention eager between them) for a step of up to 512 tokens, the Triton kernels eagerly for any other
         batch on a GPU, the torch path on the CPU. carried: (token
-        rows, their ids on the device) written over those rows' placeholder ids before the pass. cross: an
+        rows, or a slice of the first rows, and their ids on the device) written over those rows' placeholder ids
+        before the pass. cross: an
         encoder-decoder model's (encoder lengths, cross tables) of the same sequences."""
         if self.buffers is None:
             meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, self.device,

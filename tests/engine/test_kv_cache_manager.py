@@ -43,3 +43,15 @@ def test_running_out_takes_nothing_and_freeing_returns_blocks():
     assert kv.num_free_blocks == 4 and kv.usage == 0.0
     assert kv.allocate_slots(b, 8)
     assert len(kv.block_table("b")) == 2
+
+
+def test_a_shared_write_block_needs_a_free_block_even_where_the_table_holds_spare_blocks():
+    """A table holding more blocks than its next tokens need (taken ahead) must not count them against the private
+    copy its shared write block needs: with the pool empty the allocation is refused, taking nothing."""
+    kv = KVCacheManager(num_blocks=3, block_size=4)
+    parent, child = make_request("p", 8), make_request("c", 8)
+    assert kv.allocate_slots(parent, 8)  # two blocks; nothing computed yet
+    kv.fork(parent, child)  # the child shares both
+    assert kv.allocate_slots(make_request("x", 4), 4)  # the last free block
+    assert not kv.allocate_slots(child, 1)  # its write block is shared and no block is free
+    assert kv.block_table("c") == kv.block_table("p") and kv.take_pending_copies() == []
