@@ -300,10 +300,9 @@ class ModelRunner:
                  cross: tuple[list[int], list[list[int]]] | None = None) -> torch.Tensor:
         """One forward pass -> fp32 logits of logits_rows: a CUDA graph for a decode batch that has one, piecewise
         graphs (attention eager between them) for a step of up to 512 tokens, the Triton kernels eagerly for any other
-        batch on a GPU, the torch path on the CPU. carried: (token
-        rows, or a slice of the first rows, and their ids on the device) written over those rows' placeholder ids
-        before the pass. cross: an
-        encoder-decoder model's (encoder lengths, cross tables) of the same sequences."""
+        batch on a GPU, the torch path on the CPU. carried: (token rows, or a slice of the first rows, and their ids
+        on the device) written over those rows' placeholder ids before the pass. cross: an encoder-decoder model's
+        (encoder lengths, cross tables) of the same sequences."""
         if self.buffers is None:
             meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, self.device,
                                            self.model_config.sliding_window)
