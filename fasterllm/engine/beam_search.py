@@ -87,19 +87,19 @@ class BeamSearch:
             self._slot_outputs = [self._beam_tokens(history, self.num_steps, slot) for slot in range(self.width)]
         return [token for tokens in self._slot_outputs for token in tokens[first:first + num_new]]
 
-    def advance(self, selection: dict[str, list], index: int) -> None:
-        """Take the step's selection (selection_lists of the step's SearchSelection; this search's is row `index`):
-        new hypotheses, the live beams in their slots, and whether the search is done."""
+    def advance(self, selection: SearchSelection, index: int) -> None:
+        """Take the step's selection (this search's is row `index`): new hypotheses, the live beams in their slots,
+        and whether the search is done."""
         width, penalty = self.width, self.params.length_penalty
         metrics, now = self.head.metrics, time.time()
         metrics.first_token_time, metrics.last_token_time = metrics.first_token_time or now, now
         step = self.num_steps
         new_length = step + 1
         at_limit = new_length >= self.max_new_tokens
-        eos = selection["candidate_eos"][index][:width]
+        eos = selection.candidate_eos[index][:width]
         if at_limit or any(eos):  # only the top beam_width candidates may end as hypotheses
-            slots, tokens, scores = (selection[name][index] for name in (
-                "candidate_slots", "candidate_tokens", "candidate_scores"))
+            slots, tokens, scores = (selection.candidate_slots[index], selection.candidate_tokens[index],
+                                     selection.candidate_scores[index])
             for rank in range(width):
                 if at_limit or eos[rank]:
                     self.hypotheses.append(Hypothesis(step, slots[rank], tokens[rank], scores[rank],
@@ -107,8 +107,8 @@ class BeamSearch:
                                                       "stop" if eos[rank] else "length"))
             self.hypotheses = sorted(self.hypotheses, key=lambda h: h.score, reverse=True)[:width]
         full = len(self.hypotheses) == width
-        scores = selection["slot_scores"][index][:width]
-        order = selection["order"][index][:width]
+        scores = selection.slot_scores[index][:width]
+        order = selection.order[index][:width]
         improvable = True
         if not at_limit and full:  # can the best live beam still beat the worst hypothesis?
             length = self.max_new_tokens if self.params.early_stopping == "never" and penalty > 0 else new_length
@@ -116,7 +116,7 @@ class BeamSearch:
         self.done = at_limit or not improvable or (self.params.early_stopping is True and full)
         if self.done:
             return
-        parents, tokens = selection["slot_parents"][index][:width], selection["slot_tokens"][index][:width]
+        parents, tokens = selection.slot_parents[index][:width], selection.slot_tokens[index][:width]
         self.parents[step], self.tokens[step] = parents, tokens
         self.scores, self.order = scores, order
         self.num_steps, self._slot_outputs = new_length, None
@@ -161,13 +161,12 @@ def advance_searches(batch: ScheduledBatch, selection: SearchSelection | None, s
     live = {item.request.request_id: item.request for item in batch.scheduled
             if item.request.group is not None and not item.request.finished}
     outputs = []
-    lists = selection_lists(selection)
     for index, search_id in enumerate(selection.search_ids):
         head = live.get(search_id)
         if head is None:
             continue
         search = head.group
-        search.advance(lists, index)
+        search.advance(selection, index)
         if search.done:
             scheduler.finish_request(head, "stop")
             head.metrics.finished_time = time.time()
@@ -175,10 +174,3 @@ def advance_searches(batch: ScheduledBatch, selection: SearchSelection | None, s
             del requests[search_id]
     return outputs
 
-
-def selection_lists(selection: SearchSelection) -> dict[str, list]:
-    """The selection's arrays as nested lists, converted once a step: each search reads a few values of its row, and
-    numpy's per-element reads cost more than the conversion."""
-    return {name: getattr(selection, name).tolist() for name in (
-        "candidate_slots", "candidate_tokens", "candidate_scores", "candidate_eos", "slot_parents", "slot_tokens",
-        "slot_scores", "order")}

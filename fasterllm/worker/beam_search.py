@@ -71,45 +71,68 @@ def stage_search_rows(chunks: SearchChunks, searches: dict[str, SearchState], to
     return rows
 
 
-def select_beams(logits: torch.Tensor, chunks: SearchChunks,
-                 searches: dict[str, SearchState]) -> tuple[list[str], dict[str, torch.Tensor]]:
-    """logits: [rows, V] fp32 of the selecting searches' computing slots, search after search, slot after slot.
-    Returns the selecting searches' ids and the selection's tensors (on the device), named as SearchSelection's
-    fields."""
-    device, vocab = logits.device, logits.shape[-1]
+@dataclass
+class SelectionInputs:
+    """The host's part of a step's selection, for the searches that select: per search one row of ints (the logits
+    row of each of the widest width's slots in rank order (pad_row: no beam), the slots in rank order, its eos ids
+    padded with -1, its width, its number of candidates) and one of floats (each slot's score in rank order)."""
+    search_ids: list[str]
+    width: int  # the widest search's
+    num_candidates: int  # the most candidates a search asks
+    num_eos: int  # the most eos ids a search has (at least 1)
+    ints: list[list[int]]
+    scores: list[list[float]]
+
+    def pad(self, num_searches: int, pad_row: int) -> None:
+        """Add searches up to num_searches that select nothing (no beam, width 0)."""
+        missing = num_searches - len(self.ints)
+        self.ints += [[pad_row] * self.width + list(range(self.width)) + [-1] * self.num_eos + [0, 0]] * missing
+        self.scores += [[float("-inf")] * self.width] * missing
+
+
+def selection_inputs(chunks: SearchChunks, searches: dict[str, SearchState], pad_row: int) -> SelectionInputs:
+    """pad_row: the index one past the last logits row (the selection appends a row of -inf there)."""
     picked = [i for i, selects in enumerate(chunks.selects) if selects]
     states = [searches[chunks.search_ids[i]] for i in picked]
     width = max(state.width for state in states)
-    pad_row = logits.shape[0]  # a row of -inf: a slot with no beam, or past a narrower search's width
-    index, scores, order, row = [], [], [], 0
+    num_eos = max(1, max(len(state.eos_token_ids) for state in states))
+    ints, scores, row = [], [], 0
     for i, state in zip(picked, states):
         slot_order, slot_scores, num_slots = chunks.order[i], chunks.scores[i], chunks.num_slots[i]
         padding = width - state.width
-        index.append([row + slot if slot < num_slots else pad_row for slot in slot_order] + [pad_row] * padding)
+        ints.append([row + slot if slot < num_slots else pad_row for slot in slot_order] + [pad_row] * padding
+                    + slot_order + list(range(state.width, width))
+                    + state.eos_token_ids + [-1] * (num_eos - len(state.eos_token_ids))
+                    + [state.width, state.num_candidates])
         scores.append([slot_scores[slot] for slot in slot_order] + [float("-inf")] * padding)
-        order.append(slot_order + list(range(state.width, width)))
         row += num_slots
-    num_candidates = max(state.num_candidates for state in states)
+    return SelectionInputs([chunks.search_ids[i] for i in picked], width,
+                           max(state.num_candidates for state in states), num_eos, ints, scores)
+
+
+def select(logits: torch.Tensor, ints: torch.Tensor, scores: torch.Tensor, width: int, num_candidates: int,
+           num_eos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The selection on the device, with no read back to the host (a CUDA graph can hold it). logits: [rows, V] fp32
+    of the selecting searches' computing slots; ints, scores: SelectionInputs' rows. Returns ([6, searches, width]
+    int64: candidate slots, candidate tokens, candidate is eos, slot parents, slot tokens, order; [2, searches,
+    width] fp32: candidate scores, slot scores), as SearchSelection's fields."""
+    device, vocab = logits.device, logits.shape[-1]
+    num_searches = ints.shape[0]
+    index, order = ints[:, :width], ints[:, width:2 * width]
+    eos, widths, allowed = ints[:, 2 * width:2 * width + num_eos], ints[:, -2:-1], ints[:, -1:]
     # only a row's best num_candidates tokens can be among its search's best num_candidates: each row's are taken
     # first, so no other [rows, V] tensor than the logprobs is made
     top_logprobs, top_tokens = logits.log_softmax(dim=-1).topk(min(num_candidates, vocab), dim=-1)
     top_logprobs = torch.cat([top_logprobs, top_logprobs.new_full((1, top_logprobs.shape[1]), float("-inf"))])
     top_tokens = torch.cat([top_tokens, torch.zeros_like(top_tokens[:1])])
-    index_t = host_to_device(index, torch.long, device)
-    ranked = top_logprobs[index_t] + host_to_device(scores, torch.float32, device)[:, :, None]
     # [searches, W, K]: cumulative logprob of each slot's best continuations, slots best first
-    order_t = host_to_device(order, torch.long, device)
+    ranked = top_logprobs[index] + scores[:, :, None]
     per_slot = ranked.shape[2]
-    top_scores, top = ranked.view(len(states), width * per_slot).topk(num_candidates, dim=-1)
-    tokens = top_tokens[index_t].view(len(states), width * per_slot).gather(1, top)
-    slots = order_t.gather(1, top // per_slot)
-    longest_eos = max(1, max(len(state.eos_token_ids) for state in states))
-    eos = host_to_device([s.eos_token_ids + [-1] * (longest_eos - len(s.eos_token_ids)) for s in states],
-                         torch.long, device)
+    top_scores, top = ranked.view(num_searches, width * per_slot).topk(num_candidates, dim=-1)
+    tokens = top_tokens[index].view(num_searches, width * per_slot).gather(1, top)
+    slots = order.gather(1, top // per_slot)
     is_eos = (tokens[:, :, None] == eos[:, None, :]).any(dim=-1)
     ranks = torch.arange(num_candidates, device=device)
-    widths = host_to_device([state.width for state in states], torch.long, device)[:, None]
-    allowed = host_to_device([state.num_candidates for state in states], torch.long, device)[:, None]
     live = (ranks < allowed) & ~is_eos & top_scores.isfinite()
     chosen = live & (live.cumsum(dim=1) <= widths)
     # the chosen candidates first, best first: the live continuations
@@ -121,7 +144,7 @@ def select_beams(logits: torch.Tensor, chunks: SearchChunks,
     in_width = columns[None, :] < widths
     same_parent = parents[:, :, None] == parents[:, None, :]
     first = ~(same_parent & (columns[None, :] < columns[:, None])[None]).any(dim=-1) & in_width
-    claimed = torch.zeros(len(states), width + 1, dtype=torch.bool, device=device)
+    claimed = torch.zeros(num_searches, width + 1, dtype=torch.bool, device=device)
     claimed.scatter_(1, torch.where(first, parents, width), True)
     free_slots = torch.where(claimed[:, :width] | ~in_width, columns + width, columns).argsort(dim=1)
     later = ((~first & in_width).cumsum(dim=1) - 1).clamp(min=0)
@@ -129,16 +152,46 @@ def select_beams(logits: torch.Tensor, chunks: SearchChunks,
     target = torch.where(in_width, target, width)  # padding columns land in a column that is dropped
 
     def by_slot(values: torch.Tensor, fill) -> torch.Tensor:
-        out = torch.full((len(states), width + 1), fill, dtype=values.dtype, device=device)
+        out = torch.full((num_searches, width + 1), fill, dtype=values.dtype, device=device)
         return out.scatter_(1, target, values)[:, :width]
 
-    return [chunks.search_ids[i] for i in picked], {
-        "candidate_slots": slots[:, :width], "candidate_tokens": tokens[:, :width],
-        "candidate_scores": top_scores[:, :width], "candidate_eos": is_eos[:, :width],
-        "slot_parents": by_slot(parents, 0), "slot_tokens": by_slot(next_tokens, 0),
-        "slot_scores": by_slot(next_scores, float("-inf")), "order": torch.where(in_width, target, columns)}
+    ints_out = torch.stack([slots[:, :width], tokens[:, :width], is_eos[:, :width].long(), by_slot(parents, 0),
+                            by_slot(next_tokens, 0), torch.where(in_width, target, columns)])
+    return ints_out, torch.stack([top_scores[:, :width], by_slot(next_scores, float("-inf"))])
 
 
-def selection_on_host(search_ids: list[str], tensors: dict) -> SearchSelection:
-    """The selection as host arrays (waits for the device)."""
-    return SearchSelection(search_ids, **{name: tensor.cpu().numpy() for name, tensor in tensors.items()})
+class PendingSelection:
+    """A launched selection: on a GPU its copy to pinned host memory is queued behind it (the tensors may be a
+    graph's, overwritten by its next replay); on_host() waits for it."""
+
+    def __init__(self, search_ids: list[str], ints: torch.Tensor, floats: torch.Tensor):
+        self.search_ids = search_ids
+        self.ready = None
+        if ints.is_cuda:
+            self.ints = torch.empty(ints.shape, dtype=ints.dtype, pin_memory=True).copy_(ints, non_blocking=True)
+            self.floats = torch.empty(floats.shape, dtype=floats.dtype, pin_memory=True).copy_(floats,
+                                                                                                non_blocking=True)
+            self.ready = torch.cuda.Event()
+            self.ready.record()
+        else:
+            self.ints, self.floats = ints, floats
+
+    def on_host(self) -> SearchSelection:
+        if self.ready is not None:
+            self.ready.synchronize()
+        num = len(self.search_ids)  # a graph's padding searches follow
+        ints = [rows[:num] for rows in self.ints.tolist()]
+        floats = [rows[:num] for rows in self.floats.tolist()]
+        return SearchSelection(self.search_ids, candidate_slots=ints[0], candidate_tokens=ints[1],
+                               candidate_scores=floats[0], candidate_eos=ints[2], slot_parents=ints[3],
+                               slot_tokens=ints[4], slot_scores=floats[1], order=ints[5])
+
+
+def select_beams(logits: torch.Tensor, chunks: SearchChunks, searches: dict[str, SearchState]) -> PendingSelection:
+    """The selection launched op by op (the CPU, or a GPU without graphs): logits [rows, V] fp32 of the selecting
+    searches' computing slots, search after search, slot after slot."""
+    inputs = selection_inputs(chunks, searches, logits.shape[0])
+    ints, floats = select(logits, host_to_device(inputs.ints, torch.long, logits.device),
+                          host_to_device(inputs.scores, torch.float32, logits.device), inputs.width,
+                          inputs.num_candidates, inputs.num_eos)
+    return PendingSelection(inputs.search_ids, ints, floats)

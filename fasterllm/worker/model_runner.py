@@ -15,7 +15,8 @@ from fasterllm.distributed.tensor_parallel import SINGLE_DEVICE, TensorParallel
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.kv_cache_dtype import FP8_KV_DTYPE
 from fasterllm.loader.checkpoint import Checkpoint
-from fasterllm.worker.beam_search import select_beams, selection_on_host, stage_search_rows
+from fasterllm.worker.beam_search import PendingSelection, select_beams, stage_search_rows
+from fasterllm.worker.beam_selection_graphs import SelectionGraphs
 from fasterllm.worker.cuda_graphs import DecodeGraphs
 from fasterllm.worker.decoder_builder import build_decoder
 from fasterllm.worker.encoder_decoder_inputs import encode_starting, run_encoders
@@ -36,13 +37,13 @@ class PendingOutput:
     a step launched after it. A step run with masks_follow has its samples once sample_with_masks has run."""
 
     def __init__(self, request_ids: list[str], sampled: SamplerOutput | None, prompt_logprobs: dict,
-                 selection: tuple[list[str], dict] | None = None):
+                 selection: PendingSelection | None = None):
         self.request_ids, self.sampled, self.prompt_logprobs = request_ids, sampled, prompt_logprobs
-        self.selection = selection  # the beam searches that selected and their selection's tensors
+        self.selection = selection  # the beam searches' selection
 
     def get(self) -> ModelRunnerOutput:
         sampled = self.sampled
-        selection = None if self.selection is None else selection_on_host(*self.selection)
+        selection = None if self.selection is None else self.selection.on_host()
         if sampled is None:
             if self.request_ids:
                 raise RuntimeError("this step's rows wait for their grammar masks: sample_with_masks first")
@@ -79,6 +80,7 @@ class ModelRunner:
         self.buffers: InputBuffers | None = None  # GPU: fixed input buffers, filled from pinned memory
         self.graphs: DecodeGraphs | None = None
         self.piecewise: PiecewiseGraphs | None = None  # steps with prompt chunks (decoder-only models)
+        self.selection_graphs: SelectionGraphs | None = None  # beam searches' selections
         self.requests = RequestStates(device)
         # the last step's sampled ids, still on the device, and the request of each row: a step scheduled before
         # the engine read them (asynchronous scheduling) takes a request's next input token from here
@@ -105,6 +107,7 @@ class ModelRunner:
             return 0.0
         self.graphs = DecodeGraphs(self.model, self.buffers, self.kv_caches, self.encoder_decoder)
         seconds = self.graphs.capture()
+        self.selection_graphs = SelectionGraphs(self.device)  # captured when first needed
         if not self.encoder_decoder:
             self.piecewise = PiecewiseGraphs(self.model, self.buffers, self.kv_caches)
             seconds += self.piecewise.capture()
@@ -241,7 +244,8 @@ class ModelRunner:
         prompt_logprobs = score_prompt_positions(logits[selecting:], prompt_rows)
         selection = None
         if search_rows.logits_rows:
-            selection = select_beams(logits[len(sampling):selecting], searches, self.requests.searches)
+            select_now = select_beams if self.selection_graphs is None else self.selection_graphs.select
+            selection = select_now(logits[len(sampling):selecting], searches, self.requests.searches)
         pending = PendingOutput(sampling, None, prompt_logprobs, selection)
         if not sampling:
             return pending

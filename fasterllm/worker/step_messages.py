@@ -125,24 +125,24 @@ class GrammarMasks:
 
 @dataclass
 class SearchSelection:
-    """The step's selection for each search that selected, in the message's order, as arrays ([searches, W]
-    with W the widest search's width; a narrower search's columns past its width are padding).
+    """The step's selection for each search that selected, in the message's order, as nested lists (search, then
+    column: W columns, W the widest search's width; a narrower search's columns past its width are padding).
 
     The top W candidates over slots x vocabulary by cumulative logprob, best first: candidate_slots (the slot
-    continued), candidate_tokens, candidate_scores, candidate_eos (the token is one of the search's eos ids:
+    continued), candidate_tokens, candidate_scores, candidate_eos (1: the token is one of the search's eos ids:
     among a search's first width candidates such ones become hypotheses). The live continuations (the best width
-    that do not end in eos) take the slots: slot_parents[i, j] is the slot that slot j continues (a parent's best
+    that do not end in eos) take the slots: slot_parents[i][j] is the slot that slot j continues (a parent's best
     continuation stays in its slot), slot_tokens / slot_scores its token and cumulative logprob, order[i] the slots
     best first."""
     search_ids: list[str]
-    candidate_slots: np.ndarray
-    candidate_tokens: np.ndarray
-    candidate_scores: np.ndarray
-    candidate_eos: np.ndarray
-    slot_parents: np.ndarray
-    slot_tokens: np.ndarray
-    slot_scores: np.ndarray
-    order: np.ndarray
+    candidate_slots: list[list[int]]
+    candidate_tokens: list[list[int]]
+    candidate_scores: list[list[float]]
+    candidate_eos: list[list[int]]
+    slot_parents: list[list[int]]
+    slot_tokens: list[list[int]]
+    slot_scores: list[list[float]]
+    order: list[list[int]]
 
 
 @dataclass

@@ -3,10 +3,13 @@ transformers' rule (the top candidates over slots x vocabulary, eos ones set apa
 and the slot rule (a parent's best continuation stays in its slot, the others fill the free slots in order)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fasterllm.worker.beam_search import SearchState, select_beams
 from fasterllm.worker.step_messages import SearchChunks
+
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 VOCAB = 12
 
@@ -33,14 +36,26 @@ def reference(logprobs: list[torch.Tensor], scores: list[float], order: list[int
             parents, tokens, new_scores)
 
 
-def test_one_selection_over_searches_of_different_widths_matches_each_search_alone():
+def graph_select(logits, chunks, states):
+    from fasterllm.worker.beam_selection_graphs import SelectionGraphs
+    graphs = SelectionGraphs(torch.device("cuda"))
+    graphs.select(logits, chunks, states).on_host()  # captured on the first call: check a replay's, not the capture's
+    return graphs.select(logits, chunks, states)
+
+
+@pytest.mark.parametrize("num_searches", [4, 3])  # a graph's 3 searches pad to 4
+@pytest.mark.parametrize("device, selector", [
+    ("cpu", select_beams), pytest.param("cuda", select_beams, marks=GPU),
+    pytest.param("cuda", graph_select, marks=GPU)])
+def test_one_selection_over_searches_of_different_widths_matches_each_search_alone(device, selector,
+                                                                                        num_searches):
     torch.manual_seed(0)
     # (width, eos ids, computing slots, slot scores, ranking): a first step (slot 0 alone), a wide search with two
     # eos ids, a narrow one without eos (ignore_eos), and a search whose ranking is not slot order
     searches = [(3, [1], 1, [0.0, float("-inf"), float("-inf")], [0, 1, 2]),
                 (4, [1, 2], 4, [-1.0, -1.5, -2.0, -2.2], [0, 1, 2, 3]),
                 (2, [], 2, [-0.5, -0.7], [0, 1]),
-                (4, [3], 4, [-2.0, -1.0, -3.0, -1.5], [1, 3, 0, 2])]
+                (4, [3], 4, [-2.0, -1.0, -3.0, -1.5], [1, 3, 0, 2])][:num_searches]
     chunks = SearchChunks()
     states, rows = {}, []
     for index, (width, eos, num_slots, scores, order) in enumerate(searches):
@@ -54,22 +69,22 @@ def test_one_selection_over_searches_of_different_widths_matches_each_search_alo
         rows.append(torch.randn(num_slots, VOCAB) * 3)
     # a token that ends every slot's best continuation: eos candidates must be set apart, not kept live
     rows[1][:, 1] = 10.0
-    ids, got = select_beams(torch.cat(rows), chunks, states)
-    assert ids == chunks.search_ids
+    got = selector(torch.cat(rows).to(device), chunks, states).on_host()
+    assert got.search_ids == chunks.search_ids
     for index, (width, eos, num_slots, scores, order) in enumerate(searches):
         logprobs = list(rows[index].log_softmax(dim=-1))
         candidates, parents, tokens, new_scores = reference(logprobs, scores, order, width,
                                                             states[f"s{index}"].num_candidates, eos)
-        assert got["candidate_slots"][index, :width].tolist() == [c[0] for c in candidates]
-        assert got["candidate_tokens"][index, :width].tolist() == [c[1] for c in candidates]
-        assert got["candidate_eos"][index, :width].tolist() == [c[3] for c in candidates]
-        torch.testing.assert_close(got["candidate_scores"][index, :width], torch.tensor([c[2] for c in candidates]))
-        assert got["slot_parents"][index, :width].tolist() == parents
-        assert got["slot_tokens"][index, :width].tolist() == tokens
-        torch.testing.assert_close(got["slot_scores"][index, :width], torch.tensor(new_scores))
+        assert got.candidate_slots[index][:width] == [c[0] for c in candidates]
+        assert got.candidate_tokens[index][:width] == [c[1] for c in candidates]
+        assert got.candidate_eos[index][:width] == [c[3] for c in candidates]
+        torch.testing.assert_close(got.candidate_scores[index][:width], [c[2] for c in candidates])
+        assert got.slot_parents[index][:width] == parents
+        assert got.slot_tokens[index][:width] == tokens
+        torch.testing.assert_close(got.slot_scores[index][:width], new_scores)
         # the slots best first: by score
-        ranking = got["order"][index, :width].tolist()
+        ranking = got.order[index][:width]
         assert sorted(ranking) == list(range(width))
         assert [new_scores[slot] for slot in ranking] == sorted(new_scores, reverse=True)
-    assert got["candidate_eos"][1, :4].any()  # the eos case was exercised
-    assert (got["slot_parents"][0, :3] == 0).all()  # the first step continues slot 0 only
+    assert any(got.candidate_eos[1][:4])  # the eos case was exercised
+    assert got.slot_parents[0][:3] == [0, 0, 0]  # the first step continues slot 0 only
