@@ -47,6 +47,7 @@ class InputBuffers:
             self.cross_tables = pair(max_seqs, max_cross_blocks_per_seq, dtype=torch.int32)
             self.encoder_lens = pair(max_seqs, dtype=torch.int32)
         self.turn = 0  # which pinned set this step writes
+        self.decode: tuple[StagedBatch, int, int] | None = None  # the last decode batch staged: (it, seqs, rows)
 
     def stage(self, token_ids: list[int], query_lens: list[int], seq_lens: list[int],
               block_tables: list[list[int]], logits_rows: list[int], padded_seqs: int | None = None,
@@ -73,14 +74,7 @@ class InputBuffers:
         slots = tables[seq_index, positions // self.block_size].astype(np.int64) * self.block_size
         slots += positions % self.block_size
 
-        def fill(buffers: tuple[list[torch.Tensor], torch.Tensor], values, count: int, pad: int = 0) -> torch.Tensor:
-            host, device = buffers[0][turn], buffers[1]
-            array = host.numpy()
-            array[:len(values)] = values
-            array[len(values):count] = pad
-            device[:count].copy_(host[:count], non_blocking=True)
-            return device[:count]
-
+        fill = self._fill
         input_ids = fill(self.input_ids, token_ids, tokens_out)
         positions_t = fill(self.positions, positions, tokens_out)
         slot_mapping = fill(self.slot_mapping, slots, tokens_out, pad=-1)
@@ -98,7 +92,39 @@ class InputBuffers:
             cross_kernel = KernelInputs(self._tables(self.cross_tables, cross_tables, rows),
                                         fill(self.encoder_lens, encoder_lens, rows), query_start, max_query_len)
             meta.cross = AttentionMetadata(positions_t, slot_mapping, num_tokens, [], None, cross_kernel)
-        return StagedBatch(input_ids, logits_indices, meta)
+        batch = StagedBatch(input_ids, logits_indices, meta)
+        self.decode = (batch, num_seqs, rows) if padded_seqs is not None else None
+        return batch
+
+    def advance_decode(self, token_ids: list[int], changed_tables: list[tuple[int, list[int]]]) -> StagedBatch:
+        """The decode batch staged last, one token further: the same sequences in the same rows, each one position
+        on. Positions and lengths move on the device, the rows in changed_tables ((row, its whole block table): a
+        block added or copied on write) are sent, the slots are looked up on the device, and only the token ids
+        come from the host: a few launches instead of the whole batch's staging."""
+        batch, num_seqs, rows = self.decode
+        self.turn ^= 1
+        self._fill(self.input_ids, token_ids, rows)
+        positions = self.positions[1][:num_seqs]
+        positions += 1
+        self.seq_lens[1][:num_seqs] += 1
+        tables = self.block_tables[1]
+        if changed_tables:
+            width = max(len(table) for _, table in changed_tables)
+            packed = host_to_device([[row] + table + [0] * (width - len(table)) for row, table in changed_tables],
+                                    torch.int32, tables.device)
+            tables[packed[:, 0].long(), :width] = packed[:, 1:]
+        blocks = tables[:num_seqs].gather(1, (positions // self.block_size)[:, None]).squeeze(1)
+        torch.add(positions % self.block_size, blocks, alpha=self.block_size, out=self.slot_mapping[1][:num_seqs])
+        return batch
+
+    def _fill(self, buffers: tuple[list[torch.Tensor], torch.Tensor], values, count: int, pad: int = 0) -> torch.Tensor:
+        """values, padded to count with pad, into this turn's host buffer and on to the device buffer."""
+        host, device = buffers[0][self.turn], buffers[1]
+        array = host.numpy()
+        array[:len(values)] = values
+        array[len(values):count] = pad
+        device[:count].copy_(host[:count], non_blocking=True)
+        return device[:count]
 
     def _tables(self, buffers: tuple[list[torch.Tensor], torch.Tensor], tables: list[list[int]],
                 rows: int) -> torch.Tensor:

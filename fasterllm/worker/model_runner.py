@@ -81,6 +81,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.piecewise: PiecewiseGraphs | None = None  # steps with prompt chunks (decoder-only models)
         self.selection_graphs: SelectionGraphs | None = None  # beam searches' selections
+        self._decode_rows: tuple[tuple[str, ...], int] | None = None  # the last graph step's requests and size
         self.requests = RequestStates(device)
         # the last step's sampled ids, still on the device, and the request of each row: a step scheduled before
         # the engine read them (asynchronous scheduling) takes a request's next input token from here
@@ -238,8 +239,9 @@ class ModelRunner:
         if self.encoder_decoder:
             encode_starting(self.model, [s for s, start in zip(scheduled_states, message.starts) if start == 0]
                             + search_rows.starting, self.kv_caches, self.block_size, self.device)
+        rows = None if searches.search_ids else (tuple(message.request_ids), message.table_changes)
         logits = self._forward(token_ids, query_lens, seq_lens, tables, logits_rows, self._carried_inputs(carried),
-                               cross)
+                               cross, rows)
         selecting = len(sampling) + len(search_rows.logits_rows)
         prompt_logprobs = score_prompt_positions(logits[selecting:], prompt_rows)
         selection = None
@@ -301,12 +303,15 @@ class ModelRunner:
 
     def _forward(self, token_ids: list[int], query_lens: list[int], seq_lens: list[int], tables: list[list[int]],
                  logits_rows: list[int], carried: tuple[torch.Tensor | slice, torch.Tensor] | None = None,
-                 cross: tuple[list[int], list[list[int]]] | None = None) -> torch.Tensor:
+                 cross: tuple[list[int], list[list[int]]] | None = None,
+                 rows: tuple[tuple[str, ...], dict] | None = None) -> torch.Tensor:
         """One forward pass -> fp32 logits of logits_rows: a CUDA graph for a decode batch that has one, piecewise
         graphs (attention eager between them) for a step of up to 512 tokens, the Triton kernels eagerly for any other
         batch on a GPU, the torch path on the CPU. carried: (token rows, or a slice of the first rows, and their ids
         on the device) written over those rows' placeholder ids before the pass. cross: an encoder-decoder model's
-        (encoder lengths, cross tables) of the same sequences."""
+        (encoder lengths, cross tables) of the same sequences. rows: (the request of each row, the requests whose
+        tables changed this step) when they are all of the step's rows (no beam search's): a decode batch of the same
+        requests in the same rows as the graph step before it only moves that step's inputs on."""
         if self.buffers is None:
             meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, self.device,
                                            self.model_config.sliding_window)
@@ -321,12 +326,20 @@ class ModelRunner:
         decode = len(token_ids) == num_seqs and logits_rows == list(range(num_seqs))
         size = self.graphs.padded_size(num_seqs) if self.graphs is not None and decode else None
         tokens = self.piecewise.padded_size(len(token_ids)) if self.piecewise is not None and size is None else None
-        batch = self.buffers.stage(token_ids, query_lens, seq_lens, tables, logits_rows, padded_seqs=size, cross=cross,
-                                   padded_tokens=tokens)
+        continues = size is not None and rows is not None and self._decode_rows == (rows[0], size)
+        self._decode_rows = None  # until this step is launched
+        if continues:
+            batch = self.buffers.advance_decode(token_ids, [(row, tables[row]) for row, request_id in enumerate(rows[0])
+                                                            if request_id in rows[1]])
+        else:
+            batch = self.buffers.stage(token_ids, query_lens, seq_lens, tables, logits_rows, padded_seqs=size,
+                                       cross=cross, padded_tokens=tokens)
         if carried is not None:  # after the staging copy, on the same stream
             batch.input_ids[carried[0]] = carried[1]
         if size is not None:
-            return self.graphs.replay(size, num_seqs)
+            logits = self.graphs.replay(size, num_seqs)
+            self._decode_rows = None if rows is None else (rows[0], size)
+            return logits
         if tokens is not None:
             return self.piecewise.replay(tokens, batch.meta.kernel, batch.logits_indices)
         return self.model(batch.input_ids, batch.meta.positions, self.kv_caches, batch.meta, batch.logits_indices)

@@ -1,0 +1,33 @@
+"""On a GPU: a decode batch moved on by one token (positions and lengths on the device, only the changed tables sent,
+slots looked up on the device) stages what staging the next step from scratch stages. Skipped without CUDA."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fasterllm.worker.input_buffers import InputBuffers
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+BLOCK = 4
+
+
+def staged(batch, tables: list[list[int]]) -> dict:
+    kernel = batch.meta.kernel
+    return {"input_ids": batch.input_ids.tolist(), "positions": batch.meta.positions.tolist(),
+            "slot_mapping": batch.meta.slot_mapping.tolist(), "seq_lens": kernel.seq_lens.tolist(),
+            "query_start": kernel.query_start_loc.tolist(), "logits_rows": batch.logits_indices.tolist(),
+            "tables": [kernel.block_tables[row, :len(table)].tolist() for row, table in enumerate(tables)]}
+
+
+def test_a_decode_batch_moved_on_stages_what_a_full_staging_does():
+    device = torch.device("cuda")
+    moved, fresh = (InputBuffers(64, 8, 8, BLOCK, device) for _ in range(2))
+    seq_lens, tables = [5, 8, 3], [[1, 2], [3, 4], [5]]
+    moved.stage([7, 8, 9], [1, 1, 1], seq_lens, tables, [0, 1, 2], padded_seqs=4)
+    # a step on: the second sequence's 9th token opens a new block, the third's write block was copied on write
+    for step_tables, changed in (([[1, 2], [3, 4, 6], [10]], [1, 2]), ([[1, 2], [3, 4, 6], [10]], [])):
+        seq_lens = [n + 1 for n in seq_lens]
+        token_ids = [n * 10 for n in seq_lens]
+        got = moved.advance_decode(token_ids, [(row, step_tables[row]) for row in changed])
+        want = fresh.stage(token_ids, [1, 1, 1], seq_lens, step_tables, [0, 1, 2], padded_seqs=4)
+        assert staged(got, step_tables) == staged(want, step_tables)
