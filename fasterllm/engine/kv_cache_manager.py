@@ -137,12 +137,6 @@ class KVCacheManager:
         return hashes[:count]
 
     # ---- allocation ------------------------------------------------------------------------------------
-    def _shared_write_block(self, request: Request) -> int | None:
-        """Index in the table of the block the next token goes into, if another request shares it."""
-        table = self.block_tables.get(request.request_id, [])
-        index = request.num_computed_tokens // self.block_size
-        return index if index < len(table) and self.ref_counts[table[index]] > 1 else None
-
     def allocate_slots(self, request: Request, num_new_tokens: int, reserve: int = 0) -> bool:
         """Grow the request's table to hold num_new_tokens more, keeping `reserve` blocks free.
 
@@ -150,16 +144,14 @@ class KVCacheManager:
         Returns False, taking nothing, when the pool is short.
         """
         table = self.block_tables.get(request.request_id)
-        if table and not reserve:  # the common decode step: room in its table, its write block its own
-            computed, size = request.num_computed_tokens, self.block_size
-            index = computed // size
-            if computed + num_new_tokens <= len(table) * size and (index >= len(table) or
-                                                                    self.ref_counts[table[index]] <= 1):
-                return True
         if table is None:
             table = self.block_tables[request.request_id] = []
-        shared = self._shared_write_block(request)
-        needed = self.blocks_for_tokens(request.num_computed_tokens + num_new_tokens) - len(table)
+        computed = request.num_computed_tokens
+        index = computed // self.block_size  # the block the next token goes into: shared with another request?
+        shared = index if index < len(table) and self.ref_counts[table[index]] > 1 else None
+        needed = self.blocks_for_tokens(computed + num_new_tokens) - len(table)
+        if needed <= 0 and shared is None and table and not reserve:  # the common decode step: nothing to do
+            return True
         # blocks the table holds beyond what it needs do not pay for a copy-on-write block
         if max(needed, 0) + (shared is not None) + reserve > len(self.free_queue):
             return False
