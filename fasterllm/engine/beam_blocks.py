@@ -5,7 +5,10 @@ chosen. Each slot's last block is its own (private) while partly filled; its ful
 slots. A selection reorders the tables by parent: a slot continuing another slot's beam takes that slot's full
 blocks by reference and copies its partly filled last block into its own last block (the slot's previous beam was
 not chosen, so that block is free to overwrite); a parent's first continuation stays in its slot and copies
-nothing. At a block boundary (the parents' last blocks are full) nothing is copied at all.
+nothing. At a block boundary (the parents' last blocks are full) nothing is copied at all. A lookahead step
+(asynchronous scheduling) takes each slot's block for the next position before the selection in flight is read and
+makes the reorder and its copies on the device (worker/beam_follow.py); the selection then reorders these tables the
+same way without queueing copies.
 
 The search holds one reference to each block it uses, however many slots list it. Full blocks that no slot lists any
 more are given back when slots next grow (at the next block boundary): between boundaries no full block is made,
@@ -63,20 +66,26 @@ class SearchBlocks:
             self._append(slot, grow)
         return True
 
-    def reorder(self, parents: list[int], num_computed: int) -> None:
+    def reorder(self, parents: list[int], num_computed: int, copied: bool = False) -> None:
         """Slot j continues slot parents[j]'s beam (a parent's first continuation is in its own slot); every slot
-        has KV for num_computed tokens. Queues the copies of partly filled last blocks in the cache manager."""
+        has KV for num_computed tokens. Queues the copies of partly filled last blocks in the cache manager, unless
+        `copied`: a lookahead step made them on the device already (worker/beam_follow.py), with these tables. At a
+        block boundary where the slots already hold the block for the next position (taken for a lookahead step), a
+        moved slot keeps its own and takes its parent's full blocks."""
         old = self.tables
         tables = list(old)
-        boundary = num_computed % self.kv_cache.block_size == 0
+        size = self.kv_cache.block_size
+        boundary = num_computed % size == 0
+        full = num_computed // size
         for slot, parent in enumerate(parents):
             if parent == slot:
                 continue
-            if boundary:
-                tables[slot] = list(old[parent])
+            if not boundary or len(old[parent]) > full:
+                tables[slot] = old[parent][:full] + [old[slot][-1]]
+                if not boundary and not copied:
+                    self.kv_cache.pending_copies.append((old[parent][-1], old[slot][-1]))
             else:
-                tables[slot] = old[parent][:-1] + [old[slot][-1]]
-                self.kv_cache.pending_copies.append((old[parent][-1], old[slot][-1]))
+                tables[slot] = list(old[parent])
             self.changed_from[slot] = 0
         self.tables = tables
         self.spread = True

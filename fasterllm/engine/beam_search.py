@@ -56,6 +56,9 @@ class BeamSearch:
         self.scores = [0.0] + [float("-inf")] * (self.width - 1)
         self.order = list(range(self.width))
         self.num_steps = 0  # selections made: the length of every live beam
+        # a lookahead step launched before the selection in flight was read: its slots follow that selection on the
+        # device (their tables reordered and partly filled blocks copied there)
+        self.followed = False
         self.parents = self.tokens = np.zeros((0, self.width), dtype=np.int64)  # per step: per slot
         self._slot_outputs: list[list[int]] | None = None  # every slot's tokens, read back for a recompute
         self.hypotheses: list[Hypothesis] = []  # best first, at most beam_width
@@ -120,7 +123,8 @@ class BeamSearch:
         self.parents[step], self.tokens[step] = parents, tokens
         self.scores, self.order = scores, order
         self.num_steps, self._slot_outputs = new_length, None
-        self.blocks.reorder(parents, self.head.num_computed_tokens)
+        self.blocks.reorder(parents, self.head.num_computed_tokens, copied=self.followed)
+        self.followed = False
         # the request's tokens count the search's length (the scheduler's chunks); the best beam's stand for them
         self.head.append_token(tokens[order[0]])
 

@@ -214,6 +214,9 @@ class Engine:
         except Exception:  # nothing was accounted: the next step schedules every chunk again, synchronously
             logger.warning("a lookahead step failed to launch; continuing synchronously", exc_info=True)
             return None
+        for item in lookahead.scheduled:
+            if item.lookahead and item.request.group is not None:  # its slots follow the selection on the device
+                item.request.group.followed = True
         return lookahead, launched
 
     def _sample_lookahead_with_masks(self) -> None:

@@ -186,7 +186,9 @@ class Scheduler:
         chunks.starts.append(item.start)
         chunks.num_new_tokens.append(item.num_new_tokens)
         chunks.num_slots.append(item.num_slots)
-        chunks.token_ids.append(search.chunk_inputs(item.start, item.num_new_tokens, item.num_slots))
+        chunks.token_ids.append([0] * item.num_slots if item.lookahead else  # the selection in flight's, on the device
+                                search.chunk_inputs(item.start, item.num_new_tokens, item.num_slots))
+        chunks.follows.append(item.lookahead)
         chunks.selects.append(item.samples)
         chunks.scores.append(search.scores)
         chunks.order.append(search.order)
@@ -360,14 +362,18 @@ class AsyncScheduler(Scheduler):
         samples; a request at its token limit after that token is left out, it finishes), a prompt that step computes
         a chunk of goes on with its next chunk, other running requests with theirs, then waiting requests are
         admitted with the budget left. Only where nothing needs the in-flight tokens on the host first (each sampling
-        request samples one row, none has logit controls: those read the tokens, and no beam search runs: its next
-        inputs are its selection; a grammar's mask is filled after the in-flight tokens are read, while this step's
-        forward pass runs),
+        request samples one row, none has logit controls: those read the tokens, and every running beam search
+        decodes in the step in flight and goes on after its selection: its next inputs follow that selection on the
+        device; a grammar's mask is filled after the in-flight tokens are read, while this step's forward pass runs),
         nothing is swapped out, and every chunk gets its blocks without preempting; otherwise None, and the next
         step is scheduled once the tokens are read."""
         flying = set(sampled_ids)
-        if len(flying) != len(sampled_ids) or self.swapped or any(r.group is not None for r in self.running) or any(
+        if len(flying) != len(sampled_ids) or self.swapped or any(
                 item.request.sampling_params.controls_logits for item in in_flight.scheduled if item.samples):
+            return None
+        decoding_searches = {id(item.request) for item in in_flight.scheduled
+                             if item.request.group is not None and _follows(item)}
+        if any(r.group is not None and id(r) not in decoding_searches for r in self.running):
             return None
         in_flight_chunks = {id(item.request): item.num_new_tokens for item in in_flight.scheduled if not item.samples}
         out = ScheduledBatch()
@@ -377,6 +383,13 @@ class AsyncScheduler(Scheduler):
         prompt_budget = self._prompt_budget(bool(decoding) or any(_decodes(r) for r in others))
         # decodes first (they are the latency), then chunks, as schedule() orders its budget
         for request in decoding + others:
+            if request.group is not None:  # each slot decodes the token the selection in flight gives it
+                item = ScheduledRequest(request, 1, lookahead=True, num_slots=request.group.width)
+                if budget < item.num_slots or not request.group.blocks.allocate(item.start, 1, item.num_slots, True):
+                    return None
+                out.scheduled.append(item)
+                budget -= item.num_slots
+                continue
             if request.request_id in flying:
                 item = ScheduledRequest(request, 1, lookahead=True)
                 ahead = request.num_tokens - request.num_computed_tokens + 1  # the in-flight token, then this one
@@ -396,6 +409,13 @@ class AsyncScheduler(Scheduler):
             budget -= item.num_new_tokens
         self._admit_waiting(out, budget, prompt_budget)
         return self._with_message(out) if out.scheduled else None
+
+
+def _follows(item: ScheduledRequest) -> bool:
+    """Whether a beam search's next step can be scheduled before its in-flight chunk's selection is read: the chunk
+    decodes every slot and selects, and that selection is not its last (the token limit)."""
+    search = item.request.group
+    return item.samples and item.num_slots == search.width and search.num_steps + 1 < search.max_new_tokens
 
 
 def _decodes(request: Request) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fasterllm.worker.input_buffers import host_to_device
+from fasterllm.worker.beam_follow import FollowingSlots, PreviousSelection, follow_selection_inputs
 from fasterllm.worker.step_messages import NewSearchData, SearchChunks, SearchSelection
 
 
@@ -41,24 +41,30 @@ class SearchState:
 
 @dataclass
 class SearchRows:
-    """Where the step's search rows went: the searches whose chunk starts at token 0 (their encoders run), and per
-    selecting search the token row of each computing slot's last token (its logits rows, slot after slot)."""
+    """Where the step's search rows went: the searches whose chunk starts at token 0 (their encoders run), per
+    selecting search the token row of each computing slot's last token (its logits rows, slot after slot), and the
+    slots that follow the previous step's selection on the device (worker/beam_follow.py)."""
     starting: list[SearchState]
     logits_rows: list[int]
+    following: FollowingSlots
 
 
 def stage_search_rows(chunks: SearchChunks, searches: dict[str, SearchState], token_ids: list[int],
                       query_lens: list[int], seq_lens: list[int], tables: list[list[int]],
-                      cross: tuple[list[int], list[list[int]]] | None) -> SearchRows:
+                      cross: tuple[list[int], list[list[int]]] | None, previous: PreviousSelection | None,
+                      block_size: int) -> SearchRows:
     """Append every computing slot of the step's searches as a sequence of its own (after the requests' ones)."""
-    rows = SearchRows([], [])
-    for search_id, start, num_new, num_slots, inputs, selects in zip(
+    rows = SearchRows([], [], FollowingSlots())
+    for search_id, start, num_new, num_slots, inputs, selects, follows in zip(
             chunks.search_ids, chunks.starts, chunks.num_new_tokens, chunks.num_slots, chunks.token_ids,
-            chunks.selects):
+            chunks.selects, chunks.follows):
         state = searches[search_id]
         if start == 0:
             rows.starting.append(state)
         first = len(token_ids)
+        if follows:
+            rows.following.add(first, len(query_lens), _previous_row(previous, search_id), previous.width, num_slots,
+                               start, block_size)
         token_ids.extend(inputs)
         query_lens.extend([num_new] * num_slots)
         seq_lens.extend([start + num_new] * num_slots)
@@ -82,6 +88,17 @@ class SelectionInputs:
     num_eos: int  # the most eos ids a search has (at least 1)
     ints: list[list[int]]
     scores: list[list[float]]
+    follow: list[list[int]] | None = None  # following searches' entries (beam_follow.follow_selection_inputs)
+
+    def to_device(self, ints: torch.Tensor, scores: torch.Tensor, previous: PreviousSelection | None) -> None:
+        """Into the selection's input tensors on the device, and the following searches' from the previous
+        selection."""
+        ints.copy_(torch.tensor(self.ints).pin_memory() if ints.is_cuda else torch.tensor(self.ints),
+                   non_blocking=True)
+        scores.copy_(torch.tensor(self.scores).pin_memory() if scores.is_cuda else torch.tensor(self.scores),
+                     non_blocking=True)
+        if self.follow is not None:
+            follow_selection_inputs(self.follow, previous, ints, scores)
 
     def pad(self, num_searches: int, pad_row: int) -> None:
         """Add searches up to num_searches that select nothing (no beam, width 0)."""
@@ -90,15 +107,34 @@ class SelectionInputs:
         self.scores += [[float("-inf")] * self.width] * missing
 
 
-def selection_inputs(chunks: SearchChunks, searches: dict[str, SearchState], pad_row: int) -> SelectionInputs:
-    """pad_row: the index one past the last logits row (the selection appends a row of -inf there)."""
+def _previous_row(previous: PreviousSelection | None, search_id: str) -> int:
+    if previous is None or search_id not in previous.rows:
+        raise RuntimeError(f"search {search_id!r} follows a selection this worker did not make: the step before it "
+                           "did not select for it")
+    return previous.rows[search_id]
+
+
+def selection_inputs(chunks: SearchChunks, searches: dict[str, SearchState], pad_row: int,
+                     previous: PreviousSelection | None) -> SelectionInputs:
+    """pad_row: the index one past the last logits row (the selection appends a row of -inf there). A following
+    search's ranking and scores are placeholders here, and entries in `follow` say where the previous selection's go
+    (beam_follow.follow_selection_inputs)."""
     picked = [i for i, selects in enumerate(chunks.selects) if selects]
     states = [searches[chunks.search_ids[i]] for i in picked]
     width = max(state.width for state in states)
     num_eos = max(1, max(len(state.eos_token_ids) for state in states))
+    num_columns = 2 * width + num_eos + 2
     ints, scores, row = [], [], 0
+    follow: list[list[int]] = [[], [], [], [], []]
     for i, state in zip(picked, states):
         slot_order, slot_scores, num_slots = chunks.order[i], chunks.scores[i], chunks.num_slots[i]
+        if chunks.follows[i]:
+            search = len(ints)
+            ranked = _previous_row(previous, chunks.search_ids[i]) * previous.width
+            for rank in range(state.width):
+                for values, value in zip(follow, (search * num_columns + rank, search * num_columns + width + rank,
+                                                  search * width + rank, row, ranked + rank)):
+                    values.append(value)
         padding = width - state.width
         ints.append([row + slot if slot < num_slots else pad_row for slot in slot_order] + [pad_row] * padding
                     + slot_order + list(range(state.width, width))
@@ -107,7 +143,8 @@ def selection_inputs(chunks: SearchChunks, searches: dict[str, SearchState], pad
         scores.append([slot_scores[slot] for slot in slot_order] + [float("-inf")] * padding)
         row += num_slots
     return SelectionInputs([chunks.search_ids[i] for i in picked], width,
-                           max(state.num_candidates for state in states), num_eos, ints, scores)
+                           max(state.num_candidates for state in states), num_eos, ints, scores,
+                           follow if follow[0] else None)
 
 
 def select(logits: torch.Tensor, ints: torch.Tensor, scores: torch.Tensor, width: int, num_candidates: int,
@@ -166,6 +203,7 @@ class PendingSelection:
 
     def __init__(self, search_ids: list[str], ints: torch.Tensor, floats: torch.Tensor):
         self.search_ids = search_ids
+        self.on_device = PreviousSelection({search_id: row for row, search_id in enumerate(search_ids)}, ints, floats)
         self.ready = None
         if ints.is_cuda:
             self.ints = torch.empty(ints.shape, dtype=ints.dtype, pin_memory=True).copy_(ints, non_blocking=True)
@@ -187,11 +225,13 @@ class PendingSelection:
                                slot_tokens=ints[4], slot_scores=floats[1], order=ints[5])
 
 
-def select_beams(logits: torch.Tensor, chunks: SearchChunks, searches: dict[str, SearchState]) -> PendingSelection:
+def select_beams(logits: torch.Tensor, chunks: SearchChunks, searches: dict[str, SearchState],
+                 previous: PreviousSelection | None) -> PendingSelection:
     """The selection launched op by op (the CPU, or a GPU without graphs): logits [rows, V] fp32 of the selecting
     searches' computing slots, search after search, slot after slot."""
-    inputs = selection_inputs(chunks, searches, logits.shape[0])
-    ints, floats = select(logits, host_to_device(inputs.ints, torch.long, logits.device),
-                          host_to_device(inputs.scores, torch.float32, logits.device), inputs.width,
-                          inputs.num_candidates, inputs.num_eos)
-    return PendingSelection(inputs.search_ids, ints, floats)
+    inputs = selection_inputs(chunks, searches, logits.shape[0], previous)
+    ints = torch.empty(len(inputs.ints), len(inputs.ints[0]), dtype=torch.long, device=logits.device)
+    scores = torch.empty(len(inputs.scores), inputs.width, dtype=torch.float32, device=logits.device)
+    inputs.to_device(ints, scores, previous)
+    return PendingSelection(inputs.search_ids, *select(logits, ints, scores, inputs.width, inputs.num_candidates,
+                                                       inputs.num_eos))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fasterllm.worker.beam_follow import PreviousSelection
 from fasterllm.worker.beam_search import PendingSelection, SearchState, select, selection_inputs
 from fasterllm.worker.step_messages import SearchChunks
 
@@ -33,10 +34,10 @@ class SelectionGraphs:
         self.captured: dict[tuple[int, int, int, int, int], _CapturedSelection] = {}
         self.pool = torch.cuda.graph_pool_handle()
 
-    def select(self, logits: torch.Tensor, chunks: SearchChunks,
-               searches: dict[str, SearchState]) -> PendingSelection:
+    def select(self, logits: torch.Tensor, chunks: SearchChunks, searches: dict[str, SearchState],
+               previous: PreviousSelection | None) -> PendingSelection:
         """logits: [rows, V] fp32 of the selecting searches' computing slots, search after search (at most a search's
-        width rows each)."""
+        width rows each); previous: the last step's selection, which following searches' inputs come from."""
         picked = [searches[search_id] for search_id, selects in zip(chunks.search_ids, chunks.selects) if selects]
         num_searches = 1 << (len(picked) - 1).bit_length()
         width = max(state.width for state in picked)
@@ -44,11 +45,10 @@ class SelectionGraphs:
                max(1, max(len(state.eos_token_ids) for state in picked)), logits.shape[1])
         captured = self.captured.get(key) or self._capture(*key)
         rows = num_searches * width
-        inputs = selection_inputs(chunks, searches, rows)
+        inputs = selection_inputs(chunks, searches, rows, previous)
         inputs.pad(num_searches, rows)
         captured.logits[:logits.shape[0]].copy_(logits)
-        captured.ints.copy_(torch.tensor(inputs.ints).pin_memory(), non_blocking=True)
-        captured.scores.copy_(torch.tensor(inputs.scores).pin_memory(), non_blocking=True)
+        inputs.to_device(captured.ints, captured.scores, previous)
         captured.graph.replay()
         return PendingSelection(inputs.search_ids, *captured.outputs)
 

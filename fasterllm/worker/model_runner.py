@@ -15,6 +15,7 @@ from fasterllm.distributed.tensor_parallel import SINGLE_DEVICE, TensorParallel
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.kv_cache_dtype import FP8_KV_DTYPE
 from fasterllm.loader.checkpoint import Checkpoint
+from fasterllm.worker.beam_follow import FollowingSlots, PreviousSelection, follow_on_device, follow_on_host
 from fasterllm.worker.beam_search import PendingSelection, select_beams, stage_search_rows
 from fasterllm.worker.beam_selection_graphs import SelectionGraphs
 from fasterllm.worker.cuda_graphs import DecodeGraphs
@@ -81,6 +82,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.piecewise: PiecewiseGraphs | None = None  # steps with prompt chunks (decoder-only models)
         self.selection_graphs: SelectionGraphs | None = None  # beam searches' selections
+        self.previous_selection: PreviousSelection | None = None  # the last step's, which a lookahead step follows
         self._decode_rows: tuple[tuple[str, ...], int] | None = None  # the last graph step's requests and size
         self.requests = RequestStates(device)
         # the last step's sampled ids, still on the device, and the request of each row: a step scheduled before
@@ -231,8 +233,10 @@ class ModelRunner:
         if self.encoder_decoder:
             cross = ([len(s.encoder_token_ids) for s in scheduled_states],
                      [s.cross_block_table for s in scheduled_states])
+        previous = self.previous_selection
         search_rows = stage_search_rows(searches, self.requests.searches, token_ids, query_lens, seq_lens, tables,
-                                        cross)
+                                        cross, previous, self.block_size)
+        following = (search_rows.following, previous) if search_rows.following.rows else None
         logits_rows.extend(search_rows.logits_rows)  # the beam searches' rows go after the sampling rows
         for *_, first_row, count in prompt_rows:  # then the prompt-scoring rows
             logits_rows.extend(range(first_row, first_row + count))
@@ -241,13 +245,14 @@ class ModelRunner:
                             + search_rows.starting, self.kv_caches, self.block_size, self.device)
         rows = None if searches.search_ids else (tuple(message.request_ids), message.table_changes)
         logits = self._forward(token_ids, query_lens, seq_lens, tables, logits_rows, self._carried_inputs(carried),
-                               cross, rows)
+                               cross, rows, following)
         selecting = len(sampling) + len(search_rows.logits_rows)
         prompt_logprobs = score_prompt_positions(logits[selecting:], prompt_rows)
         selection = None
         if search_rows.logits_rows:
             select_now = select_beams if self.selection_graphs is None else self.selection_graphs.select
-            selection = select_now(logits[len(sampling):selecting], searches, self.requests.searches)
+            selection = select_now(logits[len(sampling):selecting], searches, self.requests.searches, previous)
+        self.previous_selection = None if selection is None else selection.on_device
         pending = PendingOutput(sampling, None, prompt_logprobs, selection)
         if not sampling:
             return pending
@@ -304,15 +309,19 @@ class ModelRunner:
     def _forward(self, token_ids: list[int], query_lens: list[int], seq_lens: list[int], tables: list[list[int]],
                  logits_rows: list[int], carried: tuple[torch.Tensor | slice, torch.Tensor] | None = None,
                  cross: tuple[list[int], list[list[int]]] | None = None,
-                 rows: tuple[tuple[str, ...], dict] | None = None) -> torch.Tensor:
+                 rows: tuple[tuple[str, ...], dict] | None = None,
+                 following: tuple[FollowingSlots, PreviousSelection] | None = None) -> torch.Tensor:
         """One forward pass -> fp32 logits of logits_rows: a CUDA graph for a decode batch that has one, piecewise
         graphs (attention eager between them) for a step of up to 512 tokens, the Triton kernels eagerly for any other
         batch on a GPU, the torch path on the CPU. carried: (token rows, or a slice of the first rows, and their ids
         on the device) written over those rows' placeholder ids before the pass. cross: an encoder-decoder model's
         (encoder lengths, cross tables) of the same sequences. rows: (the request of each row, the requests whose
         tables changed this step) when they are all of the step's rows (no beam search's): a decode batch of the same
-        requests in the same rows as the graph step before it only moves that step's inputs on."""
+        requests in the same rows as the graph step before it only moves that step's inputs on. following: beam
+        search slots whose inputs and tables follow the previous step's selection (worker/beam_follow.py)."""
         if self.buffers is None:
+            if following is not None:
+                follow_on_host(*following, token_ids, tables, self.kv_caches)
             meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, self.device,
                                            self.model_config.sliding_window)
             if cross is not None:
@@ -336,6 +345,8 @@ class ModelRunner:
                                        cross=cross, padded_tokens=tokens)
         if carried is not None:  # after the staging copy, on the same stream
             batch.input_ids[carried[0]] = carried[1]
+        if following is not None:
+            follow_on_device(*following, batch.input_ids, batch.meta.kernel.block_tables, self.kv_caches)
         if size is not None:
             logits = self.graphs.replay(size, num_seqs)
             self._decode_rows = None if rows is None else (rows[0], size)

@@ -50,7 +50,10 @@ class SearchChunks:
     tokens [starts[i], starts[i] + num_new_tokens[i]) (all slots of a search have the same length). num_slots[i]:
     1 while slot 0 computes the prompt alone, else the width; token_ids[i]: the chunk's input tokens, slot after
     slot. A search with selects[i] picks its next tokens after the chunk, from scores[i] (each slot's cumulative
-    logprob; -inf: no beam) with its slots ranked order[i] (best first: ties go to the better beam)."""
+    logprob; -inf: no beam) with its slots ranked order[i] (best first: ties go to the better beam). A search with
+    follows[i] (a lookahead step's decode, scheduled before the step in flight selected) takes its inputs, its slots'
+    tables' order, scores and ranking from that selection on the device (worker/beam_follow.py): its token_ids,
+    scores and order here are placeholders."""
     search_ids: list[str] = field(default_factory=list)
     starts: list[int] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
@@ -59,6 +62,7 @@ class SearchChunks:
     selects: list[bool] = field(default_factory=list)
     scores: list[list[float]] = field(default_factory=list)
     order: list[list[int]] = field(default_factory=list)
+    follows: list[bool] = field(default_factory=list)
     # search id -> [(slot, first changed index, the slot's table from there on)] for tables grown or reordered
     table_changes: dict[str, list[tuple[int, int, list[int]]]] = field(default_factory=dict)
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fasterllm import BeamSearchParams, SamplingParams
+from fasterllm.worker import beam_follow
 
 pytest.importorskip("transformers")
 
@@ -67,3 +68,29 @@ def test_width_one_is_greedy(smollm2_llm):
     greedy = smollm2_llm.generate(TEXT_PROMPT, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
     beam = smollm2_llm.beam_search(TEXT_PROMPT, BeamSearchParams(beam_width=1, max_tokens=16), use_tqdm=False)
     assert [s.token_ids for s in beam[0].sequences] == [greedy[0].outputs[0].token_ids]
+
+
+def test_lookahead_steps_following_the_selection_on_the_device_give_the_same_hypotheses(gguf, chat_prompts,
+                                                                                        monkeypatch):
+    """With asynchronous scheduling a search's next decode step is launched before the step in flight has selected:
+    its slots take their inputs, tables and ranking from that selection where it is (worker/beam_follow.py). Blocks of
+    8 tokens: block boundaries and moved slots' copies of partly filled blocks every few steps. The hypotheses equal
+    the synchronous engine's."""
+    from fasterllm import LLM
+    from fasterllm.worker import model_runner
+
+    followed = []
+    monkeypatch.setattr(model_runner, "follow_on_host",
+                        lambda *args: followed.append(args[0]) or beam_follow.follow_on_host(*args))
+    prompts = chat_prompts + [TEXT_PROMPT]
+    params = BeamSearchParams(beam_width=4, max_tokens=20, length_penalty=0.5)
+    outputs = {}
+    for asynchronous in (False, True):
+        llm = LLM(str(gguf), dtype="float32", device="cpu", max_model_len=512, num_kv_blocks=160, block_size=8,
+                  async_scheduling=asynchronous)
+        outputs[asynchronous] = [[(s.token_ids, s.score) for s in output.sequences]
+                                 for output in llm.beam_search(prompts, params, use_tqdm=False)]
+    assert sum(len(slots.rows) for slots in followed) >= 3 * 4 * 15  # most decode steps followed on the device
+    for got, want in zip(outputs[True], outputs[False]):
+        assert [tokens for tokens, _ in got] == [tokens for tokens, _ in want]
+        assert [score for _, score in got] == pytest.approx([score for _, score in want], abs=1e-5)

@@ -36,11 +36,11 @@ def reference(logprobs: list[torch.Tensor], scores: list[float], order: list[int
             parents, tokens, new_scores)
 
 
-def graph_select(logits, chunks, states):
+def graph_select(logits, chunks, states, previous):
     from fasterllm.worker.beam_selection_graphs import SelectionGraphs
     graphs = SelectionGraphs(torch.device("cuda"))
-    graphs.select(logits, chunks, states).on_host()  # captured on the first call: check a replay's, not the capture's
-    return graphs.select(logits, chunks, states)
+    graphs.select(logits, chunks, states, previous).on_host()  # captured on the first call: check a replay's
+    return graphs.select(logits, chunks, states, previous)
 
 
 @pytest.mark.parametrize("num_searches", [4, 3])  # a graph's 3 searches pad to 4
@@ -64,12 +64,13 @@ def test_one_selection_over_searches_of_different_widths_matches_each_search_alo
         chunks.search_ids.append(search_id)
         chunks.num_slots.append(num_slots)
         chunks.selects.append(True)
+        chunks.follows.append(False)
         chunks.scores.append(scores)
         chunks.order.append(order)
         rows.append(torch.randn(num_slots, VOCAB) * 3)
     # a token that ends every slot's best continuation: eos candidates must be set apart, not kept live
     rows[1][:, 1] = 10.0
-    got = selector(torch.cat(rows).to(device), chunks, states).on_host()
+    got = selector(torch.cat(rows).to(device), chunks, states, None).on_host()
     assert got.search_ids == chunks.search_ids
     for index, (width, eos, num_slots, scores, order) in enumerate(searches):
         logprobs = list(rows[index].log_softmax(dim=-1))
