@@ -53,14 +53,13 @@ class FollowingSlots:
             block_size: int) -> None:
         """A following search: its slots are token rows first_token.., sequence rows first_row.., computing
         position start."""
-        for slot in range(width):
-            self.token_rows.append(first_token + slot)
-            self.rows.append(first_row + slot)
-            self.bases.append(first_row)
-            self.previous.append(previous_row * previous_width + slot)
-            self.slots.append(slot)
-            self.columns.append(start // block_size)
-            self.partial.append(int(start % block_size != 0))
+        self.token_rows.extend(range(first_token, first_token + width))
+        self.rows.extend(range(first_row, first_row + width))
+        self.bases.extend([first_row] * width)
+        self.previous.extend(range(previous_row * previous_width, previous_row * previous_width + width))
+        self.slots.extend(range(width))
+        self.columns.extend([start // block_size] * width)
+        self.partial.extend([int(start % block_size != 0)] * width)
 
 
 def follow_on_device(slots: FollowingSlots, previous: PreviousSelection, input_ids: torch.Tensor,

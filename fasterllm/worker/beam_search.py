@@ -128,13 +128,10 @@ def selection_inputs(chunks: SearchChunks, searches: dict[str, SearchState], pad
     follow: list[list[int]] = [[], [], [], [], []]
     for i, state in zip(picked, states):
         slot_order, slot_scores, num_slots = chunks.order[i], chunks.scores[i], chunks.num_slots[i]
-        if chunks.follows[i]:
-            search = len(ints)
-            ranked = _previous_row(previous, chunks.search_ids[i]) * previous.width
-            for rank in range(state.width):
-                for values, value in zip(follow, (search * num_columns + rank, search * num_columns + width + rank,
-                                                  search * width + rank, row, ranked + rank)):
-                    values.append(value)
+        if chunks.follows[i]:  # per rank: where its logits row, slot and score go, and where it was ranked
+            at, ranked, count = len(ints) * num_columns, _previous_row(previous, chunks.search_ids[i]), state.width
+            for values, first in zip(follow, (at, at + width, len(ints) * width, None, ranked * previous.width)):
+                values.extend([row] * count if first is None else range(first, first + count))
         padding = width - state.width
         ints.append([row + slot if slot < num_slots else pad_row for slot in slot_order] + [pad_row] * padding
                     + slot_order + list(range(state.width, width))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import torch
 
 from fasterllm.config import CacheConfig, KVCacheSpec, ModelConfig, SchedulerConfig
@@ -83,7 +84,8 @@ class ModelRunner:
         self.piecewise: PiecewiseGraphs | None = None  # steps with prompt chunks (decoder-only models)
         self.selection_graphs: SelectionGraphs | None = None  # beam searches' selections
         self.previous_selection: PreviousSelection | None = None  # the last step's, which a lookahead step follows
-        self._decode_rows: tuple[tuple[str, ...], int] | None = None  # the last graph step's requests and size
+        # the last graph step's rows (what each is, the graph's size) and their lengths
+        self._decode_rows: tuple[tuple, np.ndarray] | None = None
         self.requests = RequestStates(device)
         # the last step's sampled ids, still on the device, and the request of each row: a step scheduled before
         # the engine read them (asynchronous scheduling) takes a request's next input token from here
@@ -243,7 +245,15 @@ class ModelRunner:
         if self.encoder_decoder:
             encode_starting(self.model, [s for s, start in zip(scheduled_states, message.starts) if start == 0]
                             + search_rows.starting, self.kv_caches, self.block_size, self.device)
-        rows = None if searches.search_ids else (tuple(message.request_ids), message.table_changes)
+        # which request or search slot each row is, and the rows whose tables changed: a decode batch of the same
+        # rows as the graph step before it only moves that step's inputs on (_forward)
+        changes = message.table_changes
+        changed = [row for row, request_id in enumerate(message.request_ids) if request_id in changes]
+        first = len(message.request_ids)
+        for search_id, num_slots in zip(searches.search_ids, searches.num_slots):
+            changed.extend(first + slot for slot, *_ in searches.table_changes.get(search_id, ()) if slot < num_slots)
+            first += num_slots
+        rows = ((tuple(message.request_ids), tuple(searches.search_ids), tuple(searches.num_slots)), changed)
         logits = self._forward(token_ids, query_lens, seq_lens, tables, logits_rows, self._carried_inputs(carried),
                                cross, rows, following)
         selecting = len(sampling) + len(search_rows.logits_rows)
@@ -309,15 +319,15 @@ class ModelRunner:
     def _forward(self, token_ids: list[int], query_lens: list[int], seq_lens: list[int], tables: list[list[int]],
                  logits_rows: list[int], carried: tuple[torch.Tensor | slice, torch.Tensor] | None = None,
                  cross: tuple[list[int], list[list[int]]] | None = None,
-                 rows: tuple[tuple[str, ...], dict] | None = None,
+                 rows: tuple[tuple, list[int]] | None = None,
                  following: tuple[FollowingSlots, PreviousSelection] | None = None) -> torch.Tensor:
         """One forward pass -> fp32 logits of logits_rows: a CUDA graph for a decode batch that has one, piecewise
         graphs (attention eager between them) for a step of up to 512 tokens, the Triton kernels eagerly for any other
         batch on a GPU, the torch path on the CPU. carried: (token rows, or a slice of the first rows, and their ids
         on the device) written over those rows' placeholder ids before the pass. cross: an encoder-decoder model's
-        (encoder lengths, cross tables) of the same sequences. rows: (the request of each row, the requests whose
-        tables changed this step) when they are all of the step's rows (no beam search's): a decode batch of the same
-        requests in the same rows as the graph step before it only moves that step's inputs on. following: beam
+        (encoder lengths, cross tables) of the same sequences. rows: (what each row is: the requests, the searches and
+        their slots, the rows whose tables changed this step): a decode batch of the same rows as the graph step
+        before it only moves that step's inputs on. following: beam
         search slots whose inputs and tables follow the previous step's selection (worker/beam_follow.py)."""
         if self.buffers is None:
             if following is not None:
@@ -335,11 +345,13 @@ class ModelRunner:
         decode = len(token_ids) == num_seqs and logits_rows == list(range(num_seqs))
         size = self.graphs.padded_size(num_seqs) if self.graphs is not None and decode else None
         tokens = self.piecewise.padded_size(len(token_ids)) if self.piecewise is not None and size is None else None
-        continues = size is not None and rows is not None and self._decode_rows == (rows[0], size)
+        lens = np.asarray(seq_lens) if size is not None and rows is not None else None
+        # the same rows as the graph step before, each one token on (a finished request's id taken again is not)
+        continues = lens is not None and self._decode_rows is not None and self._decode_rows[0] == (rows[0], size) \
+            and np.array_equal(lens, self._decode_rows[1] + 1)
         self._decode_rows = None  # until this step is launched
         if continues:
-            batch = self.buffers.advance_decode(token_ids, [(row, tables[row]) for row, request_id in enumerate(rows[0])
-                                                            if request_id in rows[1]])
+            batch = self.buffers.advance_decode(token_ids, [(row, tables[row]) for row in rows[1]])
         else:
             batch = self.buffers.stage(token_ids, query_lens, seq_lens, tables, logits_rows, padded_seqs=size,
                                        cross=cross, padded_tokens=tokens)
@@ -349,7 +361,7 @@ class ModelRunner:
             follow_on_device(*following, batch.input_ids, batch.meta.kernel.block_tables, self.kv_caches)
         if size is not None:
             logits = self.graphs.replay(size, num_seqs)
-            self._decode_rows = None if rows is None else (rows[0], size)
+            self._decode_rows = None if lens is None else ((rows[0], size), lens)
             return logits
         if tokens is not None:
             return self.piecewise.replay(tokens, batch.meta.kernel, batch.logits_indices)
