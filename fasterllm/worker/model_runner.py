@@ -346,9 +346,7 @@ class ModelRunner:
         size = self.graphs.padded_size(num_seqs) if self.graphs is not None and decode else None
         tokens = self.piecewise.padded_size(len(token_ids)) if self.piecewise is not None and size is None else None
         lens = np.asarray(seq_lens) if size is not None and rows is not None else None
-        # the same rows as the graph step before, each one token on (a finished request's id taken again is not)
-        continues = lens is not None and self._decode_rows is not None and self._decode_rows[0] == (rows[0], size) \
-            and np.array_equal(lens, self._decode_rows[1] + 1)
+        continues = lens is not None and continues_decode(self._decode_rows, (rows[0], size), lens)
         self._decode_rows = None  # until this step is launched
         if continues:
             batch = self.buffers.advance_decode(token_ids, [(row, tables[row]) for row in rows[1]])
@@ -366,6 +364,13 @@ class ModelRunner:
         if tokens is not None:
             return self.piecewise.replay(tokens, batch.meta.kernel, batch.logits_indices)
         return self.model(batch.input_ids, batch.meta.positions, self.kv_caches, batch.meta, batch.logits_indices)
+
+
+def continues_decode(last: tuple[tuple, np.ndarray] | None, rows: tuple, lens: np.ndarray) -> bool:
+    """Whether a decode batch is the graph step before it one token on: the same rows (what each row is, the graph's
+    size) and each row's length one more (not a finished request's id taken again by a one-token first step, nor a
+    step scheduled again after its launch failed). last: that step's rows and lengths."""
+    return last is not None and last[0] == rows and np.array_equal(lens, last[1] + 1)
 
 
 def _cache_layers(specs: list[KVCacheSpec]) -> list[KVCacheSpec]:

@@ -1,13 +1,16 @@
-"""On a GPU: a decode batch moved on by one token (positions and lengths on the device, only the changed tables sent,
-slots looked up on the device) stages what staging the next step from scratch stages. Skipped without CUDA."""
+"""A decode batch moved on by one token (positions and lengths on the device, only the changed tables sent, slots
+looked up on the device) stages what staging the next step from scratch stages (on a GPU), and only a batch of the
+same rows, each one token longer, is moved on."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from fasterllm.worker.input_buffers import InputBuffers
+from fasterllm.worker.model_runner import continues_decode
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 BLOCK = 4
 
 
@@ -19,6 +22,7 @@ def staged(batch, tables: list[list[int]]) -> dict:
             "tables": [kernel.block_tables[row, :len(table)].tolist() for row, table in enumerate(tables)]}
 
 
+@GPU
 def test_a_decode_batch_moved_on_stages_what_a_full_staging_does():
     device = torch.device("cuda")
     moved, fresh = (InputBuffers(64, 8, 8, BLOCK, device) for _ in range(2))
@@ -31,3 +35,14 @@ def test_a_decode_batch_moved_on_stages_what_a_full_staging_does():
         got = moved.advance_decode(token_ids, [(row, step_tables[row]) for row in changed])
         want = fresh.stage(token_ids, [1, 1, 1], seq_lens, step_tables, [0, 1, 2], padded_seqs=4)
         assert staged(got, step_tables) == staged(want, step_tables)
+
+
+def test_only_the_same_rows_each_one_token_longer_continue_the_step_before():
+    rows = ((("a", "b"), (), ()), 8)
+    last = (rows, np.array([6, 7]))
+    assert continues_decode(last, rows, np.array([7, 8]))
+    assert not continues_decode(None, rows, np.array([7, 8]))
+    assert not continues_decode(last, ((("a", "c"), (), ()), 8), np.array([7, 8]))  # another request in a row
+    assert not continues_decode(last, ((("a", "b"), (), ()), 16), np.array([7, 8]))  # another graph
+    assert not continues_decode(last, rows, np.array([7, 1]))  # "b" ended and its id came back, one-token prompt
+    assert not continues_decode(last, rows, np.array([6, 7]))  # the step again, after its launch failed
