@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fasterllm.kernels.block_copy import copy_flagged_blocks
+from fasterllm.kernels.block_copy import copy_blocks_on_host, copy_flagged_blocks
 from fasterllm.worker.input_buffers import host_to_device
 
 
@@ -85,14 +85,15 @@ def follow_on_host(slots: FollowingSlots, previous: PreviousSelection, token_ids
     parents = previous.ints[3].reshape(-1)[slots.previous].tolist()
     tokens = previous.ints[4].reshape(-1)[slots.previous].tolist()
     staged = {row: tables[row] for row in slots.rows}
+    copies = []
     for token_row, row, base, parent, slot, column, partial, token in zip(
             slots.token_rows, slots.rows, slots.bases, parents, slots.slots, slots.columns, slots.partial, tokens):
         token_ids[token_row] = token
         parent_table, own = staged[base + parent], staged[row][column]
         tables[row] = parent_table[:column] + [own] + parent_table[column + 1:]
-        if partial and parent != slot:  # as bytes, whatever the cache's dtype (as move_blocks copies)
-            data = caches.view(torch.uint8)
-            data[:, :, own].copy_(data[:, :, parent_table[column]])
+        if partial and parent != slot:
+            copies.append((parent_table[column], own))
+    copy_blocks_on_host(caches, copies)
 
 
 def follow_selection_inputs(entries: list[list[int]], previous: PreviousSelection, ints: torch.Tensor,

@@ -93,10 +93,9 @@ class SelectionInputs:
     def to_device(self, ints: torch.Tensor, scores: torch.Tensor, previous: PreviousSelection | None) -> None:
         """Into the selection's input tensors on the device, and the following searches' from the previous
         selection."""
-        ints.copy_(torch.tensor(self.ints).pin_memory() if ints.is_cuda else torch.tensor(self.ints),
-                   non_blocking=True)
-        scores.copy_(torch.tensor(self.scores).pin_memory() if scores.is_cuda else torch.tensor(self.scores),
-                     non_blocking=True)
+        for tensor, rows in ((ints, self.ints), (scores, self.scores)):
+            host = torch.tensor(rows, dtype=tensor.dtype)
+            tensor.copy_(host.pin_memory() if tensor.is_cuda else host, non_blocking=True)
         if self.follow is not None:
             follow_selection_inputs(self.follow, previous, ints, scores)
 

@@ -47,17 +47,19 @@ class InputBuffers:
             self.cross_tables = pair(max_seqs, max_cross_blocks_per_seq, dtype=torch.int32)
             self.encoder_lens = pair(max_seqs, dtype=torch.int32)
         self.turn = 0  # which pinned set this step writes
-        self.decode: tuple[StagedBatch, int, int] | None = None  # the last decode batch staged: (it, seqs, rows)
+        # the last graph decode batch staged with its rows' identity: (it, seqs, padded rows, identity, lengths)
+        self.decode: tuple[StagedBatch, int, int, tuple, np.ndarray] | None = None
 
     def stage(self, token_ids: list[int], query_lens: list[int], seq_lens: list[int],
               block_tables: list[list[int]], logits_rows: list[int], padded_seqs: int | None = None,
               cross: tuple[list[int], list[list[int]]] | None = None,
-              padded_tokens: int | None = None) -> StagedBatch:
+              padded_tokens: int | None = None, identity: tuple | None = None) -> StagedBatch:
         """Fill the buffers for one step. padded_seqs: a decode batch padded to a captured graph's size;
         the padding rows own no query rows, store nothing (slot -1) and read no keys (length 0). padded_tokens: any
         step's tokens padded to a piecewise graph's size (the padding tokens belong to no sequence and store
         nothing). cross: an encoder-decoder model's (encoder lengths, cross tables), read by its cross-attention
-        (meta.cross)."""
+        (meta.cross). identity: what each row of a decode batch is (the caller's key, with the graph's size): the next
+        step of the same rows may be moved on (advance_decode)."""
         num_tokens, num_seqs = len(token_ids), len(query_lens)
         rows = padded_seqs or num_seqs
         tokens_out = padded_seqs or padded_tokens or num_tokens
@@ -93,15 +95,22 @@ class InputBuffers:
                                         fill(self.encoder_lens, encoder_lens, rows), query_start, max_query_len)
             meta.cross = AttentionMetadata(positions_t, slot_mapping, num_tokens, [], None, cross_kernel)
         batch = StagedBatch(input_ids, logits_indices, meta)
-        self.decode = (batch, num_seqs, rows) if padded_seqs is not None else None
+        decode = padded_seqs is not None and identity is not None
+        self.decode = (batch, num_seqs, rows, identity, total) if decode else None
         return batch
+
+    def continues(self, identity: tuple, seq_lens: list[int]) -> bool:
+        """Whether a decode batch is the one staged last, one token on (advance_decode may stage it)."""
+        last = self.decode
+        return last is not None and continues_decode((last[3], last[4]), identity, np.asarray(seq_lens))
 
     def advance_decode(self, token_ids: list[int], changed_tables: list[tuple[int, list[int]]]) -> StagedBatch:
         """The decode batch staged last, one token further: the same sequences in the same rows, each one position
         on. Positions and lengths move on the device, the rows in changed_tables ((row, its whole block table): a
         block added or copied on write) are sent, the slots are looked up on the device, and only the token ids
         come from the host: a few launches instead of the whole batch's staging."""
-        batch, num_seqs, rows = self.decode
+        batch, num_seqs, rows, identity, lens = self.decode
+        self.decode = (batch, num_seqs, rows, identity, lens + 1)
         self.turn ^= 1
         self._fill(self.input_ids, token_ids, rows)
         positions = self.positions[1][:num_seqs]
@@ -139,6 +148,13 @@ class InputBuffers:
         width = int(lengths.max())
         device[:len(tables), :width].copy_(host[:len(tables), :width], non_blocking=True)
         return device[:rows]
+
+
+def continues_decode(last: tuple[tuple, np.ndarray] | None, identity: tuple, lens: np.ndarray) -> bool:
+    """Whether a decode batch is the graph step before it one token on: the same rows (what each row is, the graph's
+    size) and each row's length one more (not a finished request's id taken again by a one-token first step, nor a
+    step scheduled again after its launch failed). last: that step's identity and lengths."""
+    return last is not None and last[0] == identity and np.array_equal(lens, last[1] + 1)
 
 
 def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

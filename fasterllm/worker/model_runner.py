@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 import time
 
-import numpy as np
 import torch
 
 from fasterllm.config import CacheConfig, KVCacheSpec, ModelConfig, SchedulerConfig
 from fasterllm.distributed.tensor_parallel import SINGLE_DEVICE, TensorParallel
 from fasterllm.layers.attention import AttentionMetadata
+from fasterllm.kernels.block_copy import copy_blocks_on_host
 from fasterllm.layers.kv_cache_dtype import FP8_KV_DTYPE
 from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.worker.beam_follow import FollowingSlots, PreviousSelection, follow_on_device, follow_on_host
@@ -84,8 +84,6 @@ class ModelRunner:
         self.piecewise: PiecewiseGraphs | None = None  # steps with prompt chunks (decoder-only models)
         self.selection_graphs: SelectionGraphs | None = None  # beam searches' selections
         self.previous_selection: PreviousSelection | None = None  # the last step's, which a lookahead step follows
-        # the last graph step's rows (what each is, the graph's size) and their lengths
-        self._decode_rows: tuple[tuple, np.ndarray] | None = None
         self.requests = RequestStates(device)
         # the last step's sampled ids, still on the device, and the request of each row: a step scheduled before
         # the engine read them (asynchronous scheduling) takes a request's next input token from here
@@ -188,9 +186,8 @@ class ModelRunner:
             sources, destinations = (torch.tensor(c, device=self.device) for c in zip(*out.copies))
             # gathered then scattered: about 2x faster than an indexed assignment (beam search copies many a step)
             caches.index_copy_(2, destinations, caches.index_select(2, sources))
-        elif out.copies:  # torch's CPU index_copy_ is ~10x slower than a copy_ per block (RESULTS.md, issue 23)
-            for source, destination in out.copies:
-                caches[:, :, destination].copy_(caches[:, :, source])
+        elif out.copies:
+            copy_blocks_on_host(self.kv_caches, out.copies)
         if out.swap_in:
             cpu_blocks, device_blocks = (torch.tensor(c) for c in zip(*out.swap_in))
             caches[:, :, device_blocks.to(self.device)] = self.swap_caches.view(torch.uint8)[:, :, cpu_blocks].to(
@@ -245,17 +242,8 @@ class ModelRunner:
         if self.encoder_decoder:
             encode_starting(self.model, [s for s, start in zip(scheduled_states, message.starts) if start == 0]
                             + search_rows.starting, self.kv_caches, self.block_size, self.device)
-        # which request or search slot each row is, and the rows whose tables changed: a decode batch of the same
-        # rows as the graph step before it only moves that step's inputs on (_forward)
-        changes = message.table_changes
-        changed = [row for row, request_id in enumerate(message.request_ids) if request_id in changes]
-        first = len(message.request_ids)
-        for search_id, num_slots in zip(searches.search_ids, searches.num_slots):
-            changed.extend(first + slot for slot, *_ in searches.table_changes.get(search_id, ()) if slot < num_slots)
-            first += num_slots
-        rows = ((tuple(message.request_ids), tuple(searches.search_ids), tuple(searches.num_slots)), changed)
         logits = self._forward(token_ids, query_lens, seq_lens, tables, logits_rows, self._carried_inputs(carried),
-                               cross, rows, following)
+                               cross, _rows_and_changes(message), following)
         selecting = len(sampling) + len(search_rows.logits_rows)
         prompt_logprobs = score_prompt_positions(logits[selecting:], prompt_rows)
         selection = None
@@ -345,32 +333,33 @@ class ModelRunner:
         decode = len(token_ids) == num_seqs and logits_rows == list(range(num_seqs))
         size = self.graphs.padded_size(num_seqs) if self.graphs is not None and decode else None
         tokens = self.piecewise.padded_size(len(token_ids)) if self.piecewise is not None and size is None else None
-        lens = np.asarray(seq_lens) if size is not None and rows is not None else None
-        continues = lens is not None and continues_decode(self._decode_rows, (rows[0], size), lens)
-        self._decode_rows = None  # until this step is launched
-        if continues:
+        identity = None if size is None or rows is None else (rows[0], size)
+        if identity is not None and self.buffers.continues(identity, seq_lens):
             batch = self.buffers.advance_decode(token_ids, [(row, tables[row]) for row in rows[1]])
         else:
             batch = self.buffers.stage(token_ids, query_lens, seq_lens, tables, logits_rows, padded_seqs=size,
-                                       cross=cross, padded_tokens=tokens)
+                                       cross=cross, padded_tokens=tokens, identity=identity)
         if carried is not None:  # after the staging copy, on the same stream
             batch.input_ids[carried[0]] = carried[1]
         if following is not None:
             follow_on_device(*following, batch.input_ids, batch.meta.kernel.block_tables, self.kv_caches)
         if size is not None:
-            logits = self.graphs.replay(size, num_seqs)
-            self._decode_rows = None if lens is None else ((rows[0], size), lens)
-            return logits
+            return self.graphs.replay(size, num_seqs)
         if tokens is not None:
             return self.piecewise.replay(tokens, batch.meta.kernel, batch.logits_indices)
         return self.model(batch.input_ids, batch.meta.positions, self.kv_caches, batch.meta, batch.logits_indices)
 
 
-def continues_decode(last: tuple[tuple, np.ndarray] | None, rows: tuple, lens: np.ndarray) -> bool:
-    """Whether a decode batch is the graph step before it one token on: the same rows (what each row is, the graph's
-    size) and each row's length one more (not a finished request's id taken again by a one-token first step, nor a
-    step scheduled again after its launch failed). last: that step's rows and lengths."""
-    return last is not None and last[0] == rows and np.array_equal(lens, last[1] + 1)
+def _rows_and_changes(message: SchedulerOutput) -> tuple[tuple, list[int]]:
+    """What each row of the step is (its requests, its searches and their slots) and the rows whose block tables the
+    message changed: a decode batch of the same rows as the graph step before it only moves that step's inputs on."""
+    searches, changes = message.searches, message.table_changes
+    changed = [row for row, request_id in enumerate(message.request_ids) if request_id in changes]
+    first = len(message.request_ids)
+    for search_id, num_slots in zip(searches.search_ids, searches.num_slots):
+        changed.extend(first + slot for slot, *_ in searches.table_changes.get(search_id, ()) if slot < num_slots)
+        first += num_slots
+    return (tuple(message.request_ids), tuple(searches.search_ids), tuple(searches.num_slots)), changed
 
 
 def _cache_layers(specs: list[KVCacheSpec]) -> list[KVCacheSpec]:

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from fasterllm.worker.input_buffers import InputBuffers
-from fasterllm.worker.model_runner import continues_decode
+from fasterllm.worker.input_buffers import InputBuffers, continues_decode
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 BLOCK = 4
@@ -27,11 +26,13 @@ def test_a_decode_batch_moved_on_stages_what_a_full_staging_does():
     device = torch.device("cuda")
     moved, fresh = (InputBuffers(64, 8, 8, BLOCK, device) for _ in range(2))
     seq_lens, tables = [5, 8, 3], [[1, 2], [3, 4], [5]]
-    moved.stage([7, 8, 9], [1, 1, 1], seq_lens, tables, [0, 1, 2], padded_seqs=4)
+    identity = (("a", "b", "c"), 4)
+    moved.stage([7, 8, 9], [1, 1, 1], seq_lens, tables, [0, 1, 2], padded_seqs=4, identity=identity)
     # a step on: the second sequence's 9th token opens a new block, the third's write block was copied on write
     for step_tables, changed in (([[1, 2], [3, 4, 6], [10]], [1, 2]), ([[1, 2], [3, 4, 6], [10]], [])):
         seq_lens = [n + 1 for n in seq_lens]
         token_ids = [n * 10 for n in seq_lens]
+        assert moved.continues(identity, seq_lens)
         got = moved.advance_decode(token_ids, [(row, step_tables[row]) for row in changed])
         want = fresh.stage(token_ids, [1, 1, 1], seq_lens, step_tables, [0, 1, 2], padded_seqs=4)
         assert staged(got, step_tables) == staged(want, step_tables)
