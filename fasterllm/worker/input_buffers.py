@@ -14,6 +14,7 @@ from itertools import chain
 import numpy as np
 import torch
 
+from fasterllm.kernels.decode_advance import advance_decode_inputs
 from fasterllm.layers.attention import AttentionMetadata, KernelInputs
 
 
@@ -104,26 +105,26 @@ class InputBuffers:
         last = self.decode
         return last is not None and continues_decode((last[3], last[4]), identity, np.asarray(seq_lens))
 
-    def advance_decode(self, token_ids: list[int], changed_tables: list[tuple[int, list[int]]]) -> StagedBatch:
+    def advance_decode(self, token_ids: list[int], changed_tables: list[tuple[int, list[int]]],
+                       samples: torch.Tensor | None = None) -> StagedBatch:
         """The decode batch staged last, one token further: the same sequences in the same rows, each one position
-        on. Positions and lengths move on the device, the rows in changed_tables ((row, its whole block table): a
-        block added or copied on write) are sent, the slots are looked up on the device, and only the token ids
-        come from the host: a few launches instead of the whole batch's staging."""
+        on. The rows in changed_tables ((row, its whole block table): a block added or copied on write) are sent,
+        then one launch moves positions and lengths on and looks the slots up (kernels/decode_advance.py). The
+        token ids come from the host, or where every row's input is the previous step's sample, from samples (its
+        first rows on the device)."""
         batch, num_seqs, rows, identity, lens = self.decode
         self.decode = (batch, num_seqs, rows, identity, lens + 1)
         self.turn ^= 1
-        self._fill(self.input_ids, token_ids, rows)
-        positions = self.positions[1][:num_seqs]
-        positions += 1
-        self.seq_lens[1][:num_seqs] += 1
+        if samples is None:
+            self._fill(self.input_ids, token_ids, rows)
         tables = self.block_tables[1]
         if changed_tables:
             width = max(len(table) for _, table in changed_tables)
             packed = host_to_device([[row] + table + [0] * (width - len(table)) for row, table in changed_tables],
                                     torch.int32, tables.device)
             tables[packed[:, 0].long(), :width] = packed[:, 1:]
-        blocks = tables[:num_seqs].gather(1, (positions // self.block_size)[:, None]).squeeze(1)
-        torch.add(positions % self.block_size, blocks, alpha=self.block_size, out=self.slot_mapping[1][:num_seqs])
+        advance_decode_inputs(self.positions[1], self.seq_lens[1], self.slot_mapping[1], tables, self.block_size,
+                              num_seqs, *(() if samples is None else (self.input_ids[1], samples)))
         return batch
 
     def _fill(self, buffers: tuple[list[torch.Tensor], torch.Tensor], values, count: int, pad: int = 0) -> torch.Tensor:

@@ -285,7 +285,8 @@ class ModelRunner:
         if message.grammar_bitmask is not None:
             md.allowed = _allowed_tokens(message.grammar_rows, message.grammar_bitmask, len(sampling), vocab,
                                          self.device)
-        return sample(logits, md)
+        unchanged = md.controls is None and md.allowed is None  # the argmax of a decode graph's logits as they are
+        return sample(logits, md, self.graphs.argmax(logits) if self.graphs is not None and unchanged else None)
 
     def _carried_inputs(self, carried: list[tuple[int, str]]) -> tuple[torch.Tensor | slice, torch.Tensor] | None:
         """Rows whose input is the previous step's sample: (their token rows, a slice where they are the first rows,
@@ -335,7 +336,11 @@ class ModelRunner:
         tokens = self.piecewise.padded_size(len(token_ids)) if self.piecewise is not None and size is None else None
         identity = None if size is None or rows is None else (rows[0], size)
         if identity is not None and self.buffers.continues(identity, seq_lens):
-            batch = self.buffers.advance_decode(token_ids, [(row, tables[row]) for row in rows[1]])
+            changed = [(row, tables[row]) for row in rows[1]]
+            # every row's input the previous step's sample, in its row (carried's first rows)
+            every_row_carried = carried is not None and isinstance(carried[0], slice) and carried[0].stop == num_seqs
+            batch = self.buffers.advance_decode(token_ids, changed, carried[1] if every_row_carried else None)
+            carried = None if every_row_carried else carried
         else:
             batch = self.buffers.stage(token_ids, query_lens, seq_lens, tables, logits_rows, padded_seqs=size,
                                        cross=cross, padded_tokens=tokens, identity=identity)

@@ -121,14 +121,16 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(dim=-1)
 
 
-def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
-    """logits: [S, V] fp32, one row per request that samples this step."""
+def sample(logits: torch.Tensor, md: SamplingMetadata, argmax: torch.Tensor | None = None) -> SamplerOutput:
+    """logits: [S, V] fp32, one row per request that samples this step. argmax: each row's argmax of these logits,
+    where it was computed already (a decode graph's); used only where no control or mask changes the logits."""
     raw_logits = logits
     if md.controls is not None:
         logits = md.controls.apply(logits)
     if md.allowed is not None:
         logits = logits.masked_fill(~md.allowed, float("-inf"))
-    greedy_tokens = row_argmax(logits)
+    changed = md.controls is not None or md.allowed is not None
+    greedy_tokens = row_argmax(logits) if argmax is None or changed else argmax
     if md.all_greedy:
         tokens = greedy_tokens
     else:

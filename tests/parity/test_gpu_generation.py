@@ -107,7 +107,7 @@ def test_logit_controls_on_the_gpu_agree_with_transformers(graphs_llm, prompts, 
     eos = graphs_llm.engine.tokenizer.eos_token_ids
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, logprobs=20, repetition_penalty=1.3, min_tokens=8,
                             bad_words=["Paris"])
-    banned = graphs_llm.engine._bad_word_ids(["Paris"])
+    banned = graphs_llm.engine.inputs.bad_word_ids(["Paris"])
     outputs = graphs_llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     for prompt, output in zip(prompts, outputs):
         ref, ref_top = hf_greedy(hf, prompt, eos, repetition_penalty=1.3, min_new_tokens=8, bad_words_ids=banned)

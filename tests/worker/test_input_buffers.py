@@ -28,12 +28,16 @@ def test_a_decode_batch_moved_on_stages_what_a_full_staging_does():
     seq_lens, tables = [5, 8, 3], [[1, 2], [3, 4], [5]]
     identity = (("a", "b", "c"), 4)
     moved.stage([7, 8, 9], [1, 1, 1], seq_lens, tables, [0, 1, 2], padded_seqs=4, identity=identity)
-    # a step on: the second sequence's 9th token opens a new block, the third's write block was copied on write
-    for step_tables, changed in (([[1, 2], [3, 4, 6], [10]], [1, 2]), ([[1, 2], [3, 4, 6], [10]], [])):
+    # a step on: the second sequence's 9th token opens a new block, the third's write block was copied on write;
+    # then a step whose inputs are the samples of the step before, on the device
+    for step_tables, changed, on_device in (([[1, 2], [3, 4, 6], [10]], [1, 2], False),
+                                            ([[1, 2], [3, 4, 6], [10]], [], True)):
         seq_lens = [n + 1 for n in seq_lens]
         token_ids = [n * 10 for n in seq_lens]
         assert moved.continues(identity, seq_lens)
-        got = moved.advance_decode(token_ids, [(row, step_tables[row]) for row in changed])
+        samples = torch.tensor(token_ids, device=device) if on_device else None
+        got = moved.advance_decode([0] * 3 if on_device else token_ids, [(row, step_tables[row]) for row in changed],
+                                   samples)
         want = fresh.stage(token_ids, [1, 1, 1], seq_lens, step_tables, [0, 1, 2], padded_seqs=4)
         assert staged(got, step_tables) == staged(want, step_tables)
 
