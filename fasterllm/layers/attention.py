@@ -303,9 +303,16 @@ def store_kv(kv_cache: torch.Tensor, key_value: torch.Tensor, slot_mapping: torc
     """Write the tokens' K/V into their slots in one copy; key_value [T, 2 * Hkv, D] holds each token's
     key heads then its value heads (as the fused QKV projection lays them out); rows past the slots' count are
     padding. An fp8 cache gets K / k_scale and V / v_scale on the e4m3 grid, written as bytes (torch's CPU
-    indexing has no fp8 kernels)."""
+    indexing has no fp8 kernels). On a GPU one Triton launch: for a layer's cross K/V of BART-large's 8,192 encoder
+    tokens torch's index_copy_ took 27 us on an H200, the Triton store 17 us."""
     n = slot_mapping.shape[0]
     num_kv_heads, head_dim = key_value.shape[1] // 2, key_value.shape[2]
+    if key_value.is_cuda:
+        from fasterllm.kernels.kv_store import store_kv as store_kv_kernel
+
+        store_kv_kernel(key_value[:n, :num_kv_heads], key_value[:n, num_kv_heads:], kv_cache[0], kv_cache[1],
+                        slot_mapping, *kv_scales)
+        return
     rows = key_value[:n].view(n, 2, num_kv_heads, head_dim).transpose(0, 1)
     if kv_cache.dtype == FP8_KV_DTYPE:
         rows = torch.stack([cache_values(rows[i], kv_scales[i], FP8_KV_DTYPE) for i in (0, 1)]).view(torch.uint8)

@@ -125,6 +125,9 @@ class Stack(nn.Module):
 class BartForConditionalGeneration(nn.Module):
     """Encoder-decoder over flat token batches: encode() once per request, forward() every step."""
 
+    # its encoder attends in one Triton launch over cu_seqlens: a CUDA graph of encode() serves any lengths
+    replayable_encoder = True
+
     def __init__(self, cfg: Seq2SeqConfig, max_positions: int, device: torch.device, dtype: torch.dtype):
         super().__init__()
         self.config = cfg

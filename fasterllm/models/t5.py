@@ -135,6 +135,10 @@ class T5Stack(nn.Module):
 class T5ForConditionalGeneration(nn.Module):
     """Encoder-decoder over flat token batches: encode() once per request, forward() every step."""
 
+    # its encoder's attention (with the relative-position bias) runs SDPA per run of equal lengths: a graph would
+    # keep the lengths it was captured with
+    replayable_encoder = False
+
     def __init__(self, cfg: T5Config, max_positions: int, device: torch.device, dtype: torch.dtype):
         super().__init__()
         self.config = cfg

@@ -27,6 +27,12 @@ TOKEN_BUCKETS = (128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 614
 MIN_SEQ_BUCKET = 8
 
 
+def bucket(num_tokens: int, num_seqs: int) -> tuple[int, int]:
+    """The (token, sequence) capacities of the graph a packed batch replays (num_tokens <= TOKEN_BUCKETS[-1])."""
+    return (TOKEN_BUCKETS[bisect.bisect_left(TOKEN_BUCKETS, num_tokens)],
+            max(MIN_SEQ_BUCKET, 1 << (num_seqs - 1).bit_length()))
+
+
 @dataclass
 class _CapturedForward:
     graph: torch.cuda.CUDAGraph
@@ -50,8 +56,7 @@ class EncoderGraphs:
         """Replay the bucket's graph on these sequences -> (hidden states of the real tokens, cu_seqlens); both
         are views of the graph's buffers, valid until the next replay (read them on the same stream first)."""
         num_tokens = sum(map(len, token_ids))
-        key = (TOKEN_BUCKETS[bisect.bisect_left(TOKEN_BUCKETS, num_tokens)],
-               max(MIN_SEQ_BUCKET, 1 << (len(token_ids) - 1).bit_length()))
+        key = bucket(num_tokens, len(token_ids))
         captured = self.captured.get(key) or self._capture(*key)
         captured.inputs.copy_(stage_packed_inputs(token_ids, key[0], key[1], pin=True), non_blocking=True)
         captured.graph.replay()

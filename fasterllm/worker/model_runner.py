@@ -19,6 +19,7 @@ from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.worker.beam_follow import FollowingSlots, PreviousSelection, follow_on_device, follow_on_host
 from fasterllm.worker.beam_search import PendingSelection, select_beams, stage_search_rows
 from fasterllm.worker.beam_selection_graphs import SelectionGraphs
+from fasterllm.worker.cross_encoder_graphs import CrossEncoderGraphs
 from fasterllm.worker.cuda_graphs import DecodeGraphs
 from fasterllm.worker.decoder_builder import build_decoder
 from fasterllm.worker.encoder_decoder_inputs import encode_starting, run_encoders
@@ -83,6 +84,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.piecewise: PiecewiseGraphs | None = None  # steps with prompt chunks (decoder-only models)
         self.selection_graphs: SelectionGraphs | None = None  # beam searches' selections
+        self.encoder_graphs: CrossEncoderGraphs | None = None  # an encoder-decoder model's encoder passes
         self.previous_selection: PreviousSelection | None = None  # the last step's, which a lookahead step follows
         self.requests = RequestStates(device)
         # the last step's sampled ids, still on the device, and the request of each row: a step scheduled before
@@ -111,6 +113,9 @@ class ModelRunner:
         self.graphs = DecodeGraphs(self.model, self.buffers, self.kv_caches, self.encoder_decoder)
         seconds = self.graphs.capture()
         self.selection_graphs = SelectionGraphs(self.device)  # captured when first needed
+        if self.encoder_decoder and self.model.replayable_encoder:  # captured per bucket when first needed
+            self.encoder_graphs = CrossEncoderGraphs(self.model, self.kv_caches, self.device,
+                                                     self.model_config.max_encoder_len)
         if not self.encoder_decoder:
             self.piecewise = PiecewiseGraphs(self.model, self.buffers, self.kv_caches)
             seconds += self.piecewise.capture()
@@ -241,7 +246,7 @@ class ModelRunner:
             logits_rows.extend(range(first_row, first_row + count))
         if self.encoder_decoder:
             encode_starting(self.model, [s for s, start in zip(scheduled_states, message.starts) if start == 0]
-                            + search_rows.starting, self.kv_caches, self.block_size, self.device)
+                            + search_rows.starting, self.kv_caches, self.block_size, self.device, self.encoder_graphs)
         logits = self._forward(token_ids, query_lens, seq_lens, tables, logits_rows, self._carried_inputs(carried),
                                cross, _rows_and_changes(message), following)
         selecting = len(sampling) + len(search_rows.logits_rows)

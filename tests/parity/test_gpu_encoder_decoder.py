@@ -27,6 +27,9 @@ def test_greedy_tokens_match_transformers_on_the_gpu(tiny_seq2seq, family):
     assert llm.engine.executor.runner.graphs is not None  # decode steps replay CUDA graphs (T5's bias in the kernel too)
     prompts = INPUTS + [{"encoder_prompt": INPUTS[0], "decoder_prompt": DECODER_PROMPT}]
     got = run_staggered(llm, prompts, SamplingParams(max_tokens=12, temperature=0), arrivals=[0, 0, 2, 3, 1])
+    runner = llm.engine.executor.runner
+    if runner.model.replayable_encoder:  # its encoder passes replayed from CUDA graphs (T5's run eagerly)
+        assert runner.encoder_graphs.captured
     model = model.cuda()
     try:
         for encoder_ids, tokens in zip(INPUTS, got):
