@@ -1,6 +1,7 @@
 """An encoder-decoder model's encoder pass (packed encoder inputs -> every decoder layer's cross K/V, stored by
 slot) replayed from CUDA graphs, one per (token bucket, sequence bucket) as the BERT encoder's (encoder_graphs.py),
-captured when first needed, sharing one memory pool.
+sharing one memory pool; every bucket a step can fill is captured at start-up (a bucket first met while serving would
+hold that step for its capture).
 
 Run eagerly the pass is ~140 launches, about 5 ms of an H200's host whatever the batch (one request of 128 tokens or
 64 of them), where the GPU runs a small batch in a fraction of that: every step that admits requests paid it. The
@@ -9,13 +10,14 @@ sequences) beside each token's cross slot, -1 for the padding rows, which store 
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from fasterllm.layers.varlen_attention import VarlenBatch
-from fasterllm.worker.encoder_graphs import TOKEN_BUCKETS, bucket
+from fasterllm.worker.encoder_graphs import MIN_SEQ_BUCKET, TOKEN_BUCKETS, bucket
 from fasterllm.worker.encoder_inputs import split_staged, stage_packed_inputs
 
 
@@ -33,6 +35,17 @@ class CrossEncoderGraphs:
         self.model, self.kv_caches, self.device, self.max_seqlen = model, kv_caches, device, max_seqlen
         self.captured: dict[tuple[int, int], _CapturedPass] = {}
         self.pool = torch.cuda.graph_pool_handle()
+
+    def capture(self, max_tokens: int, max_seqs: int) -> float:
+        """Capture the buckets of every batch of up to max_tokens tokens in up to max_seqs inputs; returns seconds."""
+        start = time.perf_counter()
+        most_tokens, most_seqs = bucket(min(max_tokens, TOKEN_BUCKETS[-1]), max(1, max_seqs))
+        seq_buckets = [n for n in (MIN_SEQ_BUCKET << i for i in range(16)) if n <= most_seqs]
+        for tokens in (t for t in TOKEN_BUCKETS if t <= most_tokens):
+            for seqs in seq_buckets:
+                if seqs <= tokens:  # a batch has at least one token per input
+                    self._capture(tokens, seqs)
+        return time.perf_counter() - start
 
     def fits(self, num_tokens: int) -> bool:
         return num_tokens <= TOKEN_BUCKETS[-1]

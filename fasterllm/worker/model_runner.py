@@ -113,9 +113,10 @@ class ModelRunner:
         self.graphs = DecodeGraphs(self.model, self.buffers, self.kv_caches, self.encoder_decoder)
         seconds = self.graphs.capture()
         self.selection_graphs = SelectionGraphs(self.device)  # captured when first needed
-        if self.encoder_decoder and self.model.replayable_encoder:  # captured per bucket when first needed
+        if self.encoder_decoder and self.model.replayable_encoder:
             self.encoder_graphs = CrossEncoderGraphs(self.model, self.kv_caches, self.device,
                                                      self.model_config.max_encoder_len)
+            seconds += self.encoder_graphs.capture(self.buffers.max_tokens, self.buffers.max_seqs)
         if not self.encoder_decoder:
             self.piecewise = PiecewiseGraphs(self.model, self.buffers, self.kv_caches)
             seconds += self.piecewise.capture()
