@@ -12,7 +12,7 @@ import triton.language as tl
 _BLOCK = 256
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])  # any row count, one compiled variant
 def _advance_decode_kernel(positions_ptr, seq_lens_ptr, slots_ptr, tables_ptr, input_ids_ptr, samples_ptr,
                            num_rows, table_stride, block_size, HAS_SAMPLES: tl.constexpr, BLOCK: tl.constexpr):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

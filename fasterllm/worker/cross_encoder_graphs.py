@@ -21,6 +21,19 @@ from fasterllm.worker.encoder_graphs import MIN_SEQ_BUCKET, TOKEN_BUCKETS, bucke
 from fasterllm.worker.encoder_inputs import split_staged, stage_packed_inputs
 
 
+def startup_buckets(max_tokens: int, max_seqs: int) -> list[tuple[int, int]]:
+    """The (token, sequence) bucket of every batch of n <= max_tokens tokens (up to the largest bucket) in s <=
+    min(n, max_seqs) inputs, largest first."""
+    most_tokens, most_seqs = bucket(min(max_tokens, TOKEN_BUCKETS[-1]), max(1, max_seqs))
+    keys = []
+    for tokens in reversed([t for t in TOKEN_BUCKETS if t <= most_tokens]):
+        for seqs in reversed([MIN_SEQ_BUCKET << i for i in range(16) if MIN_SEQ_BUCKET << i <= most_seqs]):
+            # a batch has a token per input at least: the fewest inputs of a bucket past the first is half its own
+            if seqs == MIN_SEQ_BUCKET or seqs // 2 < tokens:
+                keys.append((tokens, seqs))
+    return keys
+
+
 @dataclass
 class _CapturedPass:
     graph: torch.cuda.CUDAGraph
@@ -37,14 +50,11 @@ class CrossEncoderGraphs:
         self.pool = torch.cuda.graph_pool_handle()
 
     def capture(self, max_tokens: int, max_seqs: int) -> float:
-        """Capture the buckets of every batch of up to max_tokens tokens in up to max_seqs inputs; returns seconds."""
+        """Capture the bucket of every batch of up to max_tokens tokens in up to max_seqs inputs, largest first (the
+        smaller graphs' work fits in the memory the pool already holds); returns seconds."""
         start = time.perf_counter()
-        most_tokens, most_seqs = bucket(min(max_tokens, TOKEN_BUCKETS[-1]), max(1, max_seqs))
-        seq_buckets = [n for n in (MIN_SEQ_BUCKET << i for i in range(16)) if n <= most_seqs]
-        for tokens in (t for t in TOKEN_BUCKETS if t <= most_tokens):
-            for seqs in seq_buckets:
-                if seqs <= tokens:  # a batch has at least one token per input
-                    self._capture(tokens, seqs)
+        for key in startup_buckets(max_tokens, max_seqs):
+            self._capture(*key)
         return time.perf_counter() - start
 
     def fits(self, num_tokens: int) -> bool:

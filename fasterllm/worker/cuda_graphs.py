@@ -56,6 +56,7 @@ class DecodeGraphs:
             argmax_graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(argmax_graph, pool=self.pool):
                 self.argmax_graphs[size] = (argmax_graph, row_argmax(self.logits[size]))
+        self.buffers.compile_advance()
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         logger.info("captured %d decode CUDA graphs (batch sizes %s) in %.1fs", len(self.sizes),
@@ -76,7 +77,8 @@ class DecodeGraphs:
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor | None:
         """Each row's argmax of logits that are the first rows of a replay's logits, from that size's argmax graph;
-        None for any other logits."""
+        None for any other logits. Like the logits, the ids are valid until the next replay of a decode graph (the
+        graphs share one memory pool): read them, or queue what reads them, before it."""
         for size, replayed in self.logits.items():
             if (logits.data_ptr() == replayed.data_ptr() and logits.dim() == 2 and logits.shape[0] <= size
                     and logits.stride() == replayed.stride()):

@@ -43,6 +43,10 @@ def packed_encoder_inputs(encoder_token_ids: list[list[int]], cross_tables: list
     tokens = np.fromiter(chain.from_iterable(encoder_token_ids), dtype=np.int64, count=total)
     positions = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
     table_lens = np.fromiter(map(len, cross_tables), dtype=np.int64, count=len(cross_tables))
+    if (table_lens * block_size < lens).any():  # its K/V would land in another request's blocks
+        row = int(np.argmax(table_lens * block_size < lens))
+        raise ValueError(f"encoder input {row} has {lens[row]} tokens but its cross table only {table_lens[row]} "
+                         f"blocks of {block_size}: the scheduler must allocate its cross blocks first")
     tables = np.zeros((len(cross_tables), int(table_lens.max())), dtype=np.int64)
     tables[np.repeat(np.arange(len(cross_tables)), table_lens),
            np.arange(int(table_lens.sum())) - np.repeat(np.cumsum(table_lens) - table_lens, table_lens)] = \

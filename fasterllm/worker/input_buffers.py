@@ -127,6 +127,17 @@ class InputBuffers:
                               num_seqs, *(() if samples is None else (self.input_ids[1], samples)))
         return batch
 
+    def compile_advance(self) -> None:
+        """Compile advance_decode's kernel, with and without samples, on scratch rows shaped as the buffers' (a
+        serving step would otherwise wait for the compiler)."""
+        def scratch(buffers: tuple[list[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+            return buffers[1][:1].clone()
+
+        for with_samples in (False, True):
+            ids = (scratch(self.input_ids), torch.zeros_like(scratch(self.input_ids))) if with_samples else ()
+            advance_decode_inputs(scratch(self.positions), scratch(self.seq_lens), scratch(self.slot_mapping),
+                                  scratch(self.block_tables), self.block_size, 1, *ids)
+
     def _fill(self, buffers: tuple[list[torch.Tensor], torch.Tensor], values, count: int, pad: int = 0) -> torch.Tensor:
         """values, padded to count with pad, into this turn's host buffer and on to the device buffer."""
         host, device = buffers[0][self.turn], buffers[1]

@@ -2,7 +2,11 @@
 and the slot of its cross K/V in its own cross table."""
 from __future__ import annotations
 
+import pytest
+
+from fasterllm.worker.cross_encoder_graphs import startup_buckets
 from fasterllm.worker.encoder_decoder_inputs import packed_encoder_inputs
+from fasterllm.worker.encoder_graphs import bucket
 
 
 def test_positions_restart_per_input_and_slots_follow_each_cross_table():
@@ -12,3 +16,17 @@ def test_positions_restart_per_input_and_slots_follow_each_cross_table():
     assert positions.tolist() == [0, 1, 2, 0, 0, 1, 2, 3, 4]
     # block 4 then 2 for the first input, block 7 for the second, 1, 3, 0 for the third; 2 slots a block
     assert slots.tolist() == [8, 9, 4, 14, 2, 3, 6, 7, 0]
+
+
+def test_a_cross_table_too_short_for_its_input_is_refused():
+    with pytest.raises(ValueError, match="encoder input 0 has 3 tokens but its cross table only 1 blocks of 2"):
+        packed_encoder_inputs([[1, 2, 3], [4]], [[5], [7, 8]], block_size=2)
+
+
+def test_every_batch_a_step_can_hold_has_its_encoder_graph_captured_at_start_up():
+    keys = set(startup_buckets(max_tokens=8192, max_seqs=256))
+    for num_tokens in range(1, 8193, 7):
+        for num_seqs in {1, 8, 9, 64, 129, 200, 256}:
+            if num_seqs <= num_tokens:
+                assert bucket(num_tokens, num_seqs) in keys, (num_tokens, num_seqs)
+    assert max(t for t, _ in keys) == 8192 and len(startup_buckets(100, 4)) == 1  # one bucket holds a small engine
