@@ -3,7 +3,9 @@
 Decoding a growing token list one token at a time must not split a multi-byte character, and
 must keep the spaces that tokenizers drop at the start of a decode. Each step decodes a short
 window (a few earlier tokens for context + the new ones) and keeps only the new text, waiting while
-the window ends in an incomplete character (U+FFFD).
+the window ends in an incomplete character (U+FFFD). A byte-level BPE's text is its tokens' bytes
+joined (TokenizerWrapper.token_bytes): there the new tokens' bytes are decoded here, the same text
+without a call into the tokenizer per token.
 """
 from __future__ import annotations
 
@@ -31,6 +33,10 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0
         self.read_offset = len(self.tokens)
         self.text = ""
+        # the bytes of the tokens past read_offset, where the tokenizer's text is its tokens' bytes and the prompt's
+        # tail ends on a whole character; None: each window decoded by the tokenizer
+        self.pending: bytes | None = b"" if tokenizer.decodes_bytes and not tokenizer.decode(
+            self.tokens, skip_special_tokens).endswith(_INCOMPLETE) else None
 
     def add_tokens(self, token_ids: list[int]) -> str | None:
         """Append tokens; return the stop string that now ends the text, if any (the text is cut there)."""
@@ -38,6 +44,17 @@ class IncrementalDetokenizer:
         tokens, tokenizer, skip = self.tokens, self.tokenizer, self.skip_special_tokens
         for token_id in token_ids:  # per generated token of every running request: kept lean
             tokens.append(token_id)
+            if self.pending is not None:
+                piece = tokenizer.token_bytes(token_id, skip)
+                if piece is not None:
+                    pending = self.pending = self.pending + piece
+                    new = pending.decode("utf-8", "replace")
+                    if new and not new.endswith(_INCOMPLETE):
+                        self.text += new
+                        self.pending = b""
+                        self.prefix_offset, self.read_offset = self.read_offset, len(tokens)
+                    continue
+                self.pending = None  # the tokenizer decodes from here on: the offsets are where it expects them
             prefix, read = self.prefix_offset, self.read_offset
             # the window's text before the new tokens (one token, once a step's text came out whole), then with them
             before = tokenizer.decode_one(tokens[prefix], skip) if read - prefix == 1 else \

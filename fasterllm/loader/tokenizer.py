@@ -31,6 +31,17 @@ _GGUF_SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe":
                 "smaug-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT}
 
 
+def _byte_alphabet() -> dict[str, int]:
+    """The character a byte-level BPE writes for each byte (GPT-2's alphabet), inverted: the printable bytes of
+    Latin-1 stand for themselves, every other byte, in order, for the next code point from 256 on."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)}
+    others = [byte for byte in range(256) if byte not in printable]
+    return {**{chr(byte): byte for byte in printable}, **{chr(256 + i): byte for i, byte in enumerate(others)}}
+
+
+_BYTE_OF_CHAR = _byte_alphabet()
+
+
 class TokenizerWrapper:
     """Encode, decode and render chat prompts; the one tokenizer API the engine uses."""
 
@@ -47,6 +58,9 @@ class TokenizerWrapper:
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.special_ids = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
         self._single_texts: tuple[dict[int, str], dict[int, str]] = ({}, {})  # decode_one's, by skip_special_tokens
+        # token_bytes' pieces, by skip_special_tokens; None: this decoder's text is not a function of bytes alone
+        self._pieces: tuple[dict[int, bytes], dict[int, bytes]] | None = \
+            ({}, {}) if isinstance(tokenizer.decoder, decoders.ByteLevel) else None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
@@ -79,6 +93,34 @@ class TokenizerWrapper:
         if text is None:
             text = texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=skip_special_tokens)
         return text
+
+    @property
+    def decodes_bytes(self) -> bool:
+        """Whether token_bytes may give each token's bytes (a byte-level BPE decoder, none found to disagree yet)."""
+        return self._pieces is not None
+
+    def token_bytes(self, token_id: int, skip_special_tokens: bool = True) -> bytes | None:
+        """The bytes a byte-level BPE decoder (GPT-2's and its descendants') writes for this token, or None where the
+        decoder is another kind. Such a decoder maps each character of each token to one byte and decodes all the
+        bytes as UTF-8 at once, so a text is the tokens' bytes joined: the incremental detokenizer then decodes them
+        itself, where a call into the tokenizer costs ~3-5 us a token. Each token's bytes are checked against the
+        tokenizer's own decode of it when first asked for; a token that disagrees turns this off for good."""
+        if self._pieces is None:
+            return None
+        pieces = self._pieces[skip_special_tokens]
+        piece = pieces.get(token_id)
+        if piece is None:
+            skipped = skip_special_tokens and token_id in self.special_ids
+            token = None if skipped else self.tokenizer.id_to_token(token_id)
+            try:
+                piece = b"" if token is None else bytes(_BYTE_OF_CHAR[char] for char in token)
+            except KeyError:  # a character outside the byte alphabet (an added token's text): kept as it is
+                piece = token.encode()
+            if piece.decode("utf-8", "replace") != self.decode_one(token_id, skip_special_tokens):
+                self._pieces = None
+                return None
+            pieces[token_id] = piece
+        return piece
 
     def id_to_token(self, token_id: int) -> str | None:
         return self.tokenizer.id_to_token(token_id)

@@ -72,3 +72,33 @@ def test_a_kept_single_token_text_is_that_tokens_decode_under_each_special_token
         for skip in (True, False, True):  # asked again: the kept text
             assert tokenizer.decode_one(token_id, skip) == tokenizer.decode([token_id], skip)
     assert tokenizer.decode_one(special, False) != tokenizer.decode_one(special, True)
+
+
+def test_a_byte_level_tokenizer_is_decoded_from_its_tokens_bytes_as_the_tokenizer_decodes_it(tokenizer):
+    """SmolLM2's byte-level BPE: the new tokens' bytes decoded here (no call into the tokenizer per token) give the
+    same texts, step by step, as every window decoded by the tokenizer, over random tokens (partial UTF-8 pieces,
+    special tokens, ids past the vocabulary) and real text, skipping special tokens or not, with stop strings."""
+    import random
+
+    assert tokenizer.decodes_bytes
+    rng = random.Random(0)
+    specials = sorted(tokenizer.special_ids)
+    text_ids = tokenizer.encode("Crème brûlée costs 5€ — 日本語のテキスト 🙂👍🏽 and\n\n  spaces. END here")
+    for trial in range(300):
+        if trial % 3 == 0:
+            cut = rng.randrange(1, len(text_ids))
+            prompt, output = text_ids[:cut], text_ids[cut:]
+        else:
+            draw = lambda: rng.choice(specials) if rng.random() < 0.05 else rng.randrange(tokenizer.vocab_size + 8)
+            prompt = [draw() for _ in range(rng.randrange(1, 9))]
+            output = [draw() for _ in range(rng.randrange(1, 60))]
+        skip, stop = trial % 2 == 0, ["END", "\n\n"] if trial % 5 == 0 else []
+        fast, slow = (IncrementalDetokenizer(tokenizer, prompt, skip, stop, False) for _ in range(2))
+        slow.pending = None  # every window through the tokenizer, as before the byte path
+        position = 0
+        while position < len(output):
+            chunk = output[position:position + rng.choice([1, 1, 1, 3])]
+            position += len(chunk)
+            assert fast.add_tokens(chunk) == slow.add_tokens(chunk)
+            assert fast.text == slow.text, (prompt, output[:position], skip)
+    assert tokenizer.decodes_bytes  # no token's bytes disagreed with the tokenizer's decode of it
