@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from fasterllm.layers.varlen_attention import VarlenBatch
-from fasterllm.worker.input_buffers import host_to_device
 from fasterllm.worker.beam_search import SearchState
 from fasterllm.worker.cross_encoder_graphs import CrossEncoderGraphs
+from fasterllm.worker.input_buffers import host_to_device
 from fasterllm.worker.request_states import RequestState
 
 
