@@ -105,9 +105,10 @@ class TokenizerWrapper:
         bytes as UTF-8 at once, so a text is the tokens' bytes joined: the incremental detokenizer then decodes them
         itself, where a call into the tokenizer costs ~3-5 us a token. Each token's bytes are checked against the
         tokenizer's own decode of it when first asked for; a token that disagrees turns this off for good."""
-        if self._pieces is None:
+        both = self._pieces  # read once: another thread may turn it off meanwhile
+        if both is None:
             return None
-        pieces = self._pieces[skip_special_tokens]
+        pieces = both[bool(skip_special_tokens)]
         piece = pieces.get(token_id)
         if piece is None:
             skipped = skip_special_tokens and token_id in self.special_ids
