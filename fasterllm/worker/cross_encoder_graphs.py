@@ -17,8 +17,7 @@ import numpy as np
 import torch
 
 from fasterllm.layers.varlen_attention import VarlenBatch
-from fasterllm.worker.encoder_graphs import MIN_SEQ_BUCKET, TOKEN_BUCKETS, bucket
-from fasterllm.worker.encoder_inputs import split_staged, stage_packed_inputs
+from fasterllm.worker.encoder_graphs import MIN_SEQ_BUCKET, TOKEN_BUCKETS, bucket, capture_pass
 
 
 def startup_buckets(max_tokens: int, max_seqs: int) -> list[tuple[int, int]]:
@@ -57,30 +56,24 @@ class CrossEncoderGraphs:
             self._capture(*key)
         return time.perf_counter() - start
 
-    def fits(self, num_tokens: int) -> bool:
-        return num_tokens <= TOKEN_BUCKETS[-1]
-
-    def run(self, encoder_token_ids: list[list[int]], slots: np.ndarray) -> None:
-        """The encoder over these inputs, their cross K/V stored at slots (one per token, packed in order)."""
-        key = bucket(len(slots), len(encoder_token_ids))
-        captured = self.captured.get(key) or self._capture(*key)
-        host_slots = torch.full((key[0],), -1, dtype=torch.long, pin_memory=True)
+    def run(self, capacity: tuple[int, int], staged: torch.Tensor, slots: np.ndarray) -> None:
+        """The encoder pass of the bucket capacity (token, sequence capacities) over its staged inputs
+        (encoder_inputs.stage_packed_inputs, pinned), their cross K/V stored at slots (one per real token, packed
+        in order)."""
+        captured = self.captured.get(capacity) or self._capture(*capacity)
+        host_slots = torch.full((capacity[0],), -1, dtype=torch.long, pin_memory=True)
         host_slots[:len(slots)] = torch.from_numpy(slots)
-        captured.inputs.copy_(stage_packed_inputs(encoder_token_ids, key[0], key[1], pin=True), non_blocking=True)
+        captured.inputs.copy_(staged, non_blocking=True)
         captured.slots.copy_(host_slots, non_blocking=True)
         captured.graph.replay()
 
     def _capture(self, token_capacity: int, seq_capacity: int) -> _CapturedPass:
-        inputs = torch.zeros(2 * token_capacity + seq_capacity + 1, dtype=torch.int32, device=self.device)
         slots = torch.full((token_capacity,), -1, dtype=torch.long, device=self.device)  # nothing stored meanwhile
-        token_ids, positions, cu_seqlens = split_staged(inputs, token_capacity)
-        batch = VarlenBatch(cu_seqlens, self.max_seqlen, runs=[])
-        self.model.encode(token_ids, positions, batch, self.kv_caches, slots)  # compiles and lets cuBLAS pick first
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: the server's generating engine may launch work from its own thread meanwhile
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+
+        def encode(token_ids: torch.Tensor, positions: torch.Tensor, batch: VarlenBatch) -> None:
             self.model.encode(token_ids, positions, batch, self.kv_caches, slots)
+
+        graph, inputs, _ = capture_pass(encode, token_capacity, seq_capacity, self.device, self.max_seqlen, self.pool)
         captured = _CapturedPass(graph, inputs, slots)
         self.captured[(token_capacity, seq_capacity)] = captured
         return captured

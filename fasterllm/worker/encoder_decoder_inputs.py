@@ -16,6 +16,8 @@ import torch
 from fasterllm.layers.varlen_attention import VarlenBatch
 from fasterllm.worker.beam_search import SearchState
 from fasterllm.worker.cross_encoder_graphs import CrossEncoderGraphs
+from fasterllm.worker.encoder_graphs import bucket, fits_a_bucket
+from fasterllm.worker.encoder_inputs import split_staged, stage_packed_inputs
 from fasterllm.worker.input_buffers import host_to_device
 from fasterllm.worker.request_states import RequestState
 
@@ -25,23 +27,24 @@ def run_encoders(model: torch.nn.Module, encoder_token_ids: list[list[int]], cro
                  graphs: CrossEncoderGraphs | None = None) -> None:
     """One packed encoder pass over these encoder inputs, each one's cross K/V stored by its cross table: replayed
     from graphs where they hold the batch."""
-    tokens, positions, slots = packed_encoder_inputs(encoder_token_ids, cross_tables, block_size)
-    if graphs is not None and graphs.fits(len(tokens)):
-        graphs.run(encoder_token_ids, slots)
-        return
-    model.encode(host_to_device(tokens, torch.long, device), host_to_device(positions, torch.long, device),
-                 VarlenBatch.from_lengths([len(ids) for ids in encoder_token_ids], device), kv_caches,
-                 host_to_device(slots, torch.long, device))
-
-
-def packed_encoder_inputs(encoder_token_ids: list[list[int]], cross_tables: list[list[int]],
-                          block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The packed token ids, each token's position in its input, and the cache slot of its cross K/V, in numpy:
-    a batch of 64 x 128 tokens built as Python lists took several milliseconds of the host."""
     lens = np.fromiter(map(len, encoder_token_ids), dtype=np.int64, count=len(encoder_token_ids))
     total = int(lens.sum())
-    tokens = np.fromiter(chain.from_iterable(encoder_token_ids), dtype=np.int64, count=total)
-    positions = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
+    replay = graphs is not None and fits_a_bucket(total)
+    capacity = bucket(total, len(encoder_token_ids)) if replay else (total, len(encoder_token_ids))
+    staged = stage_packed_inputs(encoder_token_ids, *capacity, pin=device.type == "cuda")
+    slots = cross_slots(lens, split_staged(staged, capacity[0])[1][:total].numpy(), cross_tables, block_size)
+    if replay:
+        graphs.run(capacity, staged, slots)
+        return
+    token_ids, positions, cu_seqlens = split_staged(staged.to(device, non_blocking=True), total)
+    model.encode(token_ids, positions, VarlenBatch.from_lengths(lens.tolist(), device, cu_seqlens),
+                 kv_caches, host_to_device(slots, torch.long, device))
+
+
+def cross_slots(lens: np.ndarray, positions: np.ndarray, cross_tables: list[list[int]], block_size: int
+                ) -> np.ndarray:
+    """The cache slot of each packed token's cross K/V, from the inputs' lengths and each token's position in its
+    own input, in numpy: a batch of 64 x 128 tokens done in Python lists took several milliseconds of the host."""
     table_lens = np.fromiter(map(len, cross_tables), dtype=np.int64, count=len(cross_tables))
     if (table_lens * block_size < lens).any():  # its K/V would land in another request's blocks
         row = int(np.argmax(table_lens * block_size < lens))
@@ -52,7 +55,7 @@ def packed_encoder_inputs(encoder_token_ids: list[list[int]], cross_tables: list
            np.arange(int(table_lens.sum())) - np.repeat(np.cumsum(table_lens) - table_lens, table_lens)] = \
         np.fromiter(chain.from_iterable(cross_tables), dtype=np.int64, count=int(table_lens.sum()))
     slots = tables[np.repeat(np.arange(len(lens)), lens), positions // block_size] * block_size
-    return tokens, positions, slots + positions % block_size
+    return slots + positions % block_size
 
 
 def encode_starting(model: torch.nn.Module, starting: list[RequestState | SearchState], kv_caches: torch.Tensor,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import torch
 
@@ -25,6 +26,11 @@ from fasterllm.worker.encoder_inputs import split_staged, stage_packed_inputs
 # the largest a batch runs eagerly (the GPU's work then outlasts launching it from Python)
 TOKEN_BUCKETS = (128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 MIN_SEQ_BUCKET = 8
+T = TypeVar("T")
+
+
+def fits_a_bucket(num_tokens: int) -> bool:
+    return num_tokens <= TOKEN_BUCKETS[-1]
 
 
 def bucket(num_tokens: int, num_seqs: int) -> tuple[int, int]:
@@ -49,9 +55,6 @@ class EncoderGraphs:
         self.captured: dict[tuple[int, int], _CapturedForward] = {}
         self.pool = torch.cuda.graph_pool_handle()
 
-    def fits(self, num_tokens: int) -> bool:
-        return num_tokens <= TOKEN_BUCKETS[-1]
-
     def forward(self, token_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay the bucket's graph on these sequences -> (hidden states of the real tokens, cu_seqlens); both
         are views of the graph's buffers, valid until the next replay (read them on the same stream first)."""
@@ -63,15 +66,25 @@ class EncoderGraphs:
         return captured.hidden[:num_tokens], captured.cu_seqlens[:len(token_ids) + 1]
 
     def _capture(self, token_capacity: int, seq_capacity: int) -> _CapturedForward:
-        inputs = torch.zeros(2 * token_capacity + seq_capacity + 1, dtype=torch.int32, device=self.device)
-        token_ids, positions, cu_seqlens = split_staged(inputs, token_capacity)
-        batch = VarlenBatch(cu_seqlens, self.max_seqlen, runs=[])
-        self.model(token_ids, positions, batch)  # compiles the Triton kernels and lets cuBLAS pick, before capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: the server's generating engine may launch work from its own thread meanwhile
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            hidden = self.model(token_ids, positions, batch)
-        captured = _CapturedForward(graph, inputs, hidden, cu_seqlens)
+        graph, inputs, hidden = capture_pass(self.model, token_capacity, seq_capacity, self.device,
+                                            self.max_seqlen, self.pool)
+        captured = _CapturedForward(graph, inputs, hidden, split_staged(inputs, token_capacity)[2])
         self.captured[(token_capacity, seq_capacity)] = captured
         return captured
+
+
+def capture_pass(forward: Callable[[torch.Tensor, torch.Tensor, VarlenBatch], T], token_capacity: int,
+                 seq_capacity: int, device: torch.device, max_seqlen: int, pool: tuple[int, int]
+                 ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, T]:
+    """A CUDA graph of forward(token ids, positions, batch) over a bucket's staged inputs, in pool -> (the graph,
+    its input buffer as stage_packed_inputs lays it out, forward's output)."""
+    inputs = torch.zeros(2 * token_capacity + seq_capacity + 1, dtype=torch.int32, device=device)
+    token_ids, positions, cu_seqlens = split_staged(inputs, token_capacity)
+    batch = VarlenBatch(cu_seqlens, max_seqlen, runs=[])
+    forward(token_ids, positions, batch)  # compiles the Triton kernels and lets cuBLAS pick, before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: the server's generating engine may launch work from its own thread meanwhile
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        output = forward(token_ids, positions, batch)
+    return graph, inputs, output

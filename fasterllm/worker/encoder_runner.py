@@ -10,7 +10,7 @@ from fasterllm.layers.pooling import pool
 from fasterllm.layers.varlen_attention import VarlenBatch
 from fasterllm.loader.encoder_checkpoint import EncoderCheckpoint
 from fasterllm.models.bert import BertModel
-from fasterllm.worker.encoder_graphs import EncoderGraphs
+from fasterllm.worker.encoder_graphs import EncoderGraphs, fits_a_bucket
 from fasterllm.worker.encoder_inputs import packed_inputs_on
 
 
@@ -35,7 +35,7 @@ class EncoderRunner:
     def embed(self, token_ids: list[list[int]]) -> torch.Tensor:
         """One packed forward pass over these sequences -> pooled vectors [num_seqs, hidden], fp32, left on the
         model's device: nothing here waits for the device, so the host can stage the next batch meanwhile."""
-        if self.graphs is not None and self.graphs.fits(sum(map(len, token_ids))):
+        if self.graphs is not None and fits_a_bucket(sum(map(len, token_ids))):
             hidden, cu_seqlens = self.graphs.forward(token_ids)
         else:
             hidden, cu_seqlens = self._eager_forward(token_ids)
