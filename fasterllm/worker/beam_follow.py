@@ -7,10 +7,10 @@ becomes its parent's (the parent's full blocks) with its own block for the new p
 parent's partly filled block is copied first (none at a block boundary: the blocks are full); and this step's
 selection ranks the slots by the selection's scores. The engine reorders its copy of the tables the same way when it
 reads the selection, without queueing the copies (engine/beam_blocks.py), and sends them as table changes: the
-worker's own tables are the ones before the selection until then, which is what the gathers here start from.
+worker's own tables are the ones before the selection until then, which is what the launches here start from.
 
-On a GPU all of it is a few gathers and one copy launch (kernels/block_copy.py); on the CPU the host reads the
-selection (it is there already) and applies it to the step's lists.
+On a GPU all of it is two launches (kernels/beam_follow.py, then kernels/block_copy.py's copy); on the CPU the host
+reads the selection (it is there already) and applies it to the step's lists.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fasterllm.kernels.beam_follow import follow_selection_entries, follow_tables
 from fasterllm.kernels.block_copy import copy_blocks_on_host, copy_flagged_blocks
 from fasterllm.worker.input_buffers import host_to_device
 
@@ -37,62 +38,62 @@ class PreviousSelection:
 
 @dataclass
 class FollowingSlots:
-    """One entry per slot of the step's following searches (a decode row: one token): its token row, its sequence
-    row, the sequence row of its search's slot 0, the flat index of its search's row and its slot in the previous
-    selection's [searches, width] tensors, its slot, the table column of the position it computes, and whether that
-    position is past a block's start (a moved slot copies its parent's partly filled block)."""
-    token_rows: list[int] = field(default_factory=list)
-    rows: list[int] = field(default_factory=list)
-    bases: list[int] = field(default_factory=list)
-    previous: list[int] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
+    """One entry per following search of the step (its slots are decode rows: one token each): its first token row,
+    its first sequence row (its slot 0's), the flat index of its row in the previous selection's [searches, width]
+    tensors, its width, the table column of the position it computes, whether that position is past a block's start
+    (a moved slot copies its parent's partly filled block), and its first slot's index among all following slots."""
+    first_tokens: list[int] = field(default_factory=list)
+    first_rows: list[int] = field(default_factory=list)
+    previous_starts: list[int] = field(default_factory=list)
+    widths: list[int] = field(default_factory=list)
     columns: list[int] = field(default_factory=list)
     partial: list[int] = field(default_factory=list)
+    entries: list[int] = field(default_factory=list)
+    num_slots: int = 0
 
     def add(self, first_token: int, first_row: int, previous_row: int, previous_width: int, width: int, start: int,
             block_size: int) -> None:
         """A following search: its slots are token rows first_token.., sequence rows first_row.., computing
         position start."""
-        self.token_rows.extend(range(first_token, first_token + width))
-        self.rows.extend(range(first_row, first_row + width))
-        self.bases.extend([first_row] * width)
-        self.previous.extend(range(previous_row * previous_width, previous_row * previous_width + width))
-        self.slots.extend(range(width))
-        self.columns.extend([start // block_size] * width)
-        self.partial.extend([int(start % block_size != 0)] * width)
+        self.first_tokens.append(first_token)
+        self.first_rows.append(first_row)
+        self.previous_starts.append(previous_row * previous_width)
+        self.widths.append(width)
+        self.columns.append(start // block_size)
+        self.partial.append(int(start % block_size != 0))
+        self.entries.append(self.num_slots)
+        self.num_slots += width
+
+    def plan(self) -> list[list[int]]:
+        """kernels/beam_follow.py's plan rows."""
+        return [self.first_tokens, self.first_rows, self.previous_starts, self.widths, self.columns, self.partial,
+                self.entries]
 
 
 def follow_on_device(slots: FollowingSlots, previous: PreviousSelection, input_ids: torch.Tensor,
                      tables: torch.Tensor, caches: torch.Tensor) -> None:
-    """Staged inputs and tables (the worker's, from before the selection) made to follow it, and the blocks copied."""
-    plan = host_to_device([slots.token_rows, slots.rows, slots.bases, slots.previous, slots.slots, slots.columns,
-                           slots.partial], torch.long, tables.device)
-    token_rows, rows, bases, flat, slot, columns, partial = plan
-    parents = previous.ints[3].reshape(-1)[flat]
-    input_ids[token_rows] = previous.ints[4].reshape(-1)[flat]
-    entries = torch.arange(len(slots.rows), device=tables.device)
-    own = tables[rows, columns]
-    taken = tables[bases + parents]  # gathered before any row is written: a slot may be another's parent
-    sources = taken[entries, columns]
-    taken[entries, columns] = own
-    tables[rows] = taken
-    copy_flagged_blocks(caches, sources, own, ((partial != 0) & (parents != slot)).to(torch.int32))
+    """Staged inputs and tables (the worker's, from before the selection) made to follow it, and the blocks copied:
+    two launches."""
+    plan = host_to_device(slots.plan(), torch.long, tables.device)
+    copies = follow_tables(plan, previous.ints, input_ids, tables, slots.num_slots, max(slots.widths))
+    copy_flagged_blocks(caches, *copies)
 
 
 def follow_on_host(slots: FollowingSlots, previous: PreviousSelection, token_ids: list[int],
                    tables: list[list[int]], caches: torch.Tensor) -> None:
     """The same on the CPU, on the step's lists (tables: each row's list, replaced, not changed in place)."""
-    parents = previous.ints[3].reshape(-1)[slots.previous].tolist()
-    tokens = previous.ints[4].reshape(-1)[slots.previous].tolist()
-    staged = {row: tables[row] for row in slots.rows}
+    parents, tokens = previous.ints[3].reshape(-1).tolist(), previous.ints[4].reshape(-1).tolist()
     copies = []
-    for token_row, row, base, parent, slot, column, partial, token in zip(
-            slots.token_rows, slots.rows, slots.bases, parents, slots.slots, slots.columns, slots.partial, tokens):
-        token_ids[token_row] = token
-        parent_table, own = staged[base + parent], staged[row][column]
-        tables[row] = parent_table[:column] + [own] + parent_table[column + 1:]
-        if partial and parent != slot:
-            copies.append((parent_table[column], own))
+    for first_token, base, previous_start, width, column, partial in zip(
+            slots.first_tokens, slots.first_rows, slots.previous_starts, slots.widths, slots.columns, slots.partial):
+        staged = tables[base:base + width]  # a slot may be another's parent: every row read before any is replaced
+        for slot in range(width):
+            parent = parents[previous_start + slot]
+            token_ids[first_token + slot] = tokens[previous_start + slot]
+            parent_table, own = staged[parent], staged[slot][column]
+            tables[base + slot] = parent_table[:column] + [own] + parent_table[column + 1:]
+            if partial and parent != slot:
+                copies.append((parent_table[column], own))
     copy_blocks_on_host(caches, copies)
 
 
@@ -101,11 +102,6 @@ def follow_selection_inputs(entries: list[list[int]], previous: PreviousSelectio
     """This step's selection inputs (worker/beam_search.py's SelectionInputs, on the device) of the following
     searches, from the previous selection: entries [5, n] per (search, rank): its flat index in ints of the rank's
     logits row and of its slot, in scores of its score, its search's first logits row, and the flat index of the
-    rank in the previous selection."""
-    plan = host_to_device(entries, torch.long, ints.device)
-    index_at, order_at, score_at, first_logits_row, ranked = plan
-    slot = previous.ints[5].reshape(-1)[ranked]
-    flat_ints = ints.view(-1)
-    flat_ints[index_at] = first_logits_row + slot
-    flat_ints[order_at] = slot
-    scores.view(-1)[score_at] = previous.floats[1].reshape(-1)[ranked - ranked % previous.width + slot]
+    rank in the previous selection (kernels/beam_follow.py's one launch)."""
+    follow_selection_entries(host_to_device(entries, torch.long, ints.device), previous.ints, previous.floats, ints,
+                             scores)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from fasterllm.worker.beam_follow import FollowingSlots, PreviousSelection, follow_selection_inputs
+from fasterllm.worker.input_buffers import host_tensor
 from fasterllm.worker.step_messages import NewSearchData, SearchChunks, SearchSelection
 
 
@@ -94,8 +95,7 @@ class SelectionInputs:
         """Into the selection's input tensors on the device, and the following searches' from the previous
         selection."""
         for tensor, rows in ((ints, self.ints), (scores, self.scores)):
-            host = torch.tensor(rows, dtype=tensor.dtype)
-            tensor.copy_(host.pin_memory() if tensor.is_cuda else host, non_blocking=True)
+            tensor.copy_(host_tensor(rows, tensor.dtype, pin=tensor.is_cuda), non_blocking=True)
         if self.follow is not None:
             follow_selection_inputs(self.follow, previous, ints, scores)
 

