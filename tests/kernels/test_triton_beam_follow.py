@@ -57,12 +57,11 @@ def test_following_selection_inputs_come_from_the_previous_ranking_and_scores():
     previous = torch.zeros(6, 2, 3, dtype=torch.long)
     previous[5] = torch.tensor([[2, 0, 1], [1, 2, 0]])  # each search's slots, best first
     floats = torch.tensor([[[0.0] * 3] * 2, [[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]]])
-    ints, scores = torch.full((2, 8), -7, dtype=torch.long), torch.zeros(2, 3)
+    ints, scores = torch.full((2, 8), -7, dtype=torch.long, device=DEVICE), torch.zeros(2, 3, device=DEVICE)
     # search row 1 of this step follows previous row 1: ranks 0..2 at ints[1, 0..2] (logits rows from 10), ints[1,
     # 3..5] (slots), scores[1, 0..2]
     entries = torch.tensor([[8, 9, 10], [11, 12, 13], [3, 4, 5], [10, 10, 10], [3, 4, 5]])
-    follow_selection_entries(entries.to(DEVICE), previous.to(DEVICE), floats.to(DEVICE), ints := ints.to(DEVICE),
-                             scores := scores.to(DEVICE))
+    follow_selection_entries(entries.to(DEVICE), previous.to(DEVICE), floats.to(DEVICE), ints, scores)
     assert ints[1, :6].tolist() == [11, 12, 10, 1, 2, 0]
     assert ints[0].tolist() == [-7] * 8 and ints[1, 6:].tolist() == [-7] * 2
     assert scores[1].tolist() == [-5.0, -6.0, -4.0] and scores[0].tolist() == [0.0] * 3
