@@ -17,7 +17,9 @@ PLAN_ROWS = 7  # first token row, first sequence row, previous selection's flat 
 _COLUMNS = 128  # table columns a pass
 
 
-@triton.jit
+# the counts change from step to step: compiled once for any (Triton would otherwise compile a variant for a count of 1
+# and for multiples of 16, each compile holding up the step that meets it)
+@triton.jit(do_not_specialize=["num_searches", "previous_field"])
 def _follow_kernel(plan_ptr, num_searches, previous_ptr, previous_field, input_ids_ptr, tables_ptr, table_stride,
                    num_columns, sources_ptr, destinations_ptr, flags_ptr, WIDTH: tl.constexpr,
                    COLUMNS: tl.constexpr):
@@ -72,7 +74,7 @@ def follow_tables(plan: torch.Tensor, previous_ints: torch.Tensor, input_ids: to
     return sources, destinations, flags
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_entries", "previous_field", "previous_width"])
 def _follow_selection_inputs_kernel(entries_ptr, num_entries, previous_ints_ptr, previous_floats_ptr, previous_field,
                                     previous_width, ints_ptr, scores_ptr, BLOCK: tl.constexpr):
     entry = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
