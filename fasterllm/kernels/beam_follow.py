@@ -60,9 +60,9 @@ def follow_tables(plan: torch.Tensor, previous_ints: torch.Tensor, input_ids: to
     [rows, columns] int32 with contiguous rows. Writes input_ids and tables in place; returns (source block,
     destination block, copy flag) per entry (slot after slot) for copy_flagged_blocks."""
     if plan.shape[0] != PLAN_ROWS or not plan.is_contiguous() or not previous_ints.is_contiguous() \
-            or tables.stride(1) != 1:
+            or tables.stride(1) != 1 or input_ids.dim() != 1 or input_ids.stride(0) != 1:
         raise ValueError(f"plan must be a contiguous [{PLAN_ROWS}, searches] tensor (got {tuple(plan.shape)}), the "
-                         "previous selection contiguous and the tables' rows contiguous")
+                         "previous selection and input_ids contiguous and the tables' rows contiguous")
     sources, destinations, flags = (torch.empty(num_entries, dtype=torch.int32, device=tables.device)
                                     for _ in range(3))
     num_searches = plan.shape[1]
