@@ -14,6 +14,7 @@ reads the selection (it is there already) and applies it to the step's lists.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -40,16 +41,14 @@ class PreviousSelection:
 class FollowingSlots:
     """One entry per following search of the step (its slots are decode rows: one token each): its first token row,
     its first sequence row (its slot 0's), the flat index of its row in the previous selection's [searches, width]
-    tensors, its width, the table column of the position it computes, whether that position is past a block's start
-    (a moved slot copies its parent's partly filled block), and its first slot's index among all following slots."""
+    tensors, its width, the table column of the position it computes, and whether that position is past a block's start
+    (a moved slot copies its parent's partly filled block)."""
     first_tokens: list[int] = field(default_factory=list)
     first_rows: list[int] = field(default_factory=list)
     previous_starts: list[int] = field(default_factory=list)
     widths: list[int] = field(default_factory=list)
     columns: list[int] = field(default_factory=list)
     partial: list[int] = field(default_factory=list)
-    entries: list[int] = field(default_factory=list)
-    num_slots: int = 0
 
     def add(self, first_token: int, first_row: int, previous_row: int, previous_width: int, width: int, start: int,
             block_size: int) -> None:
@@ -61,13 +60,15 @@ class FollowingSlots:
         self.widths.append(width)
         self.columns.append(start // block_size)
         self.partial.append(int(start % block_size != 0))
-        self.entries.append(self.num_slots)
-        self.num_slots += width
+
+    @property
+    def num_slots(self) -> int:
+        return sum(self.widths)
 
     def plan(self) -> list[list[int]]:
-        """kernels/beam_follow.py's plan rows."""
+        """kernels/beam_follow.py's plan rows: the entries above and each search's first slot among all of them."""
         return [self.first_tokens, self.first_rows, self.previous_starts, self.widths, self.columns, self.partial,
-                self.entries]
+                [0, *itertools.accumulate(self.widths)][:-1]]
 
 
 def follow_on_device(slots: FollowingSlots, previous: PreviousSelection, input_ids: torch.Tensor,
