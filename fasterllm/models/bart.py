@@ -25,6 +25,7 @@ from fasterllm.layers.attention_layer import Attention, CrossAttention
 from fasterllm.layers.linear import pack_linears
 from fasterllm.layers.varlen_attention import VarlenBatch, varlen_attention
 from fasterllm.models.checkpoint_copier import CheckpointCopier
+from fasterllm.models.seq2seq_cpu_decode import Seq2SeqDecodeStack
 from fasterllm.seq2seq_config import Seq2SeqConfig
 
 LEARNED_POSITIONS = ("bart", "mbart")  # the others' positions are fixed sinusoids
@@ -127,6 +128,8 @@ class BartForConditionalGeneration(nn.Module):
 
     # its encoder attends in one Triton launch over cu_seqlens: a CUDA graph of encode() serves any lengths
     replayable_encoder = True
+    # on the CPU: decode steps through all decoder layers in one C++ call where it runs them (use_cpu_decode_stack)
+    cpu_decode_stack: Seq2SeqDecodeStack | None = None
 
     def __init__(self, cfg: Seq2SeqConfig, max_positions: int, device: torch.device, dtype: torch.dtype):
         super().__init__()
@@ -152,6 +155,10 @@ class BartForConditionalGeneration(nn.Module):
     def pack_for_cpu(self) -> None:
         pack_linears(self)
 
+    def use_cpu_decode_stack(self) -> None:
+        """Run CPU decode steps through models/seq2seq_cpu_decode.py where every decoder layer is one it runs."""
+        self.cpu_decode_stack = Seq2SeqDecodeStack.of(self)
+
     def encode(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: VarlenBatch, kv_caches: torch.Tensor,
                slot_mapping: torch.Tensor) -> None:
         """Packed encoder inputs -> every decoder layer's cross-attention K/V, stored at slot_mapping (one slot per
@@ -169,8 +176,11 @@ class BartForConditionalGeneration(nn.Module):
         """Flat batch of new decoder tokens -> fp32 logits of the rows in logits_indices only (meta.cross says
         where each sequence's encoder K/V lie)."""
         hidden = self.decoder.embed(input_ids, positions, self.decoder.embed_tokens, self.sinusoids)
-        for layer, kv_cache in zip(self.decoder.layers, kv_caches):
-            hidden = layer(hidden, kv_cache, meta)
+        if self.cpu_decode_stack is not None and self.cpu_decode_stack.takes(hidden, kv_caches, meta):
+            hidden = self.cpu_decode_stack(hidden, kv_caches, meta)
+        else:
+            for layer, kv_cache in zip(self.decoder.layers, kv_caches):
+                hidden = layer(hidden, kv_cache, meta)
         return self.lm_head(self.decoder.final_norm(hidden[logits_indices])).float()
 
     @torch.no_grad()

@@ -17,42 +17,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fasterllm.kernels.native import cpu_attention, cpu_gemv
+from fasterllm.kernels.native import cpu_attention
 from fasterllm.kernels.native.cpu_extension import kernel_isa
 from fasterllm.layers.activation import SiluAndMul
 from fasterllm.layers.attention import AttentionMetadata
-from fasterllm.layers.linear import PackedCPULinear
 from fasterllm.layers.norm import RMSNorm
-from fasterllm.layers.quantization.int4 import Int4WeightOnlyLinear
-from fasterllm.layers.quantization.int8 import Int8WeightOnlyLinear
-from fasterllm.layers.quantization.uint8_grouped import Uint8GroupedLinear
-
-# decode_stack.cpp's linear kinds
-INT8, INT4, INT4_INT8_INPUTS, UINT8_GROUPED, ONEDNN, PLAIN = range(6)
-_NONE = torch.empty(0)
-
-
-def _linear_arguments(linear: nn.Module) -> tuple[list[torch.Tensor], int] | None:
-    """(codes, scales, minimums, bias; a float layer: its weight, two empty tensors, its bias; an empty tensor for no
-    bias) and the kind of a projection the C++ stack multiplies as the layer would, or None."""
-    bias = getattr(linear, "bias", None)
-    bias = _NONE if bias is None else bias
-    if type(linear) is PackedCPULinear:
-        return [linear.packed_weight, _NONE, _NONE, bias], ONEDNN
-    if type(linear) is nn.Linear:
-        return [linear.weight, _NONE, _NONE, bias], PLAIN
-    weights = getattr(linear, "native", None)
-    if weights is None:
-        return None
-    if type(linear) is Int8WeightOnlyLinear:
-        return [weights.codes, weights.scales, _NONE, bias], INT8
-    if type(linear) is Int4WeightOnlyLinear:
-        return [weights.codes, weights.scales, weights.minimums, bias], (
-            INT4_INT8_INPUTS if cpu_gemv.int4_int8_inputs() else INT4)
-    if type(linear) is Uint8GroupedLinear:
-        return [weights.codes, weights.scales, weights.minimums, bias], UINT8_GROUPED
-    return None
-
+from fasterllm.models.cpu_decode_linears import NONE, stack_linears
 
 def _plain_layer(layer: nn.Module, dtype: torch.dtype, eps: float) -> bool:
     """Whether a decoder layer is one the C++ stack runs as its Python forward would (its norms' eps all eps)."""
@@ -95,14 +65,13 @@ class CPUDecodeStack:
             if not _plain_layer(layer, dtype, eps) or any(getattr(layer.attn, name) != getattr(layers[0].attn, name)
                                                           for name in ("scale", "sliding_window")):
                 return None
-            for linear in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj):
-                arguments = _linear_arguments(linear)
-                if arguments is None:
-                    return None
-                linear_tensors += arguments[0]
-                kinds += [arguments[1], linear.out_features]
+            linears = stack_linears([layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj])
+            if linears is None:
+                return None
+            linear_tensors += linears[0]
+            kinds += linears[1]
             norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-            norms += [_NONE, _NONE] if layer.q_norm is None else [layer.q_norm.weight, layer.k_norm.weight]
+            norms += [NONE, NONE] if layer.q_norm is None else [layer.q_norm.weight, layer.k_norm.weight]
         return cls(norms, linear_tensors, kinds, eps, layers[0].attn, dtype)
 
     def takes(self, hidden: torch.Tensor, kv_caches: torch.Tensor | None, meta: AttentionMetadata) -> bool:

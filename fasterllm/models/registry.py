@@ -38,9 +38,11 @@ def supported_models() -> list[dict[str, str]]:
     gguf = GGUF_HF_ARCHITECTURES
     one_device = QK_NORM_OVER_HEADS_ARCHITECTURES + LATENT_ATTENTION_ARCHITECTURES
     generating = ", ".join(m for m in QUANTIZATION_METHODS if m not in STORED_METHODS) + " (fp8: Hopper GPUs)"
-    # models/llama_cpu_decode.py's layers (where the layers' windows agree and no q/k/v is clipped)
+    # models/llama_cpu_decode.py's layers (where the layers' windows agree and no q/k/v is clipped), and
+    # models/seq2seq_cpu_decode.py's (the BART family's)
     one_call = [name for name in DECODER_ARCHITECTURES
                 if name not in MOE_ARCHITECTURES + GEMMA_ARCHITECTURES + LATENT_ATTENTION_ARCHITECTURES]
+    one_call += [name for name in ENCODER_DECODER_ARCHITECTURES if _MODELS[name] is BartForConditionalGeneration]
     rows = []
     for name, cls in _MODELS.items():
         decoder_only, experts = name in DECODER_ARCHITECTURES, name in MOE_ARCHITECTURES

@@ -12,7 +12,6 @@ from fasterllm.layers.quantization.gguf import prepare_gguf_linears
 from fasterllm.layers.quantization.stored import prepare_stored_linears
 from fasterllm.loader.checkpoint import Checkpoint
 from fasterllm.loader.dummy_weights import fill_dummy_weights
-from fasterllm.models.llama import LlamaForCausalLM
 from fasterllm.models.registry import model_class
 
 
@@ -65,6 +64,6 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
         use_gemv_linears(model)
     if can_pack(device, dtype):
         model.pack_for_cpu()
-    if device.type == "cpu" and isinstance(model, LlamaForCausalLM):
+    if device.type == "cpu" and hasattr(model, "use_cpu_decode_stack"):  # Llama's and the BART family's
         model.use_cpu_decode_stack()
     return model

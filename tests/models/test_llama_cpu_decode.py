@@ -16,7 +16,8 @@ from fasterllm.sampling_params import BeamSearchParams
 from fasterllm.kernels.native import cpu_gemv
 from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.linear import PackedCPULinear, can_pack
-from fasterllm.models.llama_cpu_decode import INT4_INT8_INPUTS, CPUDecodeStack
+from fasterllm.models.cpu_decode_linears import INT4_INT8_INPUTS
+from fasterllm.models.llama_cpu_decode import CPUDecodeStack
 from fasterllm.models.registry import supported_models
 from fasterllm.worker import decoder_builder
 

@@ -27,8 +27,8 @@ logger = logging.getLogger("fasterllm")
 ISA_ENV = "FASTERLLM_CPU_KERNELS"
 ISA_FLAGS = {"avx512": {"avx512f", "avx2", "fma", "f16c"},
              "avx2": {"avx2", "fma", "f16c"}}
-SOURCES = ("ops.cpp", "widen_rows.cpp", "quantize_rows.cpp", "gemv_avx2.cpp", "gemv_avx512.cpp", "rms_norm.cpp",
-           "decode_attention.cpp", "rotary_store.cpp", "decode_stack.cpp")
+SOURCES = ("ops.cpp", "argmax_rows.cpp", "widen_rows.cpp", "quantize_rows.cpp", "gemv_avx2.cpp", "gemv_avx512.cpp",
+           "rms_norm.cpp", "decode_attention.cpp", "rotary_store.cpp", "decode_stack.cpp", "seq2seq_decode_stack.cpp")
 
 
 def supported_isas() -> list[str]:

@@ -1,5 +1,5 @@
-// torch operators over gemv.h's and rms_norm.h's kernels: torch.ops.fasterllm_cpu.int4_gemv / int8_gemv /
-// uint8_grouped_gemv / add_rms_norm. They check their tensors and split the work over torch's intra-op threads
+// torch operators over gemv.h's, rms_norm.h's and argmax_rows.h's kernels: torch.ops.fasterllm_cpu.int4_gemv /
+// int8_gemv / uint8_grouped_gemv / add_rms_norm / argmax_rows. They check their tensors and split the work over torch's intra-op threads
 // (at::parallel_for): the products widen the input rows to fp32 once and split the output tiles, and return the
 // input's dtype.
 // The ISA ("avx2" or "avx512") is the caller's choice (kernels/native/cpu_gemv.py picks it at start-up); a choice
@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <string>
 
+#include "argmax_rows.h"
 #include "decode_attention.h"
 #include "gemv.h"
 #include "ops.h"
@@ -23,6 +24,7 @@ namespace {
 constexpr int64_t kGrainTiles = 4;  // tiles (of 16 output rows) per thread at least: fewer are not worth a thread
 constexpr int64_t kGrainNormRows = 64;  // rows per thread of the RMSNorm
 constexpr int64_t kThreadedAttentionPairs = 4096;  // (query head, key) pairs of a decode attention worth threads
+constexpr int64_t kGrainArgmaxRows = 4;  // logits rows per thread of the argmax at least
 
 bool runs_avx2() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
@@ -310,9 +312,27 @@ void rotary_store_op(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
   rotary_store(bits(qkv), bits(cos), bits(sin), cache, cache + kv_cache.numel() / 2, slots, shape);
 }
 
+// x [rows, width] fp32 -> each row's argmax [rows] int64, as torch.argmax(x, dim=-1)
+at::Tensor argmax_rows_op(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) > 0 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
+              "argmax_rows takes fp32 rows [rows, width > 0] on the CPU, got ", x.scalar_type(), " ", x.sizes(), " on ",
+              x.device());
+  TORCH_CHECK(runs_avx2(), "argmax_rows needs AVX2 and FMA, which this CPU lacks; use torch.argmax");
+  const at::Tensor rows = x.contiguous();
+  at::Tensor out = at::empty({x.size(0)}, x.options().dtype(at::kLong));
+  const float* values = rows.data_ptr<float>();
+  int64_t* indices = out.data_ptr<int64_t>();
+  const int64_t width = x.size(1);
+  at::parallel_for(0, x.size(0), kGrainArgmaxRows, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) indices[r] = argmax_row(values + r * width, width);
+  });
+  return out;
+}
+
 }  // namespace fasterllm_cpu
 
 TORCH_LIBRARY(fasterllm_cpu, m) {
+  m.def("argmax_rows(Tensor x) -> Tensor", &fasterllm_cpu::argmax_rows_op);
   m.def("int4_gemv(Tensor x, Tensor codes, Tensor scales, Tensor mins, int N, str isa, bool int8_inputs=False) -> "
         "Tensor",
         &fasterllm_cpu::int4_gemv);
