@@ -1,5 +1,5 @@
-"""Write a Llama-3-8B-shaped (or SmolLM2-135M-, Qwen3-8B-, Gemma-2-9B-, Qwen3-30B-A3B-, DeepSeek-V2-Lite-shaped) model
-directory with random bf16 weights, for GPU benchmarks (no hub needed).
+"""Write a Llama-3-8B-shaped (or SmolLM2-135M-, Qwen3-8B-, Gemma-2-9B-, Qwen3-30B-A3B-, Mixtral-8x7B-,
+DeepSeek-V2-Lite-shaped) model directory with random bf16 weights, for GPU benchmarks (no hub needed).
 
     python benchmarks/make_random_llama.py /tmp/llama3-8b-random            # the 8B shape, about 16 GB
     python benchmarks/make_random_llama.py /tmp/llama3-8b-2l --num-layers 2  # the same shape, 2 layers (a quick check)
@@ -7,6 +7,7 @@ directory with random bf16 weights, for GPU benchmarks (no hub needed).
     python benchmarks/make_random_llama.py /tmp/smollm2 --shape smollm2-135m --config-only  # SmolLM2-135M's shape
     python benchmarks/make_random_llama.py /tmp/llama-tiny --shape llama-tiny  # host-bound on a CPU
     python benchmarks/make_random_llama.py /tmp/qwen3-moe --shape qwen3-30b-a3b --config-only  # 128 experts, top 8
+    python benchmarks/make_random_llama.py /tmp/mixtral --shape mixtral-8x7b --config-only  # 8 experts, top 2 (H200)
     python benchmarks/make_random_llama.py /tmp/dsv2-lite --shape deepseek-v2-lite --config-only  # latent attention
 
 The tokenizer is word-level ("w0 w1 ..." over the shape's whole vocabulary) with a minimal
@@ -81,6 +82,18 @@ def qwen3_30b_a3b_config(num_layers: int):
                           tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645)
 
 
+def mixtral_8x7b_config(num_layers: int):
+    """Mixtral-8x7B-v0.1's config.json: 8 experts of 14,336 x 4,096, top 2; 46.7 B parameters, 93 GB in bf16 (an
+    H200 holds them)."""
+    from transformers import MixtralConfig
+
+    return MixtralConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=num_layers,
+                         num_attention_heads=32, num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
+                         max_position_embeddings=32768, rms_norm_eps=1e-5, sliding_window=None,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+
+
 def deepseek_v2_lite_config(num_layers: int):
     """DeepSeek-V2-Lite's config.json: latent attention (kv_lora_rank 512, queries without a low-rank bottleneck),
     YaRN over a 4096-token original context, 64 routed experts (top 6) and 2 shared ones, layer 0 dense."""
@@ -102,7 +115,8 @@ def deepseek_v2_lite_config(num_layers: int):
 SHAPES = {"llama3-8b": (llama3_8b_config, 32), "smollm2-135m": (smollm2_135m_config, 30),
           "llama-tiny": (llama_tiny_config, 2),
           "qwen3-8b": (qwen3_8b_config, 36), "gemma2-9b": (gemma2_9b_config, 42),
-          "qwen3-30b-a3b": (qwen3_30b_a3b_config, 48), "deepseek-v2-lite": (deepseek_v2_lite_config, 27)}
+          "qwen3-30b-a3b": (qwen3_30b_a3b_config, 48), "mixtral-8x7b": (mixtral_8x7b_config, 32),
+          "deepseek-v2-lite": (deepseek_v2_lite_config, 27)}
 
 
 def save_word_tokenizer(directory: Path, vocab_size: int, bos_id: int, eos_id: int) -> None:
