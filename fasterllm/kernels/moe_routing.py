@@ -21,6 +21,11 @@ def _route_kernel(logits_ptr, weights_ptr, experts_ptr, num_experts, stride_t, s
     logits = tl.load(logits_ptr + token * stride_t + e, mask=e < num_experts, other=float("-inf")).to(tl.float32)
     p = tl.exp(logits - tl.max(logits, axis=0))
     p = p / tl.sum(p, axis=0)
+    # the lanes past the experts, and every lane of a row whose logits are not numbers, at -1: below every real
+    # probability. Such a row (a CUDA graph's padding token row holds whatever its buffers held) still gets k distinct
+    # real experts, the lowest first; an index past the experts would send the grouping's atomics and the expert
+    # kernels' reads outside their tensors
+    p = tl.where((e < num_experts) & (p == p), p, -1.0)
     k = tl.arange(0, BLOCK_K)
     chosen = tl.zeros((BLOCK_K,), dtype=tl.float32)
     indices = tl.zeros((BLOCK_K,), dtype=tl.int64)
@@ -29,7 +34,7 @@ def _route_kernel(logits_ptr, weights_ptr, experts_ptr, num_experts, stride_t, s
         index = tl.min(tl.where(p == best, e, BLOCK_E), axis=0)
         chosen = tl.where(k == j, best, chosen)
         indices = tl.where(k == j, index.to(tl.int64), indices)
-        p = tl.where(e == index, -1.0, p)  # below every probability: never chosen again
+        p = tl.where(e == index, -2.0, p)  # below every other lane: never chosen again
     if NORMALIZE:
         chosen = chosen / tl.sum(chosen, axis=0)
     chosen = chosen * scale

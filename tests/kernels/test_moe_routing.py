@@ -35,6 +35,27 @@ def test_equal_probabilities_go_to_the_lowest_expert_first():
     torch.testing.assert_close(weights.cpu(), torch.full((1, 3), 1 / 3))
 
 
+@pytest.mark.parametrize("num_experts, top_k", [(8, 2), (6, 6), (60, 4), (128, 8)])
+def test_rows_of_stale_values_still_get_distinct_real_experts(num_experts, top_k):
+    """A CUDA graph's padding token rows hold stale values, NaN or infinite among them: their experts must still
+    be k distinct real ones (the grouping and the expert kernels index by them), and the real rows beside them keep
+    theirs."""
+    generator = torch.Generator().manual_seed(num_experts)
+    logits = torch.randn(6, num_experts, generator=generator)
+    logits[1] = float("nan")
+    logits[2, :3] = float("nan")
+    logits[3] = float("inf")
+    logits[4, 0] = float("-inf")
+    logits[5] = float("-inf")
+    weights, experts = route_logits(logits.to(DEVICE), top_k, normalize=True, dtype=torch.float32)
+    experts = experts.cpu()
+    assert ((experts >= 0) & (experts < num_experts)).all(), experts
+    assert all(len(set(row)) == top_k for row in experts.tolist())
+    # the rows of numbers (one with an expert at -inf) as alone, and as the torch route's softmax and top-k
+    _, alone = route_logits(logits[[0, 4]].to(DEVICE), top_k, normalize=True, dtype=torch.float32)
+    assert experts[[0, 4]].tolist() == alone.tolist() == logits[[0, 4]].softmax(dim=-1).topk(top_k).indices.tolist()
+
+
 def test_more_choices_than_experts_is_refused():
     with pytest.raises(ValueError, match="top_k=5 is more than the 4 experts"):
         route_logits(torch.zeros(1, 4, device=DEVICE), 5, normalize=False, dtype=torch.float32)
