@@ -69,12 +69,12 @@ def bytes_as_floats(codes, SIGNED: tl.constexpr):
 
 @triton.jit
 def load_weight_chunk(w_rows, n_mask, k0, K, BLOCK_B: tl.constexpr, EVEN_K: tl.constexpr):
-    """Columns k0 .. k0 + BLOCK_B of the float or int8 weight rows. Weights only: no kernel writes them, so the
-    first chunk's may be read before early_start (tests/kernels/test_dependent_launch.py allows this function
-    there)."""
+    """Columns k0 .. k0 + BLOCK_B of the float, int8 or e4m3 weight rows (masked lanes 0.0: an integer 0 cannot be
+    cast to e4m3). Weights only: no kernel writes them, so the first chunk's may be read before early_start
+    (tests/kernels/test_dependent_launch.py allows this function there)."""
     k = k0 + tl.arange(0, BLOCK_B)
     w_mask = n_mask[:, None] if EVEN_K else n_mask[:, None] & (k < K)[None, :]
-    return tl.load(w_rows[:, None] + k[None, :], mask=w_mask, other=0, eviction_policy="evict_first")
+    return tl.load(w_rows[:, None] + k[None, :], mask=w_mask, other=0.0, eviction_policy="evict_first")
 
 
 @triton.jit
