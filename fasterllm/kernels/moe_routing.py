@@ -23,8 +23,8 @@ def _route_kernel(logits_ptr, weights_ptr, experts_ptr, num_experts, stride_t, s
     p = p / tl.sum(p, axis=0)
     # the lanes past the experts, and every lane of a row whose logits are not numbers, at -1: below every real
     # probability. Such a row (a CUDA graph's padding token row holds whatever its buffers held) still gets k distinct
-    # real experts, the lowest first; an index past the experts would send the grouping's atomics and the expert
-    # kernels' reads outside their tensors
+    # real experts, the lowest first, with meaningless weights (it is thrown away); an index past the experts would
+    # send the grouping's atomics and the expert kernels' reads outside their tensors
     p = tl.where((e < num_experts) & (p == p), p, -1.0)
     k = tl.arange(0, BLOCK_K)
     chosen = tl.zeros((BLOCK_K,), dtype=tl.float32)

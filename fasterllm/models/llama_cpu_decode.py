@@ -24,6 +24,7 @@ from fasterllm.layers.attention import AttentionMetadata
 from fasterllm.layers.norm import RMSNorm
 from fasterllm.models.cpu_decode_linears import NONE, stack_linears
 
+
 def _plain_layer(layer: nn.Module, dtype: torch.dtype, eps: float) -> bool:
     """Whether a decoder layer is one the C++ stack runs as its Python forward would (its norms' eps all eps)."""
     from fasterllm.models.llama import DecoderLayer

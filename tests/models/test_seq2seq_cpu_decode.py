@@ -107,12 +107,14 @@ def bart_64_dim_heads(tmp_path_factory):
 @pytest.mark.parametrize("dtype, quantization, native", [
     ("bfloat16", None, {("self", 1), ("cross", 1)}),  # bf16: the C++ attention for both
     ("float32", "int8", {("self", 1), ("cross", 0)}),  # quantized fp32: self-attention released, cross keeps SDPA
+    ("bfloat16", "int4", {("self", 1), ("cross", 1)}),
 ])
 def test_the_cpp_attention_and_quantized_products_as_the_layers_run_them(bart_64_dim_heads, cpu_kernels_on,
                                                                          monkeypatch, dtype, quantization, native):
     llm = _make_llm(bart_64_dim_heads, dtype=dtype, quantization=quantization)
-    if quantization:
-        assert llm.engine.executor.runner.model.cpu_decode_stack.kinds[0] == 0  # linears.h's kInt8
+    if quantization:  # linears.h's kInt8, or kInt4 (kInt4Int8Inputs where FASTERLLM_CPU_INT4_INPUTS asks)
+        kind = llm.engine.executor.runner.model.cpu_decode_stack.kinds[0]
+        assert kind in ((0,) if quantization == "int8" else (1, 2))
     ours, layers, counting = _with_and_without_stack(llm, monkeypatch)
     assert ours == layers
     assert counting.calls > 0 and counting.native == native

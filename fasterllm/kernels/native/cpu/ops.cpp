@@ -1,7 +1,7 @@
 // torch operators over gemv.h's, rms_norm.h's and argmax_rows.h's kernels: torch.ops.fasterllm_cpu.int4_gemv /
-// int8_gemv / uint8_grouped_gemv / add_rms_norm / argmax_rows. They check their tensors and split the work over torch's intra-op threads
-// (at::parallel_for): the products widen the input rows to fp32 once and split the output tiles, and return the
-// input's dtype.
+// int8_gemv / uint8_grouped_gemv / add_rms_norm / argmax_rows. They check their tensors and split the work over
+// torch's intra-op threads (at::parallel_for): the products widen the input rows to fp32 once and split the output
+// tiles, and return the input's dtype.
 // The ISA ("avx2" or "avx512") is the caller's choice (kernels/native/cpu_gemv.py picks it at start-up); a choice
 // this CPU cannot run is refused here rather than left to crash on an illegal instruction.
 #include <ATen/ATen.h>
