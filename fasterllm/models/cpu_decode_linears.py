@@ -7,13 +7,13 @@ import torch
 from torch import nn
 
 from fasterllm.kernels.native import cpu_gemv
-from fasterllm.layers.linear import PackedCPULinear
+from fasterllm.layers.linear import PackedCPULinear, TiledCPULinear
 from fasterllm.layers.quantization.int4 import Int4WeightOnlyLinear
 from fasterllm.layers.quantization.int8 import Int8WeightOnlyLinear
 from fasterllm.layers.quantization.uint8_grouped import Uint8GroupedLinear
 
 # linears.h's kinds
-INT8, INT4, INT4_INT8_INPUTS, UINT8_GROUPED, ONEDNN, PLAIN = range(6)
+INT8, INT4, INT4_INT8_INPUTS, UINT8_GROUPED, ONEDNN, PLAIN, FLOAT_TILES = range(7)
 NONE = torch.empty(0)  # an absent tensor (a bias, a norm), as the stacks read it
 
 
@@ -24,6 +24,8 @@ def linear_arguments(linear: nn.Module) -> tuple[list[torch.Tensor], int] | None
     bias = NONE if bias is None else bias
     if type(linear) is PackedCPULinear:
         return [linear.packed_weight, NONE, NONE, bias], ONEDNN
+    if type(linear) is TiledCPULinear:
+        return [linear.tiles.weight, NONE, NONE, bias], FLOAT_TILES
     if type(linear) is nn.Linear:
         return [linear.weight, NONE, NONE, bias], PLAIN
     weights = getattr(linear, "native", None)

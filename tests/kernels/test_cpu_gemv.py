@@ -13,6 +13,7 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from fasterllm.kernels.native import cpu_extension, cpu_gemv
+from fasterllm.layers import linear
 from fasterllm.layers.quantization.int4 import GROUP_SIZE, Int4WeightOnlyLinear, quantize_int4_grouped
 from fasterllm.layers.quantization.int8 import Int8WeightOnlyLinear, quantize_int8_per_channel
 from fasterllm.layers.quantization.uint8_grouped import Uint8GroupedLinear, dequantize_uint8_grouped
@@ -101,6 +102,22 @@ def test_int8_is_the_exact_product_within_fp32_summation(isa, dtype, n, k):
         x = activations(rows, k, dtype)
         got = cpu_gemv.int8_gemv(x, packed, isa)
         assert_within_summation_error(got, x, weight, x.double().abs() @ weight.abs().t())
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("n, k", SHAPES)
+def test_float_is_the_exact_product_within_fp32_summation(isa, n, k):
+    """fp32 weights (layers/linear.TiledCPULinear's), with and without a bias added to each row's sum."""
+    torch.manual_seed(n * k)
+    weight, bias = torch.randn(n, k), torch.randn(n)
+    packed = cpu_gemv.pack_float(weight)
+    assert packed.weight.dtype == torch.float32 and packed.weight.shape == (-(-n // 16), k // 32, 512)
+    for rows in ROWS:
+        x = activations(rows, k, torch.float32)
+        magnitudes = x.double().abs() @ weight.double().abs().t()
+        assert_within_summation_error(cpu_gemv.float_gemv(x, packed, None, isa), x, weight.double(), magnitudes)
+        got = cpu_gemv.float_gemv(x, packed, bias, isa) - bias  # the bias added once, after the sum
+        assert_within_summation_error(got, x, weight.double(), magnitudes + bias.double().abs())
 
 
 def uint8_grouped(n, k, group):
@@ -228,6 +245,23 @@ def test_layers_agree_with_their_torch_path(isa, dtype, monkeypatch):
             assert relative_error(got, want) < (1e-5 if dtype == torch.float32 else 0.02)
 
 
+def test_fp32_linears_take_the_tiles_where_they_fit():
+    """cpu_linear: fp32 weights with K a multiple of 32 go to our product (any leading dims of the input kept); bf16
+    weights and other widths stay on oneDNN's packed layer."""
+    torch.manual_seed(0)
+    weight, bias = torch.randn(24, 64), torch.randn(24)
+    tiled = linear.cpu_linear(weight, bias)
+    assert type(tiled) is linear.TiledCPULinear and tiled.out_features == 24
+    x = torch.randn(2, 3, 64)
+    want = torch.nn.functional.linear(x.double(), weight.double(), bias.double())
+    assert tiled(x).shape == (2, 3, 24) and torch.allclose(tiled(x).double(), want, rtol=1e-5, atol=1e-5)
+    cpu = torch.device("cpu")
+    if linear.can_pack(cpu, torch.float32):
+        assert type(linear.cpu_linear(weight[:, :48], bias)) is linear.PackedCPULinear
+    if linear.can_pack(cpu, torch.bfloat16):
+        assert type(linear.cpu_linear(weight.bfloat16(), bias.bfloat16())) is linear.PackedCPULinear
+
+
 def test_int8_layer_keeps_torch_for_widths_the_kernel_cannot_take():
     # 48: not a multiple of 32 (torch 2.13's _weight_int8pack_mm crashes at K=40 on AVX-512, so not 40)
     qweight, scales = quantize_int8_per_channel(torch.randn(8, 48))
@@ -257,6 +291,11 @@ def test_bad_inputs_are_refused_with_what_was_given():
         cpu_gemv.uint8_grouped_gemv(torch.randn(1, 64), grouped._replace(scales=torch.ones(2, 3, 16)), "avx2")
     with pytest.raises(ValueError, match="groups of 16 or 32 inputs, got 64 inputs in 1 groups"):
         cpu_gemv.pack_uint8_grouped(*uint8_grouped(4, 64, 64))
+    floats = cpu_gemv.pack_float(torch.randn(20, 64))
+    with pytest.raises(RuntimeError, match=r"input must be a float32 CPU tensor \[rows, 64\], got BFloat16"):
+        cpu_gemv.float_gemv(torch.randn(1, 64).bfloat16(), floats, None, "avx2")
+    with pytest.raises(RuntimeError, match=r"bias must be a contiguous CPU Float tensor of shape \[20\]"):
+        cpu_gemv.float_gemv(torch.randn(1, 64), floats, torch.ones(16), "avx2")
 
 
 @pytest.mark.parametrize("value, answer", [("avx2", "avx2"), ("off", None), ("", "widest"), ("auto", "widest")])

@@ -1,6 +1,7 @@
-"""The int4, int8 and uint8_grouped CPU layers' matrix products, in C++ (cpu/gemv*.cpp, built by
-cpu_extension.py): torch's own kernels read the weights at a fraction of the memory bandwidth (benchmarks/RESULTS.md,
-issue 27), and decode on a CPU is a read of every weight per step.
+"""The int4, int8 and uint8_grouped CPU layers' matrix products, and fp32 layers' (layers/linear.TiledCPULinear), in
+C++ (cpu/gemv*.cpp, built by cpu_extension.py): torch's own kernels read the weights at a fraction of the memory
+bandwidth (benchmarks/RESULTS.md, issue 27; oneDNN's fp32 products of a decode step at 13-15 GB/s of this VM's 24.5,
+ours at 20-22), and decode on a CPU is a read of every weight per step.
 
 The weights are repacked once into tiles of 16 output rows (cpu/gemv.h says the byte order). The input rows are
 multiplied as they come (fp32, or bf16 widened to fp32, never rounded): the codes are turned into fp32 in registers
@@ -38,6 +39,12 @@ class Int8Weights(NamedTuple):
     """pack_int8's result: codes [N/16, K/32, 512] int8, scales [N/16, 16] fp32, rows N."""
     codes: torch.Tensor
     scales: torch.Tensor
+    rows: int
+
+
+class FloatWeights(NamedTuple):
+    """pack_float's result: weight [N/16, K/32, 512] fp32, rows N."""
+    weight: torch.Tensor
     rows: int
 
 
@@ -87,9 +94,9 @@ def _group_values_by_tile(scales: torch.Tensor, minimums: torch.Tensor) -> tuple
     return scales, minimums
 
 
-def _byte_tiles(codes: torch.Tensor) -> torch.Tensor:
-    """One-byte codes [N, K] -> [N/16, K/32, 512]: per tile of 16 rows and block of 32, byte 16j + r holds row r's
-    code at k = j."""
+def _transposed_tiles(codes: torch.Tensor) -> torch.Tensor:
+    """One value per weight [N, K] (one-byte codes, or fp32 weights) -> [N/16, K/32, 512]: per tile of 16 rows and
+    block of 32, element 16j + r holds row r's value at k = j."""
     rows, cols = codes.shape
     _check_width(cols)
     # [tile, row, block, j] -> [tile, block, j, row]
@@ -100,7 +107,13 @@ def _byte_tiles(codes: torch.Tensor) -> torch.Tensor:
 def pack_int8(weight: torch.Tensor, scales: torch.Tensor) -> Int8Weights:
     """int8 weight [N, K] in -127..127 with fp32 scales [N] -> the kernels' tiles (cpu/gemv.h): per tile of 16 rows
     and block of 32, byte 16j + r holds row r's weight at k = j."""
-    return Int8Weights(_byte_tiles(weight.to(torch.int8)), _tiles(scales.float()).contiguous(), weight.shape[0])
+    return Int8Weights(_transposed_tiles(weight.to(torch.int8)), _tiles(scales.float()).contiguous(), weight.shape[0])
+
+
+def pack_float(weight: torch.Tensor) -> FloatWeights:
+    """fp32 weight [N, K] -> the kernels' tiles (cpu/gemv.h): per tile of 16 rows and block of 32, float 16j + r
+    holds row r's weight at k = j (the values as they are)."""
+    return FloatWeights(_transposed_tiles(weight.detach().float()), weight.shape[0])
 
 
 def pack_uint8_grouped(codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor) -> Uint8GroupedWeights:
@@ -112,7 +125,7 @@ def pack_uint8_grouped(codes: torch.Tensor, scales: torch.Tensor, minimums: torc
     if codes.shape[1] not in (16 * groups, 32 * groups):
         raise ValueError(f"the C++ CPU kernels take groups of 16 or 32 inputs, got {codes.shape[1]} inputs in "
                          f"{groups} groups")
-    return Uint8GroupedWeights(_byte_tiles(codes.to(torch.uint8)), *_group_values_by_tile(scales, minimums),
+    return Uint8GroupedWeights(_transposed_tiles(codes.to(torch.uint8)), *_group_values_by_tile(scales, minimums),
                                codes.shape[0])
 
 
@@ -151,6 +164,12 @@ def quantize_rows_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def int8_gemv(x: torch.Tensor, weights: Int8Weights, isa: str | None = None) -> torch.Tensor:
     """x [M, K] (fp32/bf16) @ w.T -> [M, N] fp32, w = weight * scale per output row (pack_int8's weights)."""
     return torch.ops.fasterllm_cpu.int8_gemv(x, weights.codes, weights.scales, weights.rows, isa or kernel_isa())
+
+
+def float_gemv(x: torch.Tensor, weights: FloatWeights, bias: torch.Tensor | None = None, isa: str | None = None
+               ) -> torch.Tensor:
+    """x [M, K] fp32 @ w.T (+ bias) -> [M, N] fp32 (pack_float's weights), each sum in fp32 FMAs along k."""
+    return torch.ops.fasterllm_cpu.float_gemv(x, weights.weight, bias, weights.rows, isa or kernel_isa())
 
 
 def uint8_grouped_gemv(x: torch.Tensor, weights: Uint8GroupedWeights, isa: str | None = None) -> torch.Tensor:

@@ -22,6 +22,8 @@
 //   uint8 grouped: int8's bytes, unsigned codes (0..255); scales and minimums [N/16, K/G, 16] per group of G
 //         (16 or 32) inputs (w = code * scale + minimum), in fp16 or fp32 as int4's (fp16: GGUF Q8_0, a tenth fewer
 //         bytes)
+//   float: fp32 weights as they are, 32 groups of 16 floats (one 64-byte line); group j holds rows 16t..16t+15's
+//         weights at k = 32b + j (each tile's [16, K] transposed); an optional fp32 bias [N] added to the sums
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -32,6 +34,7 @@ constexpr int64_t kBlock = 32;      // weights per int4 group
 constexpr int64_t kTileRows = 16;   // output rows of a tile
 constexpr int64_t kInt4TileBytes = kTileRows * kBlock / 2;  // one tile's codes of one block
 constexpr int64_t kInt8TileBytes = kTileRows * kBlock;
+constexpr int64_t kFloatTileFloats = kTileRows * kBlock;  // one tile's weights of one block
 // bytes requested (prefetch) ahead of those multiplied: a decode step streams every weight from DRAM once, and one
 // core's hardware prefetcher alone kept too few lines in flight
 constexpr int64_t kPrefetchBytes = 4096;
@@ -83,6 +86,11 @@ void int8_tiles_avx2(const int8_t* weight, const float* scales, const FloatRows&
                      float* out);
 void int8_tiles_avx512(const int8_t* weight, const float* scales, const FloatRows& x, int64_t t0, int64_t t1,
                        int64_t N, float* out);
+// bias: null or [N]
+void float_tiles_avx2(const float* weight, const float* bias, const FloatRows& x, int64_t t0, int64_t t1, int64_t N,
+                      float* out);
+void float_tiles_avx512(const float* weight, const float* bias, const FloatRows& x, int64_t t0, int64_t t1, int64_t N,
+                        float* out);
 // group: 16 or 32 (x's sums are per group)
 template <typename Scale>
 void uint8_grouped_tiles_avx2(const uint8_t* codes, const Scale* scales, const Scale* mins, int64_t group,

@@ -5,6 +5,8 @@
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "gemv.h"
 
 namespace fasterllm_cpu {
@@ -15,6 +17,7 @@ namespace {
 // which GCC's unrolled chunks spill from: not yet tuned)
 constexpr int kMaxInt4Rows = 2;
 constexpr int kMaxInt8Rows = 4;
+constexpr int kMaxFloatRows = 4;  // 4 x 2 accumulators
 
 inline void prefetch(const void* from, int64_t bytes) {
   for (int64_t line = 0; line < bytes; line += 64)
@@ -154,10 +157,23 @@ void int4_tile_int8_inputs(const uint8_t* tile, const Scale* scales, const Scale
   for (int r = 0; r < R; ++r) store_rows(out + (m + r) * N, products[r], count);
 }
 
-// out rows m..m+R-1 of one tile: sum_k weight x_k in fp32, then x the rows' scales
-template <int R>
-void int8_tile(const int8_t* tile, const float* scales, const FloatRows& x, int64_t m, bool fetch, float* out,
-               int64_t N, int64_t count) {
+// a tile's 16 weights at k = 32b + j in fp32 (two halves of 8): int8 codes sign-extended and converted, fp32 weights
+// as they are
+inline void load_tile_weights(const int8_t* block, int j, __m256 (&w)[2]) {
+  for (int h = 0; h < 2; ++h) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + kTileRows * j + 8 * h));
+    w[h] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+  }
+}
+inline void load_tile_weights(const float* block, int j, __m256 (&w)[2]) {
+  for (int h = 0; h < 2; ++h) w[h] = _mm256_loadu_ps(block + kTileRows * j + 8 * h);
+}
+
+// out rows m..m+R-1 of one tile of one value per weight (int8 codes, fp32 weights): sum_k w_k x_k in fp32, then
+// finish(sum, h) of each half h (the int8 rows' scales, or the fp32 rows' bias)
+template <int R, typename Weight, typename Finish>
+void ungrouped_tile(const Weight* tile, const FloatRows& x, int64_t m, bool fetch, float* out, int64_t N,
+                    int64_t count, Finish&& finish) {
   constexpr int C = kHalfChains<R>;
   const int64_t K = x.width, blocks = K / kBlock;
   const float* in = x.values + m * K;
@@ -165,15 +181,12 @@ void int8_tile(const int8_t* tile, const float* scales, const FloatRows& x, int6
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < C; ++i) sums[r][0][i] = sums[r][1][i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    const int8_t* block = tile + b * kInt8TileBytes;
-    if (fetch) prefetch(block, kInt8TileBytes);
+    const Weight* block = tile + b * kTileRows * kBlock;
+    if (fetch) prefetch(block, kTileRows * kBlock * sizeof(Weight));
 #pragma GCC unroll 32
     for (int j = 0; j < kBlock; ++j) {
       __m256 w[2];
-      for (int h = 0; h < 2; ++h) {
-        const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + kTileRows * j + 8 * h));
-        w[h] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-      }
+      load_tile_weights(block, j, w);
       const int64_t k = b * kBlock + j;
       for (int r = 0; r < R; ++r) {
         const __m256 input = _mm256_set1_ps(in[r * K + k]);
@@ -183,7 +196,7 @@ void int8_tile(const int8_t* tile, const float* scales, const FloatRows& x, int6
   }
   for (int r = 0; r < R; ++r) {
     __m256 result[2];
-    for (int h = 0; h < 2; ++h) result[h] = _mm256_mul_ps(chain_sum(sums[r][h]), _mm256_loadu_ps(scales + 8 * h));
+    for (int h = 0; h < 2; ++h) result[h] = finish(chain_sum(sums[r][h]), h);
     store_rows(out + (m + r) * N, result, count);
   }
 }
@@ -297,9 +310,27 @@ void int8_tiles_avx2(const int8_t* weight, const float* scales, const FloatRows&
   const int64_t blocks = x.width / kBlock;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t n = t * kTileRows;
+    const __m256 row_scales[2] = {_mm256_loadu_ps(scales + n), _mm256_loadu_ps(scales + n + 8)};
     in_row_groups<kMaxInt8Rows>(x.rows, [&](auto rows, int64_t m) {
-      int8_tile<decltype(rows)::value>(weight + t * blocks * kInt8TileBytes, scales + n, x, m, m == 0, out + n, N,
-                                       N - n);
+      ungrouped_tile<decltype(rows)::value>(weight + t * blocks * kInt8TileBytes, x, m, m == 0, out + n, N, N - n,
+                                            [&](__m256 sum, int h) { return _mm256_mul_ps(sum, row_scales[h]); });
+    });
+  }
+}
+
+void float_tiles_avx2(const float* weight, const float* bias, const FloatRows& x, int64_t t0, int64_t t1, int64_t N,
+                      float* out) {
+  const int64_t floats = x.width * kTileRows;  // one tile's
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t n = t * kTileRows;
+    float lanes[kTileRows] = {};  // the tile's bias, zero past N
+    if (bias != nullptr) __builtin_memcpy(lanes, bias + n, sizeof(float) * std::min(N - n, kTileRows));
+    const __m256 biases[2] = {_mm256_loadu_ps(lanes), _mm256_loadu_ps(lanes + 8)};
+    in_row_groups<kMaxFloatRows>(x.rows, [&](auto rows, int64_t m) {
+      ungrouped_tile<decltype(rows)::value>(weight + t * floats, x, m, m == 0, out + n, N, N - n,
+                                            [&](__m256 sum, int h) {
+                                              return bias == nullptr ? sum : _mm256_add_ps(sum, biases[h]);
+                                            });
     });
   }
 }

@@ -81,10 +81,18 @@ void int4_tile(const uint8_t* tile, const Scale* scales, const Scale* mins, cons
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + (m + r) * N, lanes, products[r]);
 }
 
-// out rows m..m+R-1 of one tile: sum_k weight x_k in fp32, then x the rows' scales
-template <int R>
-void int8_tile(const int8_t* tile, const float* scales, const FloatRows& x, int64_t m, bool fetch, float* out,
-               int64_t N, __mmask16 lanes) {
+// a tile's 16 weights at k = 32b + j in fp32: int8 codes sign-extended and converted, fp32 weights as they are
+inline __m512 load_tile_weights(const int8_t* block, int j) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kTileRows * j));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+}
+inline __m512 load_tile_weights(const float* block, int j) { return _mm512_loadu_ps(block + kTileRows * j); }
+
+// out rows m..m+R-1 of one tile of one value per weight (int8 codes, fp32 weights): sum_k w_k x_k in fp32, then
+// finish(sum) (the int8 rows' scales, or the fp32 rows' bias)
+template <int R, typename Weight, typename Finish>
+void ungrouped_tile(const Weight* tile, const FloatRows& x, int64_t m, bool fetch, float* out, int64_t N,
+                    __mmask16 lanes, Finish&& finish) {
   constexpr int C = kChains<R>;
   const int64_t K = x.width, blocks = K / kBlock;
   const float* in = x.values + m * K;
@@ -92,19 +100,16 @@ void int8_tile(const int8_t* tile, const float* scales, const FloatRows& x, int6
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < C; ++i) sums[r][i] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    const int8_t* block = tile + b * kInt8TileBytes;
-    if (fetch) prefetch(block, kInt8TileBytes);
+    const Weight* block = tile + b * kTileRows * kBlock;
+    if (fetch) prefetch(block, kTileRows * kBlock * sizeof(Weight));
 #pragma GCC unroll 32
     for (int j = 0; j < kBlock; ++j) {
-      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kTileRows * j));
-      const __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+      const __m512 w = load_tile_weights(block, j);
       const int64_t k = b * kBlock + j;
       for (int r = 0; r < R; ++r) sums[r][j % C] = _mm512_fmadd_ps(w, _mm512_set1_ps(in[r * K + k]), sums[r][j % C]);
     }
   }
-  const __m512 row_scales = _mm512_loadu_ps(scales);
-  for (int r = 0; r < R; ++r)
-    _mm512_mask_storeu_ps(out + (m + r) * N, lanes, _mm512_mul_ps(chain_sum(sums[r]), row_scales));
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + (m + r) * N, lanes, finish(chain_sum(sums[r])));
 }
 
 // out rows m..m+R-1 of one tile of uint8 codes in groups of G: per group, sum_k code x_k in fp32, then x scale, +
@@ -193,9 +198,26 @@ void int8_tiles_avx512(const int8_t* weight, const float* scales, const FloatRow
   const int64_t blocks = x.width / kBlock;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t n = t * kTileRows;
+    const __m512 row_scales = _mm512_loadu_ps(scales + n);
     in_row_groups<kMaxRows>(x.rows, [&](auto rows, int64_t m) {
-      int8_tile<decltype(rows)::value>(weight + t * blocks * kInt8TileBytes, scales + n, x, m, m == 0, out + n, N,
-                                       first_lanes(N - n));
+      ungrouped_tile<decltype(rows)::value>(weight + t * blocks * kInt8TileBytes, x, m, m == 0, out + n, N,
+                                            first_lanes(N - n),
+                                            [&](__m512 sum) { return _mm512_mul_ps(sum, row_scales); });
+    });
+  }
+}
+
+void float_tiles_avx512(const float* weight, const float* bias, const FloatRows& x, int64_t t0, int64_t t1, int64_t N,
+                        float* out) {
+  const int64_t floats = x.width * kTileRows;  // one tile's
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t n = t * kTileRows;
+    const __mmask16 lanes = first_lanes(N - n);
+    const __m512 biases = bias == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(lanes, bias + n);
+    in_row_groups<kMaxRows>(x.rows, [&](auto rows, int64_t m) {
+      ungrouped_tile<decltype(rows)::value>(weight + t * floats, x, m, m == 0, out + n, N, lanes, [&](__m512 sum) {
+        return bias == nullptr ? sum : _mm512_add_ps(sum, biases);
+      });
     });
   }
 }

@@ -14,8 +14,11 @@
 namespace fasterllm_cpu {
 
 // how a linear's tensors (codes, scales, minimums; a float layer: its weight) are multiplied: cpu_gemv.py's packings,
-// a weight packed for oneDNN (layers/linear.PackedCPULinear), a plain weight (torch's F.linear)
-enum LinearKind : int64_t { kInt8 = 0, kInt4 = 1, kInt4Int8Inputs = 2, kUint8Grouped = 3, kOneDNN = 4, kPlain = 5 };
+// a weight packed for oneDNN (layers/linear.PackedCPULinear), a plain weight (torch's F.linear), fp32 tiles
+// (layers/linear.TiledCPULinear)
+enum LinearKind : int64_t {
+  kInt8 = 0, kInt4 = 1, kInt4Int8Inputs = 2, kUint8Grouped = 3, kOneDNN = 4, kPlain = 5, kFloatTiles = 6
+};
 
 constexpr int64_t kTensorsPerLinear = 4;  // three of the kind's, then the bias
 
@@ -44,12 +47,14 @@ struct Linears {
   at::Tensor apply(int64_t index, const at::Tensor& input) const {
     const at::Tensor* w = tensors.data() + index * kTensorsPerLinear;
     const int64_t kind = kinds[2 * index], rows = kinds[2 * index + 1];
-    TORCH_CHECK(kind >= kInt8 && kind <= kPlain, "linear kind ", kind, " is not one a decode stack runs (0: int8, ",
-                "1: int4, 2: int4 with int8 inputs, 3: uint8 grouped, 4: oneDNN-packed, 5: plain)");
+    TORCH_CHECK(kind >= kInt8 && kind <= kFloatTiles, "linear kind ", kind, " is not one a decode stack runs (0: ",
+                "int8, 1: int4, 2: int4 with int8 inputs, 3: uint8 grouped, 4: oneDNN-packed, 5: plain, ",
+                "6: fp32 tiles)");
     const at::Tensor x = input.contiguous();
     const std::optional<at::Tensor> bias = present(w[3]);
     if (kind == kOneDNN) return onednn_linear(x, w[0], bias);
     if (kind == kPlain) return at::linear(x, w[0], bias);
+    if (kind == kFloatTiles) return float_gemv(x, w[0], bias, rows, isa);
     at::Tensor out;  // the quantized layers add their bias after the product, as FlatLinear's matmul does
     if (kind == kInt8) out = int8_gemv(x, w[0], w[1], rows, isa);
     else if (kind == kUint8Grouped) out = uint8_grouped_gemv(x, w[0], w[1], w[2], rows, isa);

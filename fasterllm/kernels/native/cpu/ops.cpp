@@ -1,7 +1,7 @@
 // torch operators over gemv.h's, rms_norm.h's and argmax_rows.h's kernels: torch.ops.fasterllm_cpu.int4_gemv /
-// int8_gemv / uint8_grouped_gemv / add_rms_norm / argmax_rows. They check their tensors and split the work over
-// torch's intra-op threads (at::parallel_for): the products widen the input rows to fp32 once and split the output
-// tiles, and return the input's dtype.
+// int8_gemv / uint8_grouped_gemv / float_gemv / add_rms_norm / argmax_rows. They check their tensors and split the
+// work over torch's intra-op threads (at::parallel_for): the products widen the input rows to fp32 once (fp32 weights
+// take fp32 rows as they are) and split the output tiles, and return the input's dtype.
 // The ISA ("avx2" or "avx512") is the caller's choice (kernels/native/cpu_gemv.py picks it at start-up); a choice
 // this CPU cannot run is refused here rather than left to crash on an illegal instruction.
 #include <ATen/ATen.h>
@@ -173,6 +173,29 @@ at::Tensor uint8_grouped_gemv(const at::Tensor& x, const at::Tensor& codes, cons
   });
 }
 
+at::Tensor float_gemv(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t N,
+                      const std::string& isa) {
+  const bool wide = use_avx512(isa);
+  TORCH_CHECK(weight.dim() == 3 && weight.size(2) == kFloatTileFloats,
+              "weight must be [N/16, K/32, ", kFloatTileFloats, "] (cpu_gemv.pack_float), got ", weight.sizes());
+  const int64_t tiles = weight.size(0), K = weight.size(1) * kBlock;
+  TORCH_CHECK(N > (tiles - 1) * kTileRows && N <= tiles * kTileRows, "N = ", N, " does not fit ", tiles,
+              " tiles of ", kTileRows, " rows");
+  check_weight(weight, at::kFloat, weight.sizes(), "weight");
+  if (bias.has_value()) check_weight(*bias, at::kFloat, {N}, "bias");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.scalar_type() == at::kFloat && x.device().is_cpu(),
+              "input must be a float32 CPU tensor [rows, ", K, "], got ", x.scalar_type(), " ", x.sizes(), " on ",
+              x.device());
+  const at::Tensor values = x.contiguous();
+  const FloatRows rows{values.data_ptr<float>(), nullptr, x.size(0), K};
+  const float* w = weight.data_ptr<float>();
+  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  return over_tiles(x, N, tiles, [&](int64_t t0, int64_t t1, float* o) {
+    if (wide) float_tiles_avx512(w, b, rows, t0, t1, N, o);
+    else float_tiles_avx2(w, b, rows, t0, t1, N, o);
+  });
+}
+
 std::tuple<at::Tensor, at::Tensor> add_rms_norm_op(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                                                     const at::Tensor& weight, double eps) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu() &&
@@ -337,6 +360,7 @@ TORCH_LIBRARY(fasterllm_cpu, m) {
         "Tensor",
         &fasterllm_cpu::int4_gemv);
   m.def("int8_gemv(Tensor x, Tensor codes, Tensor scales, int N, str isa) -> Tensor", &fasterllm_cpu::int8_gemv);
+  m.def("float_gemv(Tensor x, Tensor weight, Tensor? bias, int N, str isa) -> Tensor", &fasterllm_cpu::float_gemv);
   m.def("uint8_grouped_gemv(Tensor x, Tensor codes, Tensor scales, Tensor mins, int N, str isa) -> Tensor",
         &fasterllm_cpu::uint8_grouped_gemv);
   m.def("add_rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)",

@@ -15,6 +15,8 @@ at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Ten
                      const std::string& isa);
 at::Tensor uint8_grouped_gemv(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                               const at::Tensor& mins, int64_t N, const std::string& isa);
+at::Tensor float_gemv(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t N,
+                      const std::string& isa);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm_op(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                                                     const at::Tensor& weight, double eps);
 at::Tensor decode_attention_op(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_table,
