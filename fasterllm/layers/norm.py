@@ -12,8 +12,9 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
-        # fp32 on the CPU through torch's op, bit-equal to transformers' norm; False (a quantized model, whose products
-        # are not bit-equal to transformers' anyway): through our C++ op as bf16 is, 10 us a call less (RESULTS.md)
+        # fp32 on the CPU through torch's op, bit-equal to transformers' norm; False (every model build_decoder makes
+        # for the CPU, whose products are not bit-equal to transformers' anyway): through our C++ op as bf16 is, 10 us
+        # a call less (RESULTS.md)
         self.bit_equal_fp32 = True
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -44,9 +45,9 @@ _fused_fp32_rms_norm = getattr(torch, "_fused_rms_norm", None)
 
 
 def release_fp32_bit_equality(model: nn.Module) -> None:
-    """Every RMSNorm and decode attention under model runs fp32 through our C++ ops where they are built (quantized
-    models: their products already differ from transformers' in the last bits, so the promise of bit-equality buys
-    nothing): every module with a bit_equal_fp32 flag."""
+    """Every RMSNorm and decode attention under model runs fp32 through our C++ ops where they are built (a model
+    built for the CPU: its products, oneDNN's or ours, already differ from transformers' in the last bits, so the
+    promise of bit-equality buys nothing): every module with a bit_equal_fp32 flag."""
     for module in model.modules():
         if hasattr(module, "bit_equal_fp32"):
             module.bit_equal_fp32 = False

@@ -6,9 +6,10 @@ quarter of a SmolLM2 int8 step on two cores (benchmarks/RESULTS.md, sixteenth se
 
 Built for a model whose layers are all pre-norm SiLU layers (biases, Qwen3's per-head q/k norms and one sliding
 window for all layers allowed; no clipping, soft-capping or experts; one full-width rotary table), each projection
-one of our C++ kernels' int8 / int4 / uint8-grouped layers or a float one (packed for oneDNN, or plain), in bf16, or
-in fp32 released from bit-equality with transformers (quantized models, as the layers' own C++ calls are: an
-unquantized fp32 model keeps torch's norm and attention, and the Python layers); taken for a decode step (one
+one of our C++ kernels' int8 / int4 / uint8-grouped layers or a float one (fp32 tiles, packed for oneDNN, or plain), in
+bf16, or in fp32 released from bit-equality with transformers (every model build_decoder makes for the CPU, as the
+layers' own C++ calls are: a layer that keeps torch's norm and attention keeps the Python layers); taken for a decode
+step (one
 sequence's or a batch's, no prompt among them) over a cache of the model's dtype. Any other model or step runs the
 layers in Python.
 """

@@ -57,13 +57,16 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
     if quantization is not None:
         # the output head too (a tied head: a quantized copy); a pre-quantized checkpoint's stored codes as stored
         quantize_model(model, quantization, device, checkpoint.stored_layout)
-        release_fp32_bit_equality(model)
     elif device.type == "cuda":  # batch-1 decode through the matrix-vector kernel, the head too
         from fasterllm.layers.gpu_linear import use_gemv_linears  # Triton: only with CUDA
 
         use_gemv_linears(model)
     if can_pack(device, dtype):
         model.pack_for_cpu()
-    if device.type == "cpu" and hasattr(model, "use_cpu_decode_stack"):  # Llama's and the BART family's
-        model.use_cpu_decode_stack()
+    if device.type == "cpu":
+        # no CPU product here is bit-equal to transformers' F.linear (oneDNN's and ours add in other orders), so fp32
+        # norms and attention need not be either: they take the C++ ops, and a decode step the one-call stacks
+        release_fp32_bit_equality(model)
+        if hasattr(model, "use_cpu_decode_stack"):  # Llama's and the BART family's
+            model.use_cpu_decode_stack()
     return model

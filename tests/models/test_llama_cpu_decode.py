@@ -15,7 +15,7 @@ from fasterllm import LLM, SamplingParams
 from fasterllm.sampling_params import BeamSearchParams
 from fasterllm.kernels.native import cpu_gemv
 from fasterllm.layers.attention import AttentionMetadata
-from fasterllm.layers.linear import PackedCPULinear, can_pack
+from fasterllm.layers.linear import PackedCPULinear, TiledCPULinear, can_pack
 from fasterllm.models.cpu_decode_linears import INT4_INT8_INPUTS
 from fasterllm.models.llama_cpu_decode import CPUDecodeStack
 from fasterllm.models.registry import supported_models
@@ -79,17 +79,21 @@ def _with_and_without_stack(llm: LLM, monkeypatch, run):
 
 @pytest.mark.parametrize("method, dtype, packed", [("int8", "bfloat16", True), ("int8", "float32", True),
                                                    ("gguf", "float32", True), ("int4", "bfloat16", True),
-                                                   (None, "bfloat16", True), (None, "bfloat16", False)])
+                                                   (None, "bfloat16", True), (None, "bfloat16", False),
+                                                   (None, "float32", True)])
 def test_single_stream_decode_gives_the_layers_tokens_and_logprobs(request, gguf, module_cpu_kernels_on, monkeypatch,
                                                                    method, dtype, packed):
-    """packed: float weights in oneDNN's layout where this CPU has oneDNN bf16 kernels (else plain, as a CPU without
-    them keeps them); False: plain weights here too."""
+    """packed: bf16 weights in oneDNN's layout where this CPU has oneDNN bf16 kernels (else plain, as a CPU without
+    them keeps them), fp32 ones in our tiles; False: plain weights here too. An unquantized fp32 model takes the stack
+    too: its products are not transformers' to the bit, so its norms and attention need not be."""
     loaded = {("int8", "bfloat16"): "int8_bf16", ("int8", "float32"): "int8_fp32"}
     key = (method, dtype)
     if not packed:
         monkeypatch.setattr(decoder_builder, "can_pack", lambda device, dtype: False)
     llm = request.getfixturevalue(loaded[key]) if key in loaded else _load(gguf, method, dtype)
-    if method is None:
+    if method is None and dtype == "float32":
+        assert type(llm.engine.executor.runner.model.layers[0].qkv_proj) is TiledCPULinear
+    elif method is None:
         wanted = torch.nn.Linear if not packed or not can_pack(torch.device("cpu"), torch.bfloat16) else PackedCPULinear
         assert type(llm.engine.executor.runner.model.layers[0].qkv_proj) is wanted
     ours, layers, calls = _with_and_without_stack(
@@ -225,8 +229,3 @@ def test_a_layer_it_does_not_run_keeps_the_python_layers(request, monkeypatch, c
         monkeypatch.setattr(layer.post_attention_layernorm, "bit_equal_fp32", True)
     assert CPUDecodeStack.of(model) is None
 
-
-def test_an_unquantized_fp32_model_keeps_the_python_layers(gguf, module_cpu_kernels_on):
-    """Its norm and attention stay torch's, bit-equal to transformers' (the C++ ones sum in another order)."""
-    llm = LLM(str(gguf), dtype="float32", max_model_len=256, num_kv_blocks=64)
-    assert llm.engine.executor.runner.model.cpu_decode_stack is None

@@ -5,9 +5,9 @@ each sequence over its own paged KV blocks, in one call (cpu/decode_attention.cp
 three KV heads and a few hundred keys; the C++ call reads the blocks in place in about half that
 (benchmarks/RESULTS.md, fifteenth session).
 
-bf16 models, and fp32 ones where the caller allows it (quantized models: layers/norm.release_fp32_bit_equality): it
-sums in another order than SDPA and takes exp2 from a polynomial (relative error under 2e-7), which an fp32 float
-model would see against transformers' own; in bf16 the outputs agree to a bf16 rounding
+bf16 models, and fp32 ones where the caller allows it (models built for the CPU:
+layers/norm.release_fp32_bit_equality): it sums in another order than SDPA and takes exp2 from a polynomial (relative
+error under 2e-7), which an fp32 model sees against transformers' own; in bf16 the outputs agree to a bf16 rounding
 (tests/layers/test_cpu_decode_attention.py)."""
 from __future__ import annotations
 

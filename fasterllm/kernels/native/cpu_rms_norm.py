@@ -3,8 +3,9 @@ torch path makes several small ops: a decode step calls it twice per layer, 61 t
 costs about a microsecond whatever its size (benchmarks/RESULTS.md, issue 27). The same arithmetic as
 layers/norm.py's torch path: the sum rounded to the model's dtype, normalised in fp32, rounded, times the weight.
 
-bf16 models, and fp32 ones that are quantized: its sum of squares adds in another order than torch's, which moves an
-fp32 result by an ulp or so, where unquantized fp32 runs promise outputs bit-equal to transformers
+bf16 models, and fp32 ones released from bit-equality (every model build_decoder makes for the CPU: its products are
+not bit-equal to transformers' either): its sum of squares adds in another order than torch's, which moves an fp32
+result by an ulp or so, where a norm that keeps the promise stays bit-equal to transformers
 (tests/layers/test_rms_norm_cpu.py); in bf16 such a difference shows only when it crosses a bf16 rounding boundary (at
 most one bf16 ulp, rarely)."""
 from __future__ import annotations
