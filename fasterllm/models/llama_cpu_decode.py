@@ -9,9 +9,8 @@ window for all layers allowed; no clipping, soft-capping or experts; one full-wi
 one of our C++ kernels' int8 / int4 / uint8-grouped layers or a float one (fp32 tiles, packed for oneDNN, or plain), in
 bf16, or in fp32 released from bit-equality with transformers (every model build_decoder makes for the CPU, as the
 layers' own C++ calls are: a layer that keeps torch's norm and attention keeps the Python layers); taken for a decode
-step (one
-sequence's or a batch's, no prompt among them) over a cache of the model's dtype. Any other model or step runs the
-layers in Python.
+step (one sequence's or a batch's, no prompt among them) over a cache of the model's dtype. Any other model or step
+runs the layers in Python.
 """
 from __future__ import annotations
 

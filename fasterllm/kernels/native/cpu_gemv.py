@@ -1,7 +1,7 @@
 """The int4, int8 and uint8_grouped CPU layers' matrix products, and fp32 layers' (layers/linear.TiledCPULinear), in
 C++ (cpu/gemv*.cpp, built by cpu_extension.py): torch's own kernels read the weights at a fraction of the memory
-bandwidth (benchmarks/RESULTS.md, issue 27; oneDNN's fp32 products of a decode step at 13-15 GB/s of this VM's 24.5,
-ours at 20-22), and decode on a CPU is a read of every weight per step.
+bandwidth (benchmarks/RESULTS.md, issue 27; a decode step's fp32 products: oneDNN's at 16-19 GB/s of a 2-core AVX2
+EPYC's 27.5, ours at 23-25, benchmarks/cpu_float_gemv.py), and decode on a CPU is a read of every weight per step.
 
 The weights are repacked once into tiles of 16 output rows (cpu/gemv.h says the byte order). The input rows are
 multiplied as they come (fp32, or bf16 widened to fp32, never rounded): the codes are turned into fp32 in registers
