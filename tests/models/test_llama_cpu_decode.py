@@ -228,4 +228,3 @@ def test_a_layer_it_does_not_run_keeps_the_python_layers(request, monkeypatch, c
     else:  # an fp32 layer whose norm keeps torch's sums (bit-equal to transformers) must keep them
         monkeypatch.setattr(layer.post_attention_layernorm, "bit_equal_fp32", True)
     assert CPUDecodeStack.of(model) is None
-
