@@ -41,19 +41,24 @@ def int4_weights(shape):
     return codes, torch.rand(rows, cols // GROUP_SIZE) / 100, -torch.rand(rows, cols // GROUP_SIZE) / 10
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def rows_and_isa(description: str) -> tuple[int, str]:
+    """--rows and --isa from the command line (the ISA defaults to the CPU's), after checking our kernels run here."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rows", type=int, default=1, help="input rows per product (decode batch)")
     parser.add_argument("--isa", choices=sorted(cpu_extension.ISA_FLAGS), default=None, help="default: the CPU's")
     args = parser.parse_args()
     if not cpu_extension.available():
         raise SystemExit("the C++ kernels are not available here (see the warning above)")
-    isa = args.isa or cpu_extension.kernel_isa()
+    return args.rows, args.isa or cpu_extension.kernel_isa()
+
+
+def main() -> None:
+    rows_per_product, isa = rows_and_isa(__doc__.split("\n")[0])
     torch.manual_seed(0)
     head = int8_weights(HEAD_SHAPE)
     int8_layers = [int8_weights(shape) for shape in LAYER_SHAPES * 30]
     int4_layers = [int4_weights(shape) for shape in LAYER_SHAPES * 30]
-    rows = {k: torch.randn(args.rows, k, dtype=torch.bfloat16) for k in (576, 1536)}
+    rows = {k: torch.randn(rows_per_product, k, dtype=torch.bfloat16) for k in (576, 1536)}
 
     torch_head = (head[0], head[1].bfloat16())
     torch_int8 = [(w, s.bfloat16()) for w, s in int8_layers]
@@ -84,7 +89,7 @@ def main() -> None:
             sum(w.codes.numel() + 8 * w.scales.numel() for w in ours_int4) + head_bytes),
     }
     dram = torch.randn(64 << 20, dtype=torch.bfloat16)
-    print(f"our ISA: {isa}; {args.rows} input row(s) per product")
+    print(f"our ISA: {isa}; {rows_per_product} input row(s) per product")
     for threads in (1, 2):
         torch.set_num_threads(threads)
         read = seconds(lambda: dram.sum(), repeats=5)

@@ -9,12 +9,10 @@ gate_up / down, and its 49,152-row head); random weights (speeds do not depend o
 """
 from __future__ import annotations
 
-import argparse
-
 import torch
 
-from cpu_decode_gemv import seconds  # benchmarks/, the script's own folder
-from fasterllm.kernels.native import cpu_extension, cpu_gemv
+from cpu_decode_gemv import rows_and_isa, seconds  # benchmarks/, the script's own folder
+from fasterllm.kernels.native import cpu_gemv
 from fasterllm.layers.linear import pack_weight
 
 STEPS = {
@@ -42,19 +40,13 @@ def time_step(model: str, shapes: list[tuple[int, int]], rows: int, isa: str) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=1, help="input rows per product (decode batch)")
-    parser.add_argument("--isa", choices=sorted(cpu_extension.ISA_FLAGS), default=None, help="default: the CPU's")
-    args = parser.parse_args()
-    if not cpu_extension.available():
-        raise SystemExit("the C++ kernels are not available here (see the warning above)")
-    isa = args.isa or cpu_extension.kernel_isa()
+    rows, isa = rows_and_isa(__doc__.split("\n")[0])
     torch.manual_seed(0)
     dram = torch.randn(64 << 20)
-    print(f"our ISA: {isa}; {args.rows} input row(s) per product; {torch.get_num_threads()} thread(s): fp32 "
+    print(f"our ISA: {isa}; {rows} input row(s) per product; {torch.get_num_threads()} thread(s): fp32 "
           f"torch.sum {dram.numel() * 4 / seconds(dram.sum, repeats=5) / 1e9:.1f} GB/s")
     for model, shapes in STEPS.items():
-        time_step(model, shapes, args.rows, isa)
+        time_step(model, shapes, rows, isa)
 
 
 if __name__ == "__main__":

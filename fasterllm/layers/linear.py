@@ -66,7 +66,7 @@ class PackedCPULinear(nn.Module):
         return onednn_linear(x, self.packed_weight, self.bias)
 
 
-class TiledCPULinear(nn.Module):
+class TiledCPULinear(FlatLinear):
     """An fp32 linear through our C++ product (kernels/native/cpu_gemv.float_gemv) over its weight in tiles."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -75,11 +75,8 @@ class TiledCPULinear(nn.Module):
         self.tiles = cpu_gemv.pack_float(weight)
         self.bias = bias
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2:
-            return cpu_gemv.float_gemv(x, self.tiles, self.bias)
-        shape = x.shape
-        return cpu_gemv.float_gemv(x.reshape(-1, shape[-1]), self.tiles, self.bias).reshape(*shape[:-1], -1)
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return cpu_gemv.float_gemv(x, self.tiles, self.bias)
 
 
 def cpu_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
