@@ -7,7 +7,9 @@ written per slot. Launch 2: a program per few output columns of one token, summi
 their routing weights in registers and writing the token's row in the model's dtype (no atomics, no zeroed sums).
 
 More slots are grouped by expert, each expert's run padded to whole row tiles (kernels/moe_align.py, no host
-synchronisation), so one tile of rows belongs to one expert. Tile sizes follow the slots an expert gets (tile_config).
+synchronisation), so one tile of rows belongs to one expert. Tile sizes follow the slots an expert gets (tile_config);
+each launch's programs take groups of row tiles, a column block at a time (_place), so a prefill's rows and weights
+are read from L2 by a group's programs rather than again from memory by each column block.
 Launch 1, a grouped GEMM over all experts: each tile's tokens times its expert's gate and up rows, act(gate) * up
 written per slot; its programs also zero launch 2's fp32 sums. Launch 2: those rows times the expert's down
 projection, scaled by the slot's routing weight and added into the token's output in the epilogue (fp32 atomics: a
@@ -35,11 +37,24 @@ from fasterllm.kernels.tile_timer import timed_tile
 
 
 @triton.jit
-def _tile(slots_ptr, num_slots, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """This program's rows of grouped slots, their slot ids, which are real (not padding), and its output columns."""
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+def _place(num_tiles, num_columns, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's row tile and column block. Programs run in groups of GROUP_M row tiles (mostly one expert's):
+    consecutive programs take one column block of the group's tiles, then the next block, so a wave of programs
+    reads a few tiles' rows and a few column blocks of their expert's weights, which stay in L2 for the group, where
+    tile-major order read every tile's rows again for each column block."""
+    program = tl.program_id(0)
+    group_size = GROUP_M * tl.cdiv(num_columns, BLOCK_N)
+    first = program // group_size * GROUP_M
+    tiles_in_group = tl.minimum(num_tiles - first, GROUP_M)
+    return first + program % group_size % tiles_in_group, program % group_size // tiles_in_group
+
+
+@triton.jit
+def _tile(slots_ptr, num_slots, tile, column_block, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The tile's rows of grouped slots, their slot ids, which are real (not padding), and the block's columns."""
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     slots = tl.load(slots_ptr + rows)
-    columns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    columns = column_block * BLOCK_N + tl.arange(0, BLOCK_N)
     return rows, slots, slots < num_slots, columns
 
 
@@ -55,15 +70,17 @@ def _zero_share(ptr, numel, ZERO_BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sums_ptr, num_sums, slots_ptr, tile_experts_ptr, num_slots,
-                    hidden, inter, stride_xt, stride_we, stride_wn, stride_se, stride_os, TOP_K: tl.constexpr,
-                    NUM_EXPERTS: tl.constexpr, ACT: tl.constexpr, IEEE: tl.constexpr, SCALED: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _gate_up_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sums_ptr, num_sums, slots_ptr, tile_experts_ptr, num_tiles,
+                    num_slots, hidden, inter, stride_xt, stride_we, stride_wn, stride_se, stride_os,
+                    TOP_K: tl.constexpr, NUM_EXPERTS: tl.constexpr, ACT: tl.constexpr, IEEE: tl.constexpr,
+                    SCALED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    GROUP_M: tl.constexpr, PDL: tl.constexpr):
     early_start(PDL)
     _zero_share(sums_ptr, num_sums, 1024)  # the down launch's fp32 sums start at zero: no memset launch of their own
-    expert = tl.load(tile_experts_ptr + tl.program_id(0))
+    tile, column_block = _place(num_tiles, inter, BLOCK_N, GROUP_M)
+    expert = tl.load(tile_experts_ptr + tile)
     if expert < NUM_EXPERTS:  # tiles past the last expert's run hold no slot
-        rows, slots, valid, columns = _tile(slots_ptr, num_slots, BLOCK_M, BLOCK_N)
+        rows, slots, valid, columns = _tile(slots_ptr, num_slots, tile, column_block, BLOCK_M, BLOCK_N)
         tokens = tl.where(valid, slots // TOP_K, 0)
         gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -87,14 +104,15 @@ def _gate_up_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sums_ptr, num_sums, slots_
 
 
 @triton.jit
-def _down_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, slots_ptr, tile_experts_ptr, routing_ptr, num_slots, hidden,
-                 inter, stride_as, stride_we, stride_wn, stride_se, stride_ot, TOP_K: tl.constexpr,
+def _down_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, slots_ptr, tile_experts_ptr, routing_ptr, num_tiles, num_slots,
+                 hidden, inter, stride_as, stride_we, stride_wn, stride_se, stride_ot, TOP_K: tl.constexpr,
                  NUM_EXPERTS: tl.constexpr, IEEE: tl.constexpr, SCALED: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PDL: tl.constexpr):
     early_start(PDL)
-    expert = tl.load(tile_experts_ptr + tl.program_id(0))
+    tile, column_block = _place(num_tiles, hidden, BLOCK_N, GROUP_M)
+    expert = tl.load(tile_experts_ptr + tile)
     if expert < NUM_EXPERTS:
-        rows, slots, valid, columns = _tile(slots_ptr, num_slots, BLOCK_M, BLOCK_N)
+        rows, slots, valid, columns = _tile(slots_ptr, num_slots, tile, column_block, BLOCK_M, BLOCK_N)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         weights = w_ptr + expert.to(tl.int64) * stride_we
         for k0 in range(0, inter, BLOCK_K):
@@ -197,13 +215,15 @@ class TileConfig(NamedTuple):
     num_stages: int
 
 
-# by the (token, choice) slots an expert gets on average: the fastest of benchmarks/moe_kernel_gpu.py's sweep on an
-# H100 at Qwen3-30B-A3B's experts (RESULTS.md). Few slots: each tile reads its expert's weights in long K steps;
-# many: tiles as large as tensor cores take
-TILE_CONFIGS = ((8, TileConfig(16, 64, 128, 4, 3)), (32, TileConfig(32, 64, 64, 4, 3)),
-                 (128, TileConfig(64, 128, 64, 8, 4)), (None, TileConfig(128, 128, 64, 8, 3)))
+# by the (token, choice) slots an expert gets on average: the fastest of benchmarks/moe_kernel_gpu.py's sweeps on an
+# H100 at Qwen3-30B-A3B's experts and on an H200 at Mixtral-8x7B's and Qwen3-30B-A3B's (RESULTS.md). Few slots: each
+# tile reads its expert's weights in long K steps; from 64 slots an expert 128-row tiles, so that an expert whose
+# slots spill past one tile does not read its weights twice; many: tiles as large as tensor cores take
+TILE_CONFIGS = ((8, TileConfig(16, 64, 128, 4, 3)), (32, TileConfig(32, 64, 128, 4, 3)),
+                (64, TileConfig(64, 128, 64, 8, 4)), (None, TileConfig(128, 128, 64, 8, 3)))
 # what any device can hold (shared memory): the fallback where a larger tile does not compile
 SMALL_TILES = TileConfig(16, 64, 32, 4, 2)
+GROUP_M = 8  # row tiles a group of the grouped GEMMs' programs shares (_place)
 
 
 def tile_config(num_slots: int, num_experts: int) -> TileConfig:
@@ -256,17 +276,20 @@ def _launch(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     out = torch.empty(num_tokens, hidden_size, dtype=torch.float32, device=hidden.device)  # zeroed by launch 1
     ieee = hidden.dtype == torch.float32  # full fp32 products, not TF32, for fp32 models
     gate_up_scales, down_scales = (w_gate_up, w_down) if scales is None else (s.contiguous() for s in scales)
-    _gate_up_kernel[(tile_experts.shape[0], triton.cdiv(inter, n))](
-        hidden, w_gate_up, gate_up_scales, gated, out, out.numel(), slots, tile_experts, num_tokens * top_k,
-        hidden_size, inter, hidden.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), gate_up_scales.stride(0),
-        gated.stride(0),
+    num_tiles = tile_experts.shape[0]
+    _gate_up_kernel[(num_tiles * triton.cdiv(inter, n),)](
+        hidden, w_gate_up, gate_up_scales, gated, out, out.numel(), slots, tile_experts, num_tiles,
+        num_tokens * top_k, hidden_size, inter, hidden.stride(0), w_gate_up.stride(0), w_gate_up.stride(1),
+        gate_up_scales.stride(0), gated.stride(0),
         TOP_K=top_k, NUM_EXPERTS=num_experts, ACT=ACTIVATIONS[activation], IEEE=ieee, SCALED=scales is not None,
-        BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, num_warps=warps, num_stages=stages, **early_launch(hidden.device))
-    _down_kernel[(tile_experts.shape[0], triton.cdiv(hidden_size, n))](
-        gated, w_down, down_scales, out, slots, tile_experts, routing_weights.contiguous(), num_tokens * top_k,
-        hidden_size, inter, gated.stride(0), w_down.stride(0), w_down.stride(1), down_scales.stride(0),
-        out.stride(0), TOP_K=top_k, NUM_EXPERTS=num_experts, IEEE=ieee, SCALED=scales is not None, BLOCK_M=m,
-        BLOCK_N=n, BLOCK_K=k, num_warps=warps, num_stages=stages, **early_launch(hidden.device))
+        BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, GROUP_M=GROUP_M, num_warps=warps, num_stages=stages,
+        **early_launch(hidden.device))
+    _down_kernel[(num_tiles * triton.cdiv(hidden_size, n),)](
+        gated, w_down, down_scales, out, slots, tile_experts, routing_weights.contiguous(), num_tiles,
+        num_tokens * top_k, hidden_size, inter, gated.stride(0), w_down.stride(0), w_down.stride(1),
+        down_scales.stride(0), out.stride(0), TOP_K=top_k, NUM_EXPERTS=num_experts, IEEE=ieee,
+        SCALED=scales is not None, BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, GROUP_M=GROUP_M, num_warps=warps,
+        num_stages=stages, **early_launch(hidden.device))
     return out.to(hidden.dtype)
 
 

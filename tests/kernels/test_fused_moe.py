@@ -58,6 +58,15 @@ def test_every_tile_shape_matches_the_torch_loop(config):
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
 
 
+def test_groups_of_tiles_over_several_column_blocks_match_the_torch_loop():
+    # 16-row tiles: 242 slots fill 19 of 23 (two groups of GROUP_M = 8, a part group of 7 with 3 real); 64 columns
+    # a block: gate/up's 160 columns in 3 blocks, down's 96 in 2, so each program must find its tile and block
+    x, w_gate_up, w_down, weights, experts = moe_inputs(121, 8, 96, 160, 2)
+    expected = run_experts(x, w_gate_up, w_down, weights, experts, SiluAndMul())
+    got = fused_experts(x, w_gate_up, w_down, weights, experts, "silu", SMALL_TILES)
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
+
+
 @pytest.mark.parametrize("num_tokens", [1, 2, 4])
 def test_a_few_tokens_run_as_matrix_vector_products_or_a_tile_per_slot(num_tokens):
     # top 8 of 8 experts: every expert is read once per token; 1-2 tokens through the matrix-vector launches, 4 tokens
