@@ -337,16 +337,14 @@ def _read_blocks(kv_cache: torch.Tensor, blocks: torch.Tensor | slice, dtype: to
 
 def paged_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
                     kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                    softcap: float | None = None, kv_scales: tuple[float, float] = (1.0, 1.0),
-                    bit_equal_fp32: bool = True) -> torch.Tensor:
+                    softcap: float | None = None, kv_scales: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor:
     """query [T, Hq, D], key/value [T, Hkv, D] of the new tokens -> [T, Hq * D].
 
     The new K/V must already be stored (store_kv); cached context is read back whole blocks at a
     time (a block is one contiguous run of memory, far cheaper to gather than single slots). key/value are read
     only for a sequence with nothing cached before its new tokens; cross-attention (every key cached) passes None.
     softcap: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2). kv_scales: (k_scale, v_scale)
-    of an fp8 cache. The decode rows attend in one C++ call (kernels/native/cpu_attention.py) in bf16, and in fp32
-    unless bit_equal_fp32 (which keeps SDPA's sums).
+    of an fp8 cache. The decode rows attend in one C++ call (kernels/native/cpu_attention.py) where it runs.
     """
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[-2] if key is None else key.shape[1]
@@ -354,7 +352,7 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.
         key, value = (read_back(x, s, kv_cache.dtype) for x, s in ((key, kv_scales[0]), (value, kv_scales[1])))
     decode = meta.decode
     if decode is not None and decode.token_index is None:  # a pure decode batch: no scatter needed
-        return _decode_attention(query, kv_cache, decode, scale, softcap, kv_scales, bit_equal_fp32).reshape(
+        return _decode_attention(query, kv_cache, decode, scale, softcap, kv_scales).reshape(
             num_tokens, num_heads * head_dim)
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=query.dtype, device=query.device)
     for group in meta.prefills:
@@ -372,15 +370,15 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.
         out[group.token_start:group.token_end] = o[0].transpose(0, 1)
     if decode is not None:
         out[decode.token_index] = _decode_attention(query[decode.token_index], kv_cache, decode, scale, softcap,
-                                                    kv_scales, bit_equal_fp32)
+                                                    kv_scales)
     return out.view(num_tokens, num_heads * head_dim)
 
 
 def _decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, d: DecodeGroup, scale: float,
-                      softcap: float | None, kv_scales: tuple[float, float], bit_equal_fp32: bool) -> torch.Tensor:
+                      softcap: float | None, kv_scales: tuple[float, float]) -> torch.Tensor:
     """One new token per sequence: [B, Hq, D] -> [B, Hq, D]: each row over its own keys in one C++ call where it runs
-    (bf16, and fp32 unless bit_equal_fp32), else all sequences in one padded SDPA batch."""
-    if d.key_ranges is not None and softcap is None and cpu_attention.runs(query, kv_cache, not bit_equal_fp32):
+    (bf16 and fp32, a head size it takes), else all sequences in one padded SDPA batch."""
+    if d.key_ranges is not None and softcap is None and cpu_attention.runs(query, kv_cache):
         return cpu_attention.decode_attention(query, kv_cache, d.block_table, d.key_ranges, scale)
     batch, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[-2]

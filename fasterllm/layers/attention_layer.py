@@ -37,7 +37,6 @@ class Attention(nn.Module):
         kind = "full" if sliding_window is None else "sliding_window"
         self.kv_spec = KVCacheSpec(kind, num_kv_heads, head_dim, sliding_window)
         self.kv_scales = (1.0, 1.0)
-        self.bit_equal_fp32 = True  # an fp32 decode keeps SDPA's sums (layers/norm.release_fp32_bit_equality)
 
     def forward(self, qkv: torch.Tensor, rope: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None,
                 kv_cache: torch.Tensor | None, meta: AttentionMetadata,
@@ -55,7 +54,7 @@ class Attention(nn.Module):
                                        self.sliding_window, self.softcap, self.kv_scales, norms)
         stored = False
         if (rope is not None and kv_cache is not None and not meta.prefills
-                and cpu_attention.rotary_store_runs(qkv, rope, kv_cache, not self.bit_equal_fp32)):
+                and cpu_attention.rotary_store_runs(qkv, rope, kv_cache)):
             cpu_attention.rotary_store(qkv, *rope, kv_cache, meta.slot_mapping, self.num_heads)  # a decode batch
             stored = True
         elif rope is not None:  # Q and K rotated together in one call, in place: K then V stay side by side
@@ -65,7 +64,7 @@ class Attention(nn.Module):
         if kv_cache is not None and not stored:
             store_kv(kv_cache, qkv[:, self.num_heads:], meta.slot_mapping, self.kv_scales)
         return paged_attention(query, key, value, kv_cache, meta.for_window(self.sliding_window), self.scale,
-                               self.softcap, self.kv_scales, self.bit_equal_fp32)
+                               self.softcap, self.kv_scales)
 
 
 def norm_heads(qkv: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm, num_q_heads: int, num_kv_heads: int

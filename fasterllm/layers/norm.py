@@ -12,10 +12,6 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
-        # fp32 on the CPU through torch's op, bit-equal to transformers' norm; False (every model build_decoder makes
-        # for the CPU, whose products are not bit-equal to transformers' anyway): through our C++ op as bf16 is, 10 us
-        # a call less (RESULTS.md)
-        self.bit_equal_fp32 = True
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,7 +22,7 @@ class RMSNorm(nn.Module):
             if residual is None:
                 return rms_norm(x, self.weight, self.eps), x
             return fused_add_rms_norm(x, residual, self.weight, self.eps)
-        if cpu_rms_norm.runs(x, self.weight, fp32=not self.bit_equal_fp32):  # one C++ call (native/cpu_rms_norm.py)
+        if cpu_rms_norm.runs(x, self.weight):  # one C++ call (native/cpu_rms_norm.py)
             return cpu_rms_norm.add_rms_norm(x, residual, self.weight, self.eps)
         if residual is not None:
             x = x + residual
@@ -42,15 +38,6 @@ class RMSNorm(nn.Module):
 # torch's RMSNorm op (not in every torch build): on the CPU a composite of the same small ops, but one Python call
 # where the written-out form makes five, and 0.8 us faster than F.rms_norm, which calls it
 _fused_fp32_rms_norm = getattr(torch, "_fused_rms_norm", None)
-
-
-def release_fp32_bit_equality(model: nn.Module) -> None:
-    """Every RMSNorm and decode attention under model runs fp32 through our C++ ops where they are built (a model
-    built for the CPU: its products, oneDNN's or ours, already differ from transformers' in the last bits, so the
-    promise of bit-equality buys nothing): every module with a bit_equal_fp32 flag."""
-    for module in model.modules():
-        if hasattr(module, "bit_equal_fp32"):
-            module.bit_equal_fp32 = False
 
 
 def norm_add_norm(x: torch.Tensor, residual: torch.Tensor, first: nn.Module, second: nn.Module

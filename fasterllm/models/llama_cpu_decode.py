@@ -35,13 +35,11 @@ def _plain_layer(layer: nn.Module, dtype: torch.dtype, eps: float) -> bool:
         norms += [layer.q_norm, layer.k_norm]
         if layer.q_norm.weight.shape[0] != attn.head_dim:
             return False
-    modules = [*norms, attn]
     return (type(layer) is DecoderLayer and layer.leaves_down_proj and type(layer.act) is SiluAndMul
             and all(type(norm) is RMSNorm and norm.eps == eps for norm in norms)
             and layer.clip_qkv is None
             and attn.softcap is None and attn.kv_scales == (1.0, 1.0) and attn.head_dim in cpu_attention.HEAD_DIMS
-            and (dtype == torch.bfloat16 or (dtype == torch.float32
-                                              and not any(module.bit_equal_fp32 for module in modules))))
+            and dtype in (torch.bfloat16, torch.float32))
 
 
 class CPUDecodeStack:

@@ -40,7 +40,6 @@ class Seq2SeqDecodeStack:
         self.dtype = first.self_attn_layer_norm.weight.dtype
         # what _decode_attention's choice of the C++ attention reads of a query: its head size, dtype and device
         self.probe = torch.empty(0, self.num_heads, self.head_dim, dtype=self.dtype)
-        self.self_fp32 = not first.self_attn.bit_equal_fp32  # the cross-attention keeps SDPA's sums in fp32
 
     @classmethod
     def of(cls, model: nn.Module) -> Seq2SeqDecodeStack | None:
@@ -57,8 +56,7 @@ class Seq2SeqDecodeStack:
             if (type(layer) is not DecoderLayer
                     or any(type(norm) is not nn.LayerNorm or norm.eps != eps or norm.weight is None
                            or norm.bias is None for norm in _norms(layer))
-                    or any(getattr(layer.self_attn, name) != getattr(first.self_attn, name)
-                           for name in ("scale", "bit_equal_fp32"))
+                    or layer.self_attn.scale != first.self_attn.scale
                     or layer.self_attn.softcap is not None or layer.self_attn.sliding_window is not None
                     or layer.self_attn.kv_scales != (1.0, 1.0) or layer.cross_attn.kv_scales != (1.0, 1.0)
                     or layer.cross_attn.scale != first.cross_attn.scale):
@@ -85,24 +83,26 @@ class Seq2SeqDecodeStack:
     def __call__(self, hidden: torch.Tensor, kv_caches: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The decoder's embedded rows [B, H] -> the last layer's output [B, H] (a pre-norm model's final norm and
         the head still to apply)."""
+        native = cpu_attention.runs(self.probe, kv_caches)  # the C++ attention takes this head size and dtype
         return torch.ops.fasterllm_cpu.seq2seq_decode_stack(
             hidden.contiguous(), self.norms, self.linear_tensors, self.kinds, self.eps, self.pre_norm,
             self.activation, kv_caches, meta.slot_mapping,
-            *self._group(meta.decode, kv_caches, self.self_fp32), *self._group(meta.cross.decode, kv_caches, False),
+            *_group(meta.decode, native), *_group(meta.cross.decode, native),
             self.num_heads, self.head_dim, self.scale, self.cross_scale, kernel_isa())
 
-    def _group(self, group: DecodeGroup, kv_caches: torch.Tensor, fp32: bool) -> tuple[list[torch.Tensor], list[int]]:
-        """A decode group as the C++ call reads it (seq2seq_decode_stack.cpp's Group), with _decode_attention's
-        choice between the C++ attention and SDPA."""
-        blocks, runs = group.blocks, group.query_runs
-        native = group.key_ranges is not None and cpu_attention.runs(self.probe, kv_caches, fp32)
-        tensors = [NONE if isinstance(blocks, slice) else blocks, NONE if group.mask is None else group.mask,
-                   NONE if runs is None else runs[0], NONE if runs is None else runs[1],
-                   NONE if group.block_table is None else group.block_table,
-                   NONE if group.key_ranges is None else group.key_ranges]
-        block_range = (blocks.start, blocks.stop) if isinstance(blocks, slice) else (0, 0)
-        ints = [*block_range, group.keys.start, group.keys.stop, 1 if runs is None else runs[2], int(native)]
-        return tensors, ints
+
+def _group(group: DecodeGroup, native_attention: bool) -> tuple[list[torch.Tensor], list[int]]:
+    """A decode group as the C++ call reads it (seq2seq_decode_stack.cpp's Group), with _decode_attention's choice
+    between the C++ attention (where it takes the head size and dtype, and the group has key ranges) and SDPA."""
+    blocks, runs = group.blocks, group.query_runs
+    native = native_attention and group.key_ranges is not None
+    tensors = [NONE if isinstance(blocks, slice) else blocks, NONE if group.mask is None else group.mask,
+               NONE if runs is None else runs[0], NONE if runs is None else runs[1],
+               NONE if group.block_table is None else group.block_table,
+               NONE if group.key_ranges is None else group.key_ranges]
+    block_range = (blocks.start, blocks.stop) if isinstance(blocks, slice) else (0, 0)
+    ints = [*block_range, group.keys.start, group.keys.stop, 1 if runs is None else runs[2], int(native)]
+    return tensors, ints
 
 
 def _whole_batch(decode: DecodeGroup | None) -> bool:

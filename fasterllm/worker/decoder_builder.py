@@ -6,7 +6,6 @@ import torch
 from fasterllm.config import PREQUANTIZED_METHODS
 from fasterllm.distributed.tensor_parallel import SINGLE_DEVICE, TensorParallel, check_tensor_parallel
 from fasterllm.layers.linear import can_pack
-from fasterllm.layers.norm import release_fp32_bit_equality
 from fasterllm.layers.quantization import check_stored_supported, check_supported, quantize_model
 from fasterllm.layers.quantization.gguf import prepare_gguf_linears
 from fasterllm.layers.quantization.stored import prepare_stored_linears
@@ -64,9 +63,6 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
     if can_pack(device, dtype):
         model.pack_for_cpu()
     if device.type == "cpu":
-        # no CPU product here is bit-equal to transformers' F.linear (oneDNN's and ours add in other orders), so fp32
-        # norms and attention need not be either: they take the C++ ops, and a decode step the one-call stacks
-        release_fp32_bit_equality(model)
         if hasattr(model, "use_cpu_decode_stack"):  # Llama's and the BART family's
             model.use_cpu_decode_stack()
     return model

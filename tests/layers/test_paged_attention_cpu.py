@@ -76,15 +76,15 @@ def test_store_kv_writes_keys_and_values_to_their_slots():
     assert torch.count_nonzero(cache) == 2 * 2 * NUM_KV_HEADS * HEAD_DIM  # nothing else written
 
 
-@pytest.mark.parametrize("bit_equal_fp32", [True, False])
-def test_cross_attention_rows_sharing_blocks_match_each_row_alone(bit_equal_fp32):
+@pytest.mark.parametrize("native", [False, True], ids=["sdpa", "native"])
+def test_cross_attention_rows_sharing_blocks_match_each_row_alone(native):
     """Cross-attention where runs of decode rows share one cross block table (a beam search's slots: runs of 3, 1 and
     2 here, the 1-run padded to the others' length) and a two-token chunk sits among them: every row attends to all
-    of its table's encoder keys, as it would alone. Through SDPA over the runs (bit_equal_fp32) and, where the C++
-    extension is built, through its attention over each row's own table and keys."""
-    if not bit_equal_fp32 and not cpu_extension.available():
+    of its table's encoder keys, as it would alone. Through SDPA over the runs (a head size the C++ attention does
+    not take) and, where the C++ extension is built, through its attention over each row's own table and keys."""
+    if native and not cpu_extension.available():
         pytest.skip("the C++ extension is not built here")
-    head_dim = HEAD_DIM if bit_equal_fp32 else 64  # a head size the C++ attention runs
+    head_dim = 64 if native else HEAD_DIM
     torch.manual_seed(0)
     tables = {"a": [3, 4], "b": [9], "c": [0, 7, 2], "d": [5]}
     encoder_lens = {"a": 6, "b": 3, "c": 10, "d": 4}
@@ -96,8 +96,8 @@ def test_cross_attention_rows_sharing_blocks_match_each_row_alone(bit_equal_fp32
                                          BLOCK_SIZE, CPU)
     assert meta.decode.query_runs is not None and meta.decode.query_runs[2] == 3  # the path named is the path tested
     queries = torch.randn(sum(query_lens), NUM_HEADS, head_dim)
-    assert cpu_attention.runs(queries, cache, fp32=True) != bit_equal_fp32
-    got = paged_attention(queries, None, None, cache, meta, head_dim ** -0.5, bit_equal_fp32=bit_equal_fp32)
+    assert cpu_attention.runs(queries, cache) == native
+    got = paged_attention(queries, None, None, cache, meta, head_dim ** -0.5)
     token = 0
     for name, count in zip(rows, query_lens):
         for _ in range(count):

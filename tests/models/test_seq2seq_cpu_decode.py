@@ -10,6 +10,7 @@ import torch
 
 from fasterllm import LLM, BeamSearchParams, SamplingParams
 from fasterllm.models.registry import supported_models
+from fasterllm.models import seq2seq_cpu_decode
 from fasterllm.models.seq2seq_cpu_decode import Seq2SeqDecodeStack
 from seq2seq_models import VOCAB, randomize_seq2seq_, tiny_seq2seq_config
 
@@ -26,14 +27,14 @@ class CountingStack:
 
     def __init__(self, stack: Seq2SeqDecodeStack, monkeypatch):
         self.stack, self.calls, self.chosen, self.native = stack, 0, [], set()
-        group = stack._group
+        group = seq2seq_cpu_decode._group
 
-        def recording(decode, kv_caches, fp32):
-            tensors, ints = group(decode, kv_caches, fp32)
+        def recording(decode, native_attention):
+            tensors, ints = group(decode, native_attention)
             self.chosen.append(ints[5])
             return tensors, ints
 
-        monkeypatch.setattr(stack, "_group", recording)
+        monkeypatch.setattr(seq2seq_cpu_decode, "_group", recording)
 
     def takes(self, *args) -> bool:
         return self.stack.takes(*args)
@@ -79,7 +80,7 @@ def test_each_family_decodes_as_its_layers(tiny_seq2seq, family, cpu_kernels_on,
     ours, layers, counting = _with_and_without_stack(llm, monkeypatch)
     assert ours == layers
     assert counting.calls >= max(MAX_TOKENS) + 8 - 1  # greedy's steps (each a decode) and most of the searches'
-    assert counting.native == {("self", 0), ("cross", 0)}  # fp32, float weights: SDPA's sums
+    assert counting.native == {("self", 0), ("cross", 0)}  # heads the C++ attention does not take: SDPA
     greedy, beams = ours
     assert [len(tokens) for tokens, _ in greedy] == MAX_TOKENS
     assert len({tuple(tokens) for tokens, _ in greedy}) == 3  # the inputs matter
@@ -105,8 +106,9 @@ def bart_64_dim_heads(tmp_path_factory):
 
 
 @pytest.mark.parametrize("dtype, quantization, native", [
-    ("bfloat16", None, {("self", 1), ("cross", 1)}),  # bf16: the C++ attention for both
-    ("float32", "int8", {("self", 1), ("cross", 0)}),  # quantized fp32: self-attention released, cross keeps SDPA
+    ("bfloat16", None, {("self", 1), ("cross", 1)}),  # the C++ attention for both, bf16 or fp32
+    ("float32", None, {("self", 1), ("cross", 1)}),
+    ("float32", "int8", {("self", 1), ("cross", 1)}),
     ("bfloat16", "int4", {("self", 1), ("cross", 1)}),
 ])
 def test_the_cpp_attention_and_quantized_products_as_the_layers_run_them(bart_64_dim_heads, cpu_kernels_on,

@@ -5,9 +5,8 @@ each sequence over its own paged KV blocks, in one call (cpu/decode_attention.cp
 three KV heads and a few hundred keys; the C++ call reads the blocks in place in about half that
 (benchmarks/RESULTS.md, fifteenth session).
 
-bf16 models, and fp32 ones where the caller allows it (models built for the CPU:
-layers/norm.release_fp32_bit_equality): it sums in another order than SDPA and takes exp2 from a polynomial (relative
-error under 2e-7), which an fp32 model sees against transformers' own; in bf16 the outputs agree to a bf16 rounding
+bf16 and fp32 models: it sums in another order than SDPA and takes exp2 from a polynomial (relative error under
+2e-7), which an fp32 model sees against transformers' own; in bf16 the outputs agree to a bf16 rounding
 (tests/layers/test_cpu_decode_attention.py)."""
 from __future__ import annotations
 
@@ -18,17 +17,15 @@ from fasterllm.kernels.native import cpu_extension
 HEAD_DIMS = (64, 80, 96, 128, 256)  # decode_attention.cpp's
 
 
-def runs(query: torch.Tensor, kv_cache: torch.Tensor, fp32: bool) -> bool:
+def runs(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """Whether layers/attention.py hands a decode batch to decode_attention: _takes, and a head dimension it runs."""
-    return query.shape[-1] in HEAD_DIMS and _takes(query, kv_cache, fp32)
+    return query.shape[-1] in HEAD_DIMS and _takes(query, kv_cache)
 
 
-def _takes(x: torch.Tensor, kv_cache: torch.Tensor, fp32: bool) -> bool:
-    """A bf16 tensor (or fp32, where fp32 is allowed) on the CPU beside a contiguous cache of its dtype, and the
-    extension built."""
-    dtypes = (torch.bfloat16, torch.float32) if fp32 else (torch.bfloat16,)
-    return (x.dtype in dtypes and kv_cache.dtype == x.dtype and x.device.type == "cpu" and kv_cache.is_contiguous()
-            and cpu_extension.available())
+def _takes(x: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """A bf16 or fp32 tensor on the CPU beside a contiguous cache of its dtype, and the extension built."""
+    return (x.dtype in (torch.bfloat16, torch.float32) and kv_cache.dtype == x.dtype and x.device.type == "cpu"
+            and kv_cache.is_contiguous() and cpu_extension.available())
 
 
 def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, key_ranges: torch.Tensor,
@@ -40,10 +37,9 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     return torch.ops.fasterllm_cpu.decode_attention(query, kv_cache, block_table, key_ranges, scale)
 
 
-def rotary_store_runs(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
-                      fp32: bool) -> bool:
+def rotary_store_runs(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor) -> bool:
     """Whether a decode batch's RoPE and K/V store go to rotary_store: _takes, and full-width rotary tables."""
-    return isinstance(rope, tuple) and rope[0].shape[-1] == qkv.shape[-1] and _takes(qkv, kv_cache, fp32)
+    return isinstance(rope, tuple) and rope[0].shape[-1] == qkv.shape[-1] and _takes(qkv, kv_cache)
 
 
 def rotary_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,

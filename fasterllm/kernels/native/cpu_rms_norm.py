@@ -3,11 +3,9 @@ torch path makes several small ops: a decode step calls it twice per layer, 61 t
 costs about a microsecond whatever its size (benchmarks/RESULTS.md, issue 27). The same arithmetic as
 layers/norm.py's torch path: the sum rounded to the model's dtype, normalised in fp32, rounded, times the weight.
 
-bf16 models, and fp32 ones released from bit-equality (every model build_decoder makes for the CPU: its products are
-not bit-equal to transformers' either): its sum of squares adds in another order than torch's, which moves an fp32
-result by an ulp or so, where a norm that keeps the promise stays bit-equal to transformers
-(tests/layers/test_rms_norm_cpu.py); in bf16 such a difference shows only when it crosses a bf16 rounding boundary (at
-most one bf16 ulp, rarely)."""
+bf16 and fp32: its sum of squares adds in another order than torch's, which moves an fp32 result by an ulp or so (the
+models' products, oneDNN's or ours, are not bit-equal to transformers' either); in bf16 such a difference shows only
+when it crosses a bf16 rounding boundary (at most one bf16 ulp, rarely; tests/layers/test_rms_norm_cpu.py)."""
 from __future__ import annotations
 
 import torch
@@ -15,11 +13,9 @@ import torch
 from fasterllm.kernels.native import cpu_extension
 
 
-def runs(x: torch.Tensor, weight: torch.Tensor, fp32: bool = False) -> bool:
-    """Whether layers/norm.py hands these tensors to add_rms_norm: bf16 (fp32 too where fp32 is True), the extension
-    built."""
-    dtypes = (torch.bfloat16, torch.float32) if fp32 else (torch.bfloat16,)
-    return x.dtype in dtypes and weight.dtype == x.dtype and cpu_extension.available()
+def runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether layers/norm.py hands these tensors to add_rms_norm: bf16 or fp32, the extension built."""
+    return x.dtype in (torch.bfloat16, torch.float32) and weight.dtype == x.dtype and cpu_extension.available()
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
