@@ -20,6 +20,7 @@ from fasterllm.models.cpu_decode_linears import INT4_INT8_INPUTS
 from fasterllm.models.llama_cpu_decode import CPUDecodeStack
 from fasterllm.models.registry import supported_models
 from fasterllm.worker import decoder_builder
+from decode_stacks import CountingStack
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "parity"))
 from parity_utils import TINY_SPECS, build_tiny_model, random_prompt  # noqa: E402
@@ -42,20 +43,6 @@ def _load(gguf, method: str, dtype: str) -> LLM:
     # no prefix caching: the run without the stack must compute every prompt again
     return LLM(str(gguf), quantization=method, dtype=dtype, max_model_len=256, num_kv_blocks=64,
                enable_prefix_caching=False)
-
-
-class CountingStack:
-    """The model's stack, counting the steps it runs."""
-
-    def __init__(self, stack: CPUDecodeStack):
-        self.stack, self.calls = stack, 0
-
-    def takes(self, *args) -> bool:
-        return self.stack.takes(*args)
-
-    def __call__(self, *args):
-        self.calls += 1
-        return self.stack(*args)
 
 
 def _greedy(llm: LLM, prompts: list[str], max_tokens: list[int]):

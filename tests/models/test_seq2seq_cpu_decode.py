@@ -12,6 +12,7 @@ from fasterllm import LLM, BeamSearchParams, SamplingParams
 from fasterllm.models.registry import supported_models
 from fasterllm.models import seq2seq_cpu_decode
 from fasterllm.models.seq2seq_cpu_decode import Seq2SeqDecodeStack
+from decode_stacks import CountingStack
 from seq2seq_models import VOCAB, randomize_seq2seq_, tiny_seq2seq_config
 
 pytest.importorskip("transformers")
@@ -21,12 +22,13 @@ INPUTS = [[5, 9, 11, 3, 7, EOS], list(range(3, 40)) + [EOS], [17, 23, 29, 31, EO
 MAX_TOKENS = [14, 6, 10]  # three rows, then two, then one
 
 
-class CountingStack:
+class RecordingStack(CountingStack):
     """The model's stack, counting its steps and recording the attention its self- and cross-attention took (1: the
     C++ decode attention, 0: SDPA)."""
 
     def __init__(self, stack: Seq2SeqDecodeStack, monkeypatch):
-        self.stack, self.calls, self.chosen, self.native = stack, 0, [], set()
+        super().__init__(stack)
+        self.chosen, self.native = [], set()
         group = seq2seq_cpu_decode._group
 
         def recording(decode, native_attention):
@@ -36,12 +38,8 @@ class CountingStack:
 
         monkeypatch.setattr(seq2seq_cpu_decode, "_group", recording)
 
-    def takes(self, *args) -> bool:
-        return self.stack.takes(*args)
-
     def __call__(self, *args):
-        self.calls += 1
-        out = self.stack(*args)
+        out = super().__call__(*args)
         self.native |= {("self", self.chosen[-2]), ("cross", self.chosen[-1])}  # the call reads self's group first
         return out
 
@@ -64,7 +62,7 @@ def _generate_and_search(llm: LLM):
 def _with_and_without_stack(llm: LLM, monkeypatch):
     model = llm.engine.executor.runner.model
     assert model.cpu_decode_stack is not None
-    counting = CountingStack(model.cpu_decode_stack, monkeypatch)
+    counting = RecordingStack(model.cpu_decode_stack, monkeypatch)
     monkeypatch.setattr(model, "cpu_decode_stack", counting)
     ours = _generate_and_search(llm)
     monkeypatch.setattr(model, "cpu_decode_stack", None)
@@ -130,7 +128,7 @@ def test_models_and_steps_it_does_not_run(tiny_seq2seq, bart_64_dim_heads, cpu_k
     assert row["cpu_decode_step"] == "Python layers"
     llm = _make_llm(bart_64_dim_heads)
     model = llm.engine.executor.runner.model
-    counting = CountingStack(model.cpu_decode_stack, monkeypatch)
+    counting = CountingStack(model.cpu_decode_stack)
     monkeypatch.setattr(model, "cpu_decode_stack", counting)
     prompt = {"encoder_prompt": INPUTS[0], "decoder_prompt": [12, 30, 7]}
     llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True), use_tqdm=False)
