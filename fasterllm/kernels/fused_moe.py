@@ -215,10 +215,10 @@ class TileConfig(NamedTuple):
     num_stages: int
 
 
-# by the (token, choice) slots an expert gets on average: the fastest of benchmarks/moe_kernel_gpu.py's sweeps on an
-# H100 at Qwen3-30B-A3B's experts and on an H200 at Mixtral-8x7B's and Qwen3-30B-A3B's (RESULTS.md). Few slots: each
-# tile reads its expert's weights in long K steps; from 64 slots an expert 128-row tiles, so that an expert whose
-# slots spill past one tile does not read its weights twice; many: tiles as large as tensor cores take
+# by the (token, choice) slots an expert gets on average: the fastest of benchmarks/moe_kernel_gpu.py's sweep on an
+# H100 at Qwen3-30B-A3B's experts, then of its sweep and candidates timed on an H200 at Mixtral-8x7B's and Qwen3-30B-
+# A3B's (RESULTS.md, twenty-seventh session). Few slots: each tile reads its expert's weights in long K steps; from 64
+# slots an expert 128-row tiles, so that an expert whose slots spill past one tile does not read its weights twice
 TILE_CONFIGS = ((8, TileConfig(16, 64, 128, 4, 3)), (32, TileConfig(32, 64, 128, 4, 3)),
                 (64, TileConfig(64, 128, 64, 8, 4)), (None, TileConfig(128, 128, 64, 8, 3)))
 # what any device can hold (shared memory): the fallback where a larger tile does not compile
