@@ -16,9 +16,9 @@ half a byte (int4) each and widened in registers. Layouts (made by the quantizer
 The quantizers are the CPU layers' (layers/quantization/int8.py, int4.py); pack_int4_codes and pack_int4_tinygemm
 make the bytes. Row-major: one row goes through gemv.py's matrix-vector kernel (int8 in bf16 on Hopper and later:
 int8_gemv.py's Gluon kernel), up to FUSED_MAX_ROWS through the kernel here (split K, quant_split_k.py). tinygemm's
-layout: one bf16 row through int4_gemv.py's Gluon kernel, up to TINYGEMM_MAX_ROWS bf16 rows through torch's kernel,
-other rows up to FUSED_MAX_ROWS through the kernel here. More rows (prefill) dequantize the weight once and call
-cuBLAS, compute-bound there anyway.
+layout: one bf16 row through int4_gemv.py's Gluon kernel, 2 to FUSED_MAX_ROWS through int4_mma.py's (Triton
+without Gluon: up to TINYGEMM_MAX_ROWS bf16 rows through torch's kernel), other rows and dtypes through the kernel
+here. More rows (prefill) dequantize the weight once and call cuBLAS, compute-bound there anyway.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from fasterllm.kernels.gemv import gemv, small_int_to_float
 from fasterllm.kernels.quant_split_k import SplitKPlan, epilogue, nvidia_capability, plan_split_k, reduce_splits
 
 FUSED_MAX_ROWS = 64  # the tile table below covers 2 to 64 rows
-TINYGEMM_MAX_ROWS = 4  # tinygemm_matmul: torch's kernel up to here (measured: RESULTS.md)
+TINYGEMM_MAX_ROWS = 4  # tinygemm_matmul without Gluon: torch's kernel up to here (measured: RESULTS.md)
 
 
 @dataclass(frozen=True)
@@ -312,22 +312,26 @@ def weight_only_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
 def tinygemm_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int,
                     bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] times an int4 weight in tinygemm's layout (pack_int4_tinygemm; scale_zeros [K/group, N, 2]: scale
-    and the value of code 8 per group) -> [M, N]. bf16 on an NVIDIA GPU (bf16 scale_zeros): one row through
-    int4_gemv.py's Gluon kernel where Triton has Gluon (8B shape, H100: batch-1 TPOT 3.27 -> 2.65 ms, RESULTS.md),
-    up to TINYGEMM_MAX_ROWS rows through torch._weight_int4pack_mm (its tensor-core kernel reads the bytes in the
-    order its mma fragments need: 2.1-2.4x bf16 cuBLAS on the 8B projections at one row, where the row-major kernels
-    reach 1.1-1.6x); more rows, and other dtypes, through this file's Triton kernels reading the same bytes."""
+    and the value of code 8 per group) -> [M, N]. bf16 on an NVIDIA GPU (bf16 scale_zeros) where Triton has Gluon: one
+    row through int4_gemv.py's kernel (8B shape, H100: batch-1 TPOT 3.27 -> 2.65 ms), 2 to FUSED_MAX_ROWS rows
+    through int4_mma.py's tensor-core kernel (H200, Llama-3-8B's projections: 1.8-2.3x bf16 cuBLAS at 2-8 rows,
+    1.4-1.9x at 16, 1.05-1.3x at 64, ahead of torch._weight_int4pack_mm at every one: RESULTS.md); without Gluon,
+    up to TINYGEMM_MAX_ROWS rows through torch's kernel. Other rows and dtypes through this file's Triton kernels
+    reading the same bytes."""
     w = _tinygemm(packed, scale_zeros, group_size)
     m, k = x.shape
     if x.stride(-1) != 1 or w.k != k:
         raise ValueError(f"x {tuple(x.shape)} (contiguous last dim) does not fit the int4 weight [{w.n}, {w.k}]")
     bf16_on_nvidia = x.dtype == scale_zeros.dtype == torch.bfloat16 and tinygemm_kernel_available(x.device)
-    one_row_kernel = _gluon("int4_gemv") if m == 1 and bf16_on_nvidia else None
-    if one_row_kernel is not None:
-        return one_row_kernel.int4_gemv(x, packed, scale_zeros, group_size, bias)
-    if 0 < m <= TINYGEMM_MAX_ROWS and bf16_on_nvidia:
-        out = torch._weight_int4pack_mm(x.contiguous(), packed, group_size, scale_zeros)
-        return out if bias is None else out + bias
+    if bf16_on_nvidia and 0 < m <= FUSED_MAX_ROWS:
+        gluon_kernels = _gluon("int4_gemv"), _gluon("int4_mma")
+        if m == 1 and gluon_kernels[0] is not None:
+            return gluon_kernels[0].int4_gemv(x, packed, scale_zeros, group_size, bias)
+        if gluon_kernels[1] is not None:
+            return gluon_kernels[1].int4_mma(x, packed, scale_zeros, group_size, bias)
+        if m <= TINYGEMM_MAX_ROWS:  # Triton without Gluon
+            out = torch._weight_int4pack_mm(x.contiguous(), packed, group_size, scale_zeros)
+            return out if bias is None else out + bias
     if m > FUSED_MAX_ROWS:
         return F.linear(x, _dequantize(w, x.dtype), bias)
     return _matmul_tiles(x, w, None, bias)
@@ -335,8 +339,9 @@ def tinygemm_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Te
 
 @functools.cache
 def _gluon(module: str):
-    """The Gluon kernel module kernels/<module>.py (int4_gemv, int8_gemv: one row on an NVIDIA GPU), or None where
-    Triton has no Gluon (torch's tinygemm kernel, gemv.py's Triton kernel then)."""
+    """The Gluon kernel module kernels/<module>.py (int4_gemv, int8_gemv: one row on an NVIDIA GPU; int4_mma: 2-64
+    rows), or None where Triton has no Gluon (torch's tinygemm kernel, this file's and gemv.py's Triton kernels
+    then)."""
     try:
         return importlib.import_module(f"fasterllm.kernels.{module}")
     except ImportError as exc:  # Triton without Gluon; any other import error is a bug to show

@@ -6,10 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fasterllm.layers.quantization.int4 import scales_and_zeros
-
 pytest.importorskip("triton")
-from fasterllm.kernels.quant_weight_only import pack_int4_tinygemm, tinygemm_reference  # noqa: E402
+from int4_weights import int4_weight as weight_on  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 gpu_only = pytest.mark.skipif(DEVICE.type != "cuda", reason="the Gluon kernel runs on an NVIDIA GPU only")
@@ -18,13 +16,9 @@ NIBBLE_TERMS = [(12, False, 0, False), (12, True, 1, False), (8, True, 2, False)
                 (0, True, 0, True), (-8, False, 1, True), (-8, True, 2, True), (-12, True, 3, True)]
 
 
-def int4_weight(n, k, group_size, seed=0):
-    torch.manual_seed(seed)
-    codes = torch.randint(0, 16, (n, k), dtype=torch.uint8, device=DEVICE)
-    scales = torch.rand(n, k // group_size, device=DEVICE) * 0.01
-    zeros = torch.randn(n, k // group_size, device=DEVICE) * 0.05
-    scale_zeros = scales_and_zeros(scales, zeros, torch.bfloat16)
-    return pack_int4_tinygemm(codes), scale_zeros, tinygemm_reference(codes, scale_zeros, group_size)
+def int4_weight(n, k, group_size):
+    """(words, scale_zeros, the fp32 weight)."""
+    return weight_on(n, k, group_size, DEVICE)[1:]
 
 
 def as_float(bits: torch.Tensor) -> torch.Tensor:

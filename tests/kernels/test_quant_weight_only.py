@@ -172,7 +172,7 @@ def test_tinygemm_layout_matmul_and_dequantize(group_size, k, n):
     torch.testing.assert_close(dequantize_tinygemm(packed, scale_zeros, group_size, torch.float32), weight,
                                atol=1e-6, rtol=1e-5)
     bias = torch.randn(n, device=DEVICE).to(dtype)
-    # torch's kernel (a GPU, up to TINYGEMM_MAX_ROWS), both tile buckets, the dequantize path
+    # on a GPU the Gluon kernels (one row, 2-64 rows); in the interpreter both tile buckets; the dequantize path
     for m in (1, TINYGEMM_MAX_ROWS, 9, 40, FUSED_MAX_ROWS + 1):
         x = torch.randn(m, k, device=DEVICE).to(dtype)
         got = tinygemm_matmul(x, packed, scale_zeros, group_size, bias)

@@ -6,7 +6,8 @@ and grouped 8-bit codes (a GGUF's Q8_0 / Q5_K / Q6_K blocks as stored).
                         and later: the Gluon kernel of kernels/int8_gemv.py)
   int4  Int4GPULinear   4-bit codes (groups of 32, scale + minimum, the CPU layer's and GGUF Q4_1's convention),
                         two per byte, dequantized inside the same kernels; bf16 layers (NVIDIA, 8.0+) keep
-                        tinygemm's byte order and bf16 scale + zero, and 1-4 rows run torch's int4 kernel
+                        tinygemm's byte order and bf16 scale + zero, read by the Gluon kernels of
+                        kernels/int4_gemv.py (one row) and int4_mma.py (2-64 rows)
   uint8_grouped  Uint8GroupedGPULinear  8-bit codes (0..255), one a byte, with a scale and minimum per group of 16
                         or 32 (uint8_grouped.py's layout), dequantized inside the same kernels
   w8a8  W8A8GPULinear   int8 weights per channel x int8 activations per token, int32 sums on the tensor cores,
@@ -59,8 +60,9 @@ class Int4GPULinear(FlatLinear):
     """Built from codes uint8 [N, K] (0..15), per-group scales and minimums [N, K/32] (codes * scale + minimum),
     the CPU Int4WeightOnlyLinear's arguments: quantized from a float weight by from_float, or GGUF's Q4_0 / Q4_1 /
     Q4_K blocks.
-    A bf16 layer on an NVIDIA GPU of compute capability 8.0+ (out_features % 8 == 0) keeps tinygemm's layout, whose
-    1-4 row kernel is torch's (tinygemm_matmul); others keep the row-major bytes and fp16 scales and minimums."""
+    A bf16 layer on an NVIDIA GPU of compute capability 8.0+ (out_features % 8 == 0) keeps tinygemm's layout, which
+    our Gluon kernels read at 1-64 rows and torch's kernel reads too (tinygemm_matmul); others keep the row-major
+    bytes and fp16 scales and minimums."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor,
                  bias: torch.Tensor | None, dtype: torch.dtype):

@@ -1,0 +1,204 @@
+"""A few rows times an int4 weight in tinygemm's layout on tensor cores (Gluon, NVIDIA GPUs of compute capability
+8.0+): batched decode's 4-bit products, 2-64 rows.
+
+tinygemm's layout (pack_int4_tinygemm, quant_weight_only.py) was made for mma.sync m16n8k16: in each block of 8
+weight rows and tile of 32 k, word l = 4 r + j holds row r's nibbles p and p + 4 at k = 8 p + 2 j and 8 p + 2 j + 1,
+exactly the k pair (b0, b1) or (b2, b3) that the mma's B fragment gives lane l for k tile p // 2. So lane l of a warp
+reads word l from shared memory and makes its B fragments in registers: one lop3 a pair turns the two codes into
+the bf16 values 128 + q (magic 0x4300), one bf16x2 fused multiply-add subtracts 136 (exact: q - 8), one more
+multiplies by the group's scale and adds its zero (one rounding, as the reference's weight is rounded once); the
+register relabelling into the mma's layout is free (asserted at compile time). The out product is x W^T: A = x
+[BM, 32] a tile (BM 16-64 rows, padding rows zero), B = W^T [32, BN], a warp taking NB blocks of 8 output columns.
+
+Words, (scale, zero) pairs and x tiles stream into shared memory through cp.async, STAGES steps of TK tiles in
+flight: with one step at a time (loads, then the arithmetic) the kernel ran at 1.0-1.2x bf16 cuBLAS where the copies
+ahead give 1.6-2.0x (16 rows, H200). K is split across programs (quant_split_k.plan_split_k) when the columns alone
+would leave SMs idle; reduce_splits adds the fp32 partials in a fixed order. The kernel is launched without
+programmatic dependent launch: with it, the 8B shape's 64-row decode step took 5.75-6.09 ms, without it 5.25 ms
+(H200; the next kernel's waiting programs take places this one needs). Its tile is timed per shape (tile_timer.py).
+Triton's interpreter cannot run Gluon: CI checks the two facts above in torch (tests/kernels/test_int4_mma.py), the
+GPU tests run the kernel against tinygemm_reference and torch's kernel.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+
+from fasterllm.kernels.quant_split_k import plan_split_k, reduce_splits
+from fasterllm.kernels.tile_timer import timed_tile
+
+
+
+def _dequantize_asm() -> str:
+    """PTX: a word ($4), its group's scale and zero each as a bf16x2 pair ($5, $6) -> the 4 bf16x2 weights $0..$3
+    (k 8 i + 2 j and 8 i + 2 j + 1 for i = 0..3): (128 + q) from one lop3 of the word shifted by 4 i, minus 136
+    (exact), times the scale plus the zero (one rounding)."""
+    lines = [".reg .b32 c, w, one, bias;", "mov.b32 one, 0x3F803F80;", "mov.b32 bias, 0xC308C308;"]
+    for i in range(4):
+        lines += ([f"shr.u32 w, $4, {4 * i};"] if i else ["mov.b32 w, $4;"]) + [
+            "lop3.b32 c, w, 0x000F000F, 0x43004300, 0xEA;", "fma.rn.bf16x2 c, c, one, bias;",
+            f"fma.rn.bf16x2 ${i}, c, $5, $6;"]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+_DEQUANTIZE = gl.constexpr(_dequantize_asm())
+
+
+@gluon.jit
+def _scales_and_zeros(pairs):
+    """(scale, zero) bf16 pairs as int32 -> (scale, scale) and (zero, zero) as int32 bf16x2 words."""
+    return gl.inline_asm_elementwise("prmt.b32 $0, $2, 0, 0x1010; prmt.b32 $1, $2, 0, 0x3232;", "=r,=r,r", [pairs],
+                                     dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+
+
+@gluon.jit
+def _bf16_halves(pairs):
+    """int32 bf16x2 words [..] -> bf16 [.., 2] (low half first)."""
+    low = (pairs & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    high = (pairs >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    return gl.join(low, high)
+
+
+@gluon.jit
+def _weight_tile(words, scales, zeros, BN: gl.constexpr, B_LAYOUT: gl.constexpr):
+    """words [4, BN] int32 of one 32-k tile (lane j, column n) and their group's scales and zeros (bf16x2, [1, BN])
+    -> W^T [32, BN] in the mma's B layout, with no data movement."""
+    w0, w1, w2, w3 = gl.inline_asm_elementwise(_DEQUANTIZE, "=r,=r,=r,=r,r,r,r", [words, scales, zeros],
+                                               dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+    by_i = gl.join(gl.join(w0, w1), gl.join(w2, w3))  # [j, n, i % 2, i // 2]
+    by_k = gl.reshape(gl.permute(by_i, (3, 2, 0, 1)), (16, BN))  # k / 2 = 4 i + j
+    halves = gl.reshape(gl.permute(_bf16_halves(by_k), (0, 2, 1)), (32, BN))  # k = 2 (k / 2) + half
+    return gl.convert_layout(halves, B_LAYOUT, assert_trivial=True)
+
+
+@gluon.jit
+def _issue_step(words_at, words_live, pairs_at, pairs_live, x_at, x_live, words_smem, pairs_smem, x_smem, slot, t0,
+                t_end, N, TK: gl.constexpr, TP: gl.constexpr, TILES_PER_GROUP: gl.constexpr, EVEN: gl.constexpr):
+    """Start copying one step's words, (scale, zero) pairs and x tiles (tiles t0 .. t0 + TK) into shared-memory
+    slot. Rows past M copy as zeros; so do tiles past t_end and columns past N unless EVEN (none there)."""
+    for t in gl.static_range(TK):
+        tile_live = t0 + t < t_end
+        async_copy.async_copy_global_to_shared(words_smem.index(slot * TK + t), words_at + (t0 + t) * 32,
+                                               mask=words_live if EVEN else words_live & tile_live)
+        async_copy.async_copy_global_to_shared(x_smem.index(slot * TK + t), x_at + (t0 + t) * 32,
+                                               mask=x_live if EVEN else x_live & tile_live)
+    for t in gl.static_range(TP):
+        rows_at = pairs_at + ((t0 + t) // TILES_PER_GROUP) * N
+        if EVEN:
+            async_copy.async_copy_global_to_shared(pairs_smem.index(slot * TP + t), rows_at)
+        else:
+            async_copy.async_copy_global_to_shared(pairs_smem.index(slot * TP + t), rows_at,
+                                                   mask=pairs_live & (t0 + t < t_end))
+
+
+# M is not specialized: the row count changes from step to step (see quant_weight_only.py)
+@gluon.jit(do_not_specialize=["M"])
+def _int4_mma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, tiles_per_split,
+                     GROUP: gl.constexpr, BM: gl.constexpr, NB: gl.constexpr, TK: gl.constexpr,
+                     WARPS: gl.constexpr, STAGES: gl.constexpr, EVEN: gl.constexpr, SPLIT: gl.constexpr,
+                     HAS_BIAS: gl.constexpr):
+    BN: gl.constexpr = 8 * NB * WARPS
+    TILES_PER_GROUP: gl.constexpr = GROUP // 32
+    TP: gl.constexpr = 1 if TILES_PER_GROUP >= TK else TK  # (scale, zero) rows a step: one group, or one a tile
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    B_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    # a tile's words [4, BN]: lane = 4 (n % 8) + j, warp = (n // 8) % WARPS, registers the warp's NB blocks
+    WORDS: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [1, WARPS], [0, 1])
+    PLAIN: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    X_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=2, max_phase=4, order=[1, 0])
+    words_smem = gl.allocate_shared_memory(gl.int32, [STAGES * TK, BN, 4], PLAIN)
+    pairs_smem = gl.allocate_shared_memory(gl.int32, [STAGES * TP, 1, BN], PLAIN)
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES * TK, BM, 32], X_SHARED)
+    KT = K // 32
+    pid_n, pid_k = gl.program_id(0), gl.program_id(1)
+    t_begin = pid_k * tiles_per_split
+    t_end = gl.minimum(KT, t_begin + tiles_per_split)
+    steps = gl.cdiv(t_end - t_begin, TK)
+
+    # where each thread's copies come from, tile 0: words [BN, 4] and x [BM, 32] 16 bytes a thread, pairs [1, BN]
+    WORDS_IN: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [WARPS, 1], [1, 0])
+    PAIRS_IN: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
+    X_IN: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [WARPS, 1], [1, 0])
+    wn = pid_n * BN + gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(1, WORDS_IN)), 1)
+    wj = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, WORDS_IN)), 0)
+    words_at = w_ptr + ((wn // 8).to(gl.int64) * (KT * 32) + (wn % 8) * 4 + wj)
+    pn = pid_n * BN + gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(0, PAIRS_IN)), 0)
+    xm = gl.expand_dims(gl.arange(0, BM, layout=gl.SliceLayout(1, X_IN)), 1)
+    xk = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, X_IN)), 0)
+    x_at = x_ptr + (xm.to(gl.int64) * K + xk)
+    words_live, pairs_live, x_live = wn < N, pn < N, xm < M
+
+    for s in gl.static_range(STAGES - 1):
+        if s < steps:
+            _issue_step(words_at, words_live, sz_ptr + pn, pairs_live, x_at, x_live, words_smem, pairs_smem, x_smem,
+                        s, t_begin + s * TK, t_end, N, TK, TP, TILES_PER_GROUP, EVEN)
+        async_copy.commit_group()
+    acc = gl.zeros([BM, BN], gl.float32, layout=MMA)
+    for i in range(steps):
+        async_copy.wait_group(STAGES - 2)  # step i's copies are in
+        gl.thread_barrier()  # ... everyone's, and every warp is done with the slot the next copies overwrite
+        ahead = i + STAGES - 1
+        if ahead < steps:
+            _issue_step(words_at, words_live, sz_ptr + pn, pairs_live, x_at, x_live, words_smem, pairs_smem, x_smem,
+                        ahead % STAGES, t_begin + ahead * TK, t_end, N, TK, TP, TILES_PER_GROUP, EVEN)
+        async_copy.commit_group()
+        slot = i % STAGES
+        for t in gl.static_range(TK):
+            if t < TP:
+                scales, zeros = _scales_and_zeros(pairs_smem.index(slot * TP + t).load(WORDS))
+            words = words_smem.index(slot * TK + t).permute([1, 0]).load(WORDS)
+            acc = mma_v2(x_smem.index(slot * TK + t).load(A_LAYOUT), _weight_tile(words, scales, zeros, BN, B_LAYOUT),
+                         acc)
+    async_copy.wait_group(0)
+
+    om = gl.expand_dims(gl.arange(0, BM, layout=gl.SliceLayout(1, MMA)), 1)
+    on = pid_n * BN + gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(0, MMA)), 0)
+    mask = (om < M) & (on < N)
+    if SPLIT:
+        gl.store(out_ptr + pid_k * M * N + om * N + on, acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += gl.load(bias_ptr + on, mask=on < N, other=0.0).to(gl.float32)
+        gl.store(out_ptr + om * N + on, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+MAX_ROWS = 64
+# (NB blocks of 8 columns a warp, TK tiles of 32 k a step, warps, programs per SM the split of K aims at, pipeline
+# stages): tile_timer's candidates, each the fastest at one of the Llama-3-8B projections at 16 or 64 rows on an H200
+# (benchmarks/RESULTS.md)
+CANDIDATES = [(2, 2, 4, 4, 4), (2, 2, 4, 2, 3), (4, 4, 4, 2, 4), (4, 2, 4, 2, 4)]
+DEFAULT = (4, 4, 4, 2, 4)  # a shape timed nowhere (a graph capture's first call)
+
+
+def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int,
+             bias: torch.Tensor | None = None, tile: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """x [M, K] bf16 (contiguous rows, 1 <= M <= MAX_ROWS) times the int4 weight pack_int4_tinygemm made (int32
+    [N/8, K/32, 32, 1]; scale_zeros bf16 [K/group, N, 2], group_size a multiple of 32) -> [M, N] bf16. NVIDIA GPUs
+    of compute capability 8.0+. tile: one of CANDIDATES instead of the one timed fastest (tests, benchmarks)."""
+    m, k = x.shape
+    n = packed.shape[0] * 8
+    if (not 1 <= m <= MAX_ROWS or packed.shape[1] * 32 != k or x.dtype != torch.bfloat16 or x.stride(-1) != 1
+            or group_size % 32):
+        raise ValueError(f"int4_mma takes 1..{MAX_ROWS} bf16 rows of K values (contiguous) and tinygemm's [N/8, K/32, "
+                         f"32, 1] words with groups of a multiple of 32, got x {tuple(x.shape)} {x.dtype}, words "
+                         f"{tuple(packed.shape)}, group {group_size}")
+    block_m = max(16, triton.next_power_of_2(m))
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+
+    def launch(config: tuple[int, int, int, int, int]) -> torch.Tensor:
+        nb, tk, warps, programs_per_sm, stages = config
+        block_n, block_k = 8 * nb * warps, 32 * tk
+        plan = plan_split_k(m, n, k, block_m, block_n, block_k, programs_per_sm, x.device)
+        split = plan.splits > 1
+        target = torch.empty(plan.splits, m, n, dtype=torch.float32, device=x.device) if split else out
+        _int4_mma_kernel[plan.grid(m, n)[:2]](
+            x, packed, scale_zeros.view(torch.int32), bias if bias is not None else out, target, m, n, k,
+            plan.k_per_split // 32, GROUP=group_size, BM=block_m, NB=nb, TK=tk, WARPS=warps, STAGES=stages,
+            EVEN=n % block_n == 0 and k % block_k == 0, SPLIT=split, HAS_BIAS=bias is not None, num_warps=warps)
+        return reduce_splits(target, out, None, None, bias) if split else out
+
+    return launch(tile or timed_tile(("int4_mma", n, k, group_size, block_m, x.device), launch, CANDIDATES, DEFAULT))

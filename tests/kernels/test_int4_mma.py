@@ -1,0 +1,98 @@
+"""The Gluon int4 tensor-core kernel for 2-64 rows (kernels/int4_mma.py). Triton's interpreter cannot run Gluon, so on
+a CPU the two facts the kernel stands on are replayed in torch: tinygemm's words hold, lane by lane, the mma B
+fragments (which k each nibble pair is), and the bf16 arithmetic of the dequantization (magic, minus 136, one fused
+multiply-add) gives the reference's weight; on a GPU the kernel itself, every tile candidate, against
+tinygemm_reference and torch's kernel."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+from int4_weights import int4_weight as weight_on  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+gpu_only = pytest.mark.skipif(DEVICE.type != "cuda", reason="the Gluon kernel runs on an NVIDIA GPU only")
+
+
+def int4_weight(n, k, group_size):
+    return weight_on(n, k, group_size, DEVICE)
+
+
+def test_each_lanes_word_is_its_mma_b_fragments():
+    """mma.sync m16n8k16's B fragment gives lane l the column n = l // 4 and the k pairs 2 (l % 4) + {0, 1} and that
+    + 8 of its k tile of 16; the kernel takes nibbles i and i + 4 of lane l's word (l = 4 r + j of a block of 8 rows
+    and a tile of 32 k) as the pair at k = 8 i + 2 j: fragment register i % 2 of k tile i // 2."""
+    codes, packed, _, _ = int4_weight(16, 64, 32)
+    words = packed.cpu().view(2, 2, 32)  # [block of 8 rows, tile of 32 k, lane]
+    for block in range(2):
+        for tile in range(2):
+            for lane in range(32):
+                word = int(words[block, tile, lane]) & 0xFFFFFFFF
+                n = 8 * block + lane // 4
+                for i in range(4):
+                    k = 32 * tile + 16 * (i // 2) + 8 * (i % 2) + 2 * (lane % 4)
+                    pair = ((word >> (4 * i)) & 0xF, (word >> (4 * i + 16)) & 0xF)
+                    assert pair == (int(codes[n, k]), int(codes[n, k + 1])), (block, tile, lane, i)
+
+
+def bf16_bits(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
+
+
+def test_dequantization_arithmetic_rounds_once_as_the_reference():
+    """lop3 (q | 0x4300) is the bf16 128 + q; minus 136 is q - 8 exactly; (q - 8) s + z fused in one rounding is the
+    reference's weight rounded to bf16 (the kernel's fma.rn.bf16x2, emulated in float64)."""
+    _, _, scale_zeros, _ = int4_weight(64, 256, 32)
+    q = torch.arange(16, dtype=torch.int32)
+    magic = (q | 0x4300).to(torch.int16).view(torch.bfloat16).double()
+    assert torch.equal(magic, 128.0 + q.double())
+    assert torch.equal((magic - 136).to(torch.bfloat16).double(), q.double() - 8)  # exact in bf16
+    scale, zero = (t.double().reshape(-1) for t in scale_zeros.cpu().unbind(-1))
+    fused = ((q.double()[:, None] - 8) * scale + zero).to(torch.bfloat16)  # one rounding of the exact value
+    reference = ((q.float()[:, None] - 8) * scale.float() + zero.float()).to(torch.bfloat16)  # fp32, then bf16
+    # the reference rounds twice (fp32, then bf16): rarely one bf16 unit apart, never more
+    apart = (bf16_bits(fused) - bf16_bits(reference)).abs()
+    assert apart.max() <= 1 and (apart == 0).float().mean() > 0.99
+
+
+@gpu_only
+@pytest.mark.parametrize("m", [5, 16, 33, 64])
+@pytest.mark.parametrize("n, k, group_size", [(72, 576, 32), (64, 640, 128), (136, 768, 256), (4096, 14336, 32)])
+def test_int4_mma_every_tile_against_the_reference(n, k, group_size, m):
+    """Partial column blocks (72, 136), tile counts that are not a multiple of a step's tiles (18-24), groups of
+    32-256, the down projection's K (split K), padding rows; bias or not."""
+    from fasterllm.kernels.int4_mma import CANDIDATES, int4_mma
+
+    _, packed, scale_zeros, weight = int4_weight(n, k, group_size)
+    x = torch.randn(m, k, device=DEVICE).to(torch.bfloat16)
+    bias = torch.randn(n, device=DEVICE).to(torch.bfloat16)
+    for tile in CANDIDATES:
+        for b in (None, bias):
+            expected = x.float() @ weight.t() + (0 if b is None else b.float())
+            got = int4_mma(x, packed, scale_zeros, group_size, b, tile=tile)
+            assert got.shape == (m, n) and got.dtype == torch.bfloat16
+            torch.testing.assert_close(got.float(), expected, atol=1e-2 * expected.abs().max().item(), rtol=0)
+
+
+@gpu_only
+def test_int4_mma_agrees_with_torchs_kernel():
+    from fasterllm.kernels.int4_mma import int4_mma
+
+    _, packed, scale_zeros, _ = int4_weight(4096, 4096, 32)
+    x = torch.randn(16, 4096, device=DEVICE).to(torch.bfloat16)
+    theirs = torch._weight_int4pack_mm(x, packed, 32, scale_zeros).float()
+    torch.testing.assert_close(int4_mma(x, packed, scale_zeros, 32).float(), theirs,
+                               atol=1e-2 * theirs.abs().max().item(), rtol=0)
+
+
+def test_int4_mma_refuses_what_it_cannot_read():
+    from fasterllm.kernels.int4_mma import MAX_ROWS, int4_mma
+
+    _, packed, scale_zeros, _ = int4_weight(16, 128, 32)
+    with pytest.raises(ValueError, match="bf16 rows"):
+        int4_mma(torch.randn(2, 128, device=DEVICE), packed, scale_zeros, 32)
+    with pytest.raises(ValueError, match="bf16 rows"):
+        int4_mma(torch.randn(MAX_ROWS + 1, 128, device=DEVICE).to(torch.bfloat16), packed, scale_zeros, 32)
+    with pytest.raises(ValueError, match="bf16 rows"):
+        int4_mma(torch.randn(2, 96, device=DEVICE).to(torch.bfloat16), packed, scale_zeros, 32)
