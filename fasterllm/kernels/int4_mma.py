@@ -176,16 +176,17 @@ DEFAULT = (4, 4, 4, 2, 4)  # a shape timed nowhere (a graph capture's first call
 
 def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int,
              bias: torch.Tensor | None = None, tile: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
-    """x [M, K] bf16 (contiguous rows, 1 <= M <= MAX_ROWS) times the int4 weight pack_int4_tinygemm made (int32
-    [N/8, K/32, 32, 1]; scale_zeros bf16 [K/group, N, 2], group_size a multiple of 32) -> [M, N] bf16. NVIDIA GPUs
-    of compute capability 8.0+. tile: one of CANDIDATES instead of the one timed fastest (tests, benchmarks)."""
+    """x [M, K] bf16 (1 <= M <= MAX_ROWS; copied if its rows are not contiguous) times the int4 weight
+    pack_int4_tinygemm made (int32 [N/8, K/32, 32, 1]; scale_zeros bf16 [K/group, N, 2], group_size a multiple of
+    32) -> [M, N] bf16. NVIDIA GPUs of compute capability 8.0+. tile: one of CANDIDATES instead of the one timed
+    fastest (tests, benchmarks)."""
     m, k = x.shape
     n = packed.shape[0] * 8
-    if (not 1 <= m <= MAX_ROWS or packed.shape[1] * 32 != k or x.dtype != torch.bfloat16 or x.stride(-1) != 1
-            or group_size % 32):
-        raise ValueError(f"int4_mma takes 1..{MAX_ROWS} bf16 rows of K values (contiguous) and tinygemm's [N/8, K/32, "
-                         f"32, 1] words with groups of a multiple of 32, got x {tuple(x.shape)} {x.dtype}, words "
+    if not 1 <= m <= MAX_ROWS or packed.shape[1] * 32 != k or x.dtype != torch.bfloat16 or group_size % 32:
+        raise ValueError(f"int4_mma takes 1..{MAX_ROWS} bf16 rows of K values and tinygemm's [N/8, K/32, 32, 1] words "
+                         f"with groups of a multiple of 32, got x {tuple(x.shape)} {x.dtype}, words "
                          f"{tuple(packed.shape)}, group {group_size}")
+    x = x.contiguous()  # the kernel addresses row m at m K
     block_m = max(16, triton.next_power_of_2(m))
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
 
