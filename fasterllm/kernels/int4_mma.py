@@ -15,11 +15,14 @@ flight: with one step at a time (loads, then the arithmetic) the kernel ran at 1
 ahead give 1.6-2.0x (16 rows, H200). K is split across programs (quant_split_k.plan_split_k) when the columns alone
 would leave SMs idle; reduce_splits adds the fp32 partials in a fixed order. The kernel is launched without
 programmatic dependent launch: with it, the 8B shape's 64-row decode step took 5.75-6.09 ms, without it 5.25 ms
-(H200; the next kernel's waiting programs take places this one needs). Its tile is timed per shape (tile_timer.py).
+(H200; the next kernel's waiting programs take places this one needs). Its tile is timed per shape (tile_timer.py)
+among the candidates whose shared memory the GPU allows.
 Triton's interpreter cannot run Gluon: CI checks the two facts above in torch (tests/kernels/test_int4_mma.py), the
 GPU tests run the kernel against tinygemm_reference and torch's kernel.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -171,7 +174,29 @@ MAX_ROWS = 64
 # stages): tile_timer's candidates, each the fastest at one of the Llama-3-8B projections at 16 or 64 rows on an H200
 # (benchmarks/RESULTS.md)
 CANDIDATES = [(2, 2, 4, 4, 4), (2, 2, 4, 2, 3), (4, 4, 4, 2, 4), (4, 2, 4, 2, 4)]
-DEFAULT = (4, 4, 4, 2, 4)  # a shape timed nowhere (a graph capture's first call)
+DEFAULT = (4, 4, 4, 2, 4)  # a shape timed nowhere (a graph capture's first call), where it fits
+
+
+def shared_bytes(tile: tuple[int, int, int, int, int], block_m: int, group_size: int) -> int:
+    """The shared memory the kernel takes with tile at block_m rows: each stage's words, x tiles and (scale, zero)
+    rows (equal to what Triton 3.6 allocates for every candidate, compiled for sm_90: RESULTS.md)."""
+    nb, tk, warps, _, stages = tile
+    block_n = 8 * nb * warps
+    pair_rows = 1 if group_size // 32 >= tk else tk
+    return stages * (tk * (block_n * 16 + block_m * 64) + pair_rows * block_n * 4)
+
+
+def tiles_that_fit(shared_limit: int, block_m: int, group_size: int) -> list[tuple[int, int, int, int, int]]:
+    """The candidates whose shared memory a program may take on a GPU that allows shared_limit bytes (99 KiB on
+    consumer Ampere and Ada GPUs: the largest candidate at 64 rows needs 104 KiB); the smallest always fits an
+    NVIDIA GPU of compute capability 8.0+."""
+    fitting = [tile for tile in CANDIDATES if shared_bytes(tile, block_m, group_size) <= shared_limit]
+    return fitting or [min(CANDIDATES, key=lambda tile: shared_bytes(tile, block_m, group_size))]
+
+
+@functools.cache  # asked once per device
+def _shared_limit(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
 
 
 def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int,
@@ -202,4 +227,8 @@ def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, g
             EVEN=n % block_n == 0 and k % block_k == 0, SPLIT=split, HAS_BIAS=bias is not None, num_warps=warps)
         return reduce_splits(target, out, None, None, bias) if split else out
 
-    return launch(tile or timed_tile(("int4_mma", n, k, group_size, block_m, x.device), launch, CANDIDATES, DEFAULT))
+    if tile is None:
+        fitting = tiles_that_fit(_shared_limit(x.device), block_m, group_size)
+        tile = timed_tile(("int4_mma", n, k, group_size, block_m, x.device), launch, fitting,
+                          DEFAULT if DEFAULT in fitting else fitting[0])
+    return launch(tile)

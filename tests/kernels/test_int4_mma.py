@@ -56,6 +56,22 @@ def test_dequantization_arithmetic_rounds_once_as_the_reference():
     assert apart.max() <= 1 and (apart == 0).float().mean() > 0.99
 
 
+def test_tiles_are_those_the_gpus_shared_memory_holds():
+    """At 64 rows the largest candidate takes 104 KiB (groups of 32), more than a consumer Ampere or Ada GPU lets a
+    program have (99 KiB): it is left out there, kept on a Hopper GPU (227 KiB); with too little for any, the
+    smallest is taken."""
+    from fasterllm.kernels.int4_mma import CANDIDATES, shared_bytes, tiles_that_fit
+
+    consumer, hopper = 99 * 1024, 227 * 1024
+    largest = max(CANDIDATES, key=lambda tile: shared_bytes(tile, 64, 32))
+    assert shared_bytes(largest, 64, 32) == 104 * 1024
+    assert tiles_that_fit(hopper, 64, 32) == CANDIDATES
+    assert tiles_that_fit(consumer, 64, 32) == [tile for tile in CANDIDATES if tile != largest]
+    assert tiles_that_fit(consumer, 16, 32) == CANDIDATES
+    smallest = min(CANDIDATES, key=lambda tile: shared_bytes(tile, 64, 128))
+    assert tiles_that_fit(1024, 64, 128) == [smallest]
+
+
 @gpu_only
 @pytest.mark.parametrize("m", [5, 16, 33, 64])
 @pytest.mark.parametrize("n, k, group_size", [(72, 576, 32), (64, 640, 128), (136, 768, 256), (4096, 14336, 32)])
