@@ -1,9 +1,11 @@
 """The Gluon int4 tensor-core kernel for 2-64 rows (kernels/int4_mma.py). Triton's interpreter cannot run Gluon, so on
 a CPU the two facts the kernel stands on are replayed in torch: tinygemm's words hold, lane by lane, the mma B
-fragments (which k each nibble pair is), and the bf16 arithmetic of the dequantization (magic, minus 136, one fused
-multiply-add) gives the reference's weight; on a GPU the kernel itself, every tile candidate, against
+fragments (which k each nibble pair is), and the kernel's PTX dequantization (magic, minus 136, scale and zero, bf16
+roundings) gives the reference's weights; on a GPU the kernel itself, every tile candidate, against
 tinygemm_reference and torch's kernel."""
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -36,24 +38,44 @@ def test_each_lanes_word_is_its_mma_b_fragments():
                     assert pair == (int(codes[n, k]), int(codes[n, k + 1])), (block, tile, lane, i)
 
 
-def bf16_bits(x: torch.Tensor) -> torch.Tensor:
-    return x.to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
+def bf16_of(bits: int) -> float:
+    return float(torch.tensor(bits, dtype=torch.int32).to(torch.int16).view(torch.bfloat16))
 
 
-def test_dequantization_arithmetic_rounds_once_as_the_reference():
-    """lop3 (q | 0x4300) is the bf16 128 + q; minus 136 is q - 8 exactly; (q - 8) s + z fused in one rounding is the
-    reference's weight rounded to bf16 (the kernel's fma.rn.bf16x2, emulated in float64)."""
-    _, _, scale_zeros, _ = int4_weight(64, 256, 32)
-    q = torch.arange(16, dtype=torch.int32)
-    magic = (q | 0x4300).to(torch.int16).view(torch.bfloat16).double()
-    assert torch.equal(magic, 128.0 + q.double())
-    assert torch.equal((magic - 136).to(torch.bfloat16).double(), q.double() - 8)  # exact in bf16
-    scale, zero = (t.double().reshape(-1) for t in scale_zeros.cpu().unbind(-1))
-    fused = ((q.double()[:, None] - 8) * scale + zero).to(torch.bfloat16)  # one rounding of the exact value
-    reference = ((q.float()[:, None] - 8) * scale.float() + zero.float()).to(torch.bfloat16)  # fp32, then bf16
-    # the reference rounds twice (fp32, then bf16): rarely one bf16 unit apart, never more
-    apart = (bf16_bits(fused) - bf16_bits(reference)).abs()
-    assert apart.max() <= 1 and (apart == 0).float().mean() > 0.99
+def rounded(value: torch.Tensor) -> torch.Tensor:
+    """A float64 value rounded once to bf16, as fma.rn.bf16x2 rounds its exact result."""
+    return value.to(torch.bfloat16).double()
+
+
+def test_dequantization_replayed_gives_the_reference_weights():
+    """The kernel's PTX (its shifts, lop3 mask and magic, the 1 and -136 of its first FMA) replayed in float64 on real
+    words, with one bf16 rounding per FMA: each pair of weights equals the reference's weights at the k the first
+    test names, rounded to bf16 (within one bf16 unit: the reference rounds in fp32 first). A wrong constant or
+    shift is off by far more."""
+    from fasterllm.kernels.int4_mma import _dequantize_asm
+
+    asm = _dequantize_asm()
+    mask, magic = (int(v, 16) for v in re.search(r"lop3\.b32 c, w, (0x[0-9A-F]+), (0x[0-9A-F]+), 0xEA", asm).groups())
+    one = bf16_of(int(re.search(r"mov\.b32 one, (0x[0-9A-F]+)", asm).group(1), 16) & 0xFFFF)
+    bias = bf16_of(int(re.search(r"mov\.b32 bias, (0x[0-9A-F]+)", asm).group(1), 16) & 0xFFFF)
+    shifts = [0] + [int(v) for v in re.findall(r"shr\.u32 w, \$4, (\d+)", asm)]
+    codes, packed, scale_zeros, weight = int4_weight(16, 64, 32)
+    words = packed.cpu().view(2, 2, 32)
+    scale_zeros, weight = scale_zeros.cpu().double(), weight.cpu().double()
+    for block in range(2):
+        for tile in range(2):
+            for lane in range(32):
+                n, word = 8 * block + lane // 4, int(words[block, tile, lane]) & 0xFFFFFFFF
+                scale, zero = scale_zeros[tile, n]
+                for i, shift in enumerate(shifts):
+                    bits = ((word >> shift) & mask) | magic
+                    k = 32 * tile + 16 * (i // 2) + 8 * (i % 2) + 2 * (lane % 4)
+                    for half in range(2):
+                        c = torch.tensor(bf16_of((bits >> (16 * half)) & 0xFFFF), dtype=torch.float64)
+                        got = rounded(rounded(c * one + bias) * scale + zero)
+                        expected = weight[n, k + half]
+                        unit = 2.0 ** (torch.frexp(expected).exponent.item() - 8)  # one bf16 unit near it
+                        assert abs(got - expected) <= unit, (block, tile, lane, i, half, float(got), float(expected))
 
 
 def test_tiles_are_those_the_gpus_shared_memory_holds():
