@@ -18,6 +18,7 @@ import torch
 from fasterllm.bench.gpu_roofline import copy_bandwidth
 from fasterllm.kernels.fused_moe import ROW_SLOTS, TileConfig, fused_experts, tile_config
 from fasterllm.kernels.moe_align import align_by_expert
+from fasterllm.kernels.quant_split_k import shared_memory_limit
 from fasterllm.layers.moe import route
 from quant_kernels_gpu import time_it  # CUDA-graph replays, L2 flushed between calls
 
@@ -60,8 +61,7 @@ def main() -> None:
         default = tile_config(num_tokens * top_k, num_experts)
         grouping = time_it(lambda: align_by_expert(experts, num_experts, default.block_m))
         results = []
-        shared_memory = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
-        for config in candidates(num_tokens, num_experts, top_k, shared_memory):
+        for config in candidates(num_tokens, num_experts, top_k, shared_memory_limit(device)):
             try:
                 out = fused_experts(x, w_gate_up, w_down, weights, experts, "silu", config)
             except Exception as exc:  # a config the device cannot hold (shared memory)

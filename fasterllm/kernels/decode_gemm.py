@@ -98,9 +98,8 @@ def decode_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scal
                          f"N a multiple of {_BLOCK_N}, splits of whole {_BLOCK_K}-wide K tiles covering K; take the "
                          "plan from decode_gemm_plan")
     out = torch.empty(m, n, dtype=out_dtype, device=a.device)
-    split = plan.splits > 1
-    sums = torch.empty(plan.splits, m, n, dtype=torch.int32 if a.dtype == torch.int8 else torch.float32,
-                       device=a.device) if split else out
+    sums = plan.partial_sums(out, torch.int32 if a.dtype == torch.int8 else torch.float32)
+    split = sums is not out
     _decode_gemm_kernel[(n // _BLOCK_N, plan.splits)](
         a, b, sums, a_scales, b_scales, bias if bias is not None else out, m, n, k, plan.k_per_split, SPLIT=split,
         HAS_BIAS=bias is not None, EVEN_K=k % _BLOCK_K == 0, BLOCK_M=MAX_ROWS, BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K,

@@ -22,15 +22,13 @@ GPU tests run the kernel against tinygemm_reference and torch's kernel.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from fasterllm.kernels.quant_split_k import plan_split_k, reduce_splits
+from fasterllm.kernels.quant_split_k import plan_split_k, reduce_splits, shared_memory_limit
 from fasterllm.kernels.tile_timer import timed_tile
 
 
@@ -194,10 +192,6 @@ def tiles_that_fit(shared_limit: int, block_m: int, group_size: int) -> list[tup
     return fitting or [min(CANDIDATES, key=lambda tile: shared_bytes(tile, block_m, group_size))]
 
 
-@functools.cache  # asked once per device
-def _shared_limit(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
-
 
 def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int,
              bias: torch.Tensor | None = None, tile: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
@@ -219,8 +213,8 @@ def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, g
         nb, tk, warps, programs_per_sm, stages = config
         block_n, block_k = 8 * nb * warps, 32 * tk
         plan = plan_split_k(m, n, k, block_m, block_n, block_k, programs_per_sm, x.device)
-        split = plan.splits > 1
-        target = torch.empty(plan.splits, m, n, dtype=torch.float32, device=x.device) if split else out
+        target = plan.partial_sums(out)
+        split = target is not out
         _int4_mma_kernel[plan.grid(m, n)[:2]](
             x, packed, scale_zeros.view(torch.int32), bias if bias is not None else out, target, m, n, k,
             plan.k_per_split // 32, GROUP=group_size, BM=block_m, NB=nb, TK=tk, WARPS=warps, STAGES=stages,
@@ -228,7 +222,7 @@ def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, g
         return reduce_splits(target, out, None, None, bias) if split else out
 
     if tile is None:
-        fitting = tiles_that_fit(_shared_limit(x.device), block_m, group_size)
+        fitting = tiles_that_fit(shared_memory_limit(x.device), block_m, group_size)
         tile = timed_tile(("int4_mma", n, k, group_size, block_m, x.device), launch, fitting,
                           DEFAULT if DEFAULT in fitting else fitting[0])
     return launch(tile)

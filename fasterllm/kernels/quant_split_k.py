@@ -36,10 +36,21 @@ class SplitKPlan:
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
         return triton.cdiv(n, self.block_n), self.splits, triton.cdiv(m, self.block_m)
 
+    def partial_sums(self, out: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Where a launch of this plan writes: out itself for one split (its epilogue in the kernel), else a
+        workspace [splits, M, N] of dtype that reduce_splits adds into out."""
+        return out if self.splits == 1 else torch.empty(self.splits, *out.shape, dtype=dtype, device=out.device)
+
 
 @functools.cache  # asked once per device, not on every matmul
 def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+@functools.cache  # asked once per device, not on every matmul
+def shared_memory_limit(device: torch.device) -> int:
+    """The shared memory one program may take on this NVIDIA GPU (its opt-in maximum), bytes."""
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
 
 
 @functools.cache  # asked once per device, not on every matmul

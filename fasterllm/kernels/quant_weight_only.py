@@ -368,8 +368,8 @@ def _matmul_tiles(x: torch.Tensor, w: _KernelWeight, col_scales: torch.Tensor | 
     # whole groups per tile
     plan = plan_split_k(m, w.n, k, block_m, tiles.block_n, max(tiles.block_k, w.group), tiles.programs_per_sm,
                         x.device)
-    direct = plan.splits == 1
-    target = out if direct else torch.empty(plan.splits, m, w.n, dtype=torch.float32, device=x.device)
+    target = plan.partial_sums(out)
+    direct = target is out
     _weight_only_kernel[plan.grid(m, w.n)](
         x, w.data, w.group_scales, w.group_mins, col_scales if col_scales is not None else out,
         bias if bias is not None else out, target, m, w.n, k, x.stride(0), w.stride_wn, w.stride_gn, w.stride_gg,
