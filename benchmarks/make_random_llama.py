@@ -9,6 +9,7 @@ DeepSeek-V2-Lite-shaped) model directory with random bf16 weights, for GPU bench
     python benchmarks/make_random_llama.py /tmp/qwen3-moe --shape qwen3-30b-a3b --config-only  # 128 experts, top 8
     python benchmarks/make_random_llama.py /tmp/mixtral --shape mixtral-8x7b --config-only  # 8 experts, top 2 (H200)
     python benchmarks/make_random_llama.py /tmp/dsv2-lite --shape deepseek-v2-lite --config-only  # latent attention
+    python benchmarks/make_random_llama.py /tmp/l8-gptq --config-only --gptq-group 128  # 4-bit GPTQ, groups of 128
 
 The tokenizer is word-level ("w0 w1 ..." over the shape's whole vocabulary) with a minimal
 chat template: `fasterllm bench serve` sends token ids, so only decoding speed matters. Needs
@@ -142,12 +143,20 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--config-only", action="store_true",
                         help="config.json and tokenizer only: for --load-format dummy (random weights at load)")
+    parser.add_argument("--gptq-group", type=int, default=None, metavar="G",
+                        help="with --config-only: the config of a 4-bit symmetric GPTQ checkpoint in groups of G "
+                             "inputs (-1: whole rows), whose random codes --load-format dummy runs as stored")
     ns = parser.parse_args()
     from transformers import AutoModelForCausalLM
 
     make_config, default_layers = SHAPES[ns.shape]
     config = make_config(ns.num_layers or default_layers)
     config.architectures = [AutoModelForCausalLM._model_mapping[type(config)].__name__]
+    if ns.gptq_group is not None and not ns.config_only:
+        parser.error("--gptq-group writes a configuration only: add --config-only")
+    if ns.gptq_group is not None:
+        config.quantization_config = {"quant_method": "gptq", "bits": 4, "group_size": ns.gptq_group, "sym": True,
+                                      "desc_act": False, "checkpoint_format": "gptq"}
     if ns.config_only:
         config.save_pretrained(ns.directory)
         save_word_tokenizer(ns.directory, config.vocab_size, config.bos_token_id, config.eos_token_id)

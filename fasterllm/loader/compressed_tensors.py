@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from fasterllm.layers.quantization.int4 import GROUP_SIZE as OUR_GROUP
+from fasterllm.layers.quantization.int4 import GROUP_SIZE as OUR_GROUP, held_group_size
 from fasterllm.loader.hf_checkpoint import iter_safetensors
 
 SUPPORTED = ("compressed-tensors checkpoints of one scheme over the Linear layers with the output head ignored: W8A8 "
@@ -122,10 +122,15 @@ class CompressedTensorsCheckpoint:
                 yield f"{module}.qweight", codes
                 yield f"{module}.qscales", scales.expand(codes.shape[0]).contiguous()  # a tensor's scale, per row
 
+    def held_group_size(self, inputs: int) -> int:
+        """The group width a W4A16 projection of this many inputs holds (int4.py's held_group_size)."""
+        return held_group_size(self.group_size, inputs)
+
     def unpack_int4(self, module: str, stored: dict[str, torch.Tensor]
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """W4A16 -> (codes uint8 [N, K] in 0..15, scales and minimums fp32 [N, K / 32]): code - 8 is the signed
-        value, so weight = scale * (code - 8 - zero) = code * scale + minimum with minimum = -(8 + zero) * scale."""
+        """W4A16 -> (codes uint8 [N, K] in 0..15, scales and minimums fp32 [N, K / held group]
+        (held_group_size)): code - 8 is the signed value, so weight = scale * (code - 8 - zero) = code * scale +
+        minimum with minimum = -(8 + zero) * scale."""
         words, scales = stored["weight_packed"], stored["weight_scale"].float()
         outputs, inputs = (int(d) for d in stored["weight_shape"])
         group = self.group_size or inputs
@@ -139,7 +144,7 @@ class CompressedTensorsCheckpoint:
         if "weight_zero_point" in stored:  # packed along the outputs, stored plus 8 as the codes are
             packed = stored["weight_zero_point"]
             zeros = unpack_nibbles(packed.t().contiguous()).reshape(scales.shape[1], -1)[:, :outputs].t() - 8.0
-        per_ours = group // OUR_GROUP
+        per_held = group // self.held_group_size(inputs)
         minimums = -(8.0 + zeros) * scales
-        return (codes.to(torch.uint8), scales.repeat_interleave(per_ours, dim=1).contiguous(),
-                minimums.repeat_interleave(per_ours, dim=1).contiguous())
+        return (codes.to(torch.uint8), scales.repeat_interleave(per_held, dim=1).contiguous(),
+                minimums.repeat_interleave(per_held, dim=1).contiguous())

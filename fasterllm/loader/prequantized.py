@@ -1,7 +1,8 @@
 """Pre-quantized checkpoints run as stored: GPTQ (as GPTQModel and AutoGPTQ write it) and AWQ (AutoAWQ's GEMM
 packing). Each quantized projection's packed 4-bit codes, fp16 scales and zero points become the int4 layer's codes,
-scales and minimums (layers/quantization/int4.py, groups of 32 inputs), with no rounding: a group of 64 or 128
-inputs, or a whole row (group_size -1), is several of ours with the same scale, and weight = scale * (code - zero)
+scales and minimums (layers/quantization/int4.py) in the checkpoint's own groups where the layer holds that width
+(32-256 inputs), with no rounding: a wider group, or a whole row (group_size -1), is several of the layer's with the
+same scale, and weight = scale * (code - zero)
 = code * scale + minimum with minimum = -zero * scale, exact in fp32. 8-bit GPTQ becomes, as exact: per output
 channel and symmetric (group_size -1, every zero point 128), the int8 layer's codes (code - 128, as int8) and scales
 (int8.py, whose CPU kernels include our C++ ones, where uint8_grouped's dequantizes on the fly); in groups (a
@@ -31,7 +32,7 @@ from pathlib import Path
 import torch
 
 from fasterllm.config import PREQUANTIZED_METHODS
-from fasterllm.layers.quantization.int4 import GROUP_SIZE as OUR_GROUP
+from fasterllm.layers.quantization.int4 import GROUP_SIZE as OUR_GROUP, held_group_size
 from fasterllm.loader.compressed_tensors import CompressedTensorsCheckpoint, unpack_nibbles
 from fasterllm.loader.hf_checkpoint import iter_safetensors, read_json
 
@@ -127,10 +128,16 @@ class QuantizedCheckpoint:
             if self.input_order:
                 yield f"{module}.qorder", order
 
+    def held_group_size(self, inputs: int) -> int:
+        """The group width a projection of this many inputs holds: the checkpoint's (at most 256, int4.py's
+        held_group_size) for 4-bit codes, 32 for 8-bit ones (uint8_grouped's)."""
+        return held_group_size(self.group_size, inputs) if self.layout == "int4" else OUR_GROUP
+
     def unpack(self, module: str, parts: dict[str, torch.Tensor]
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One projection's packed tensors -> (codes uint8 [N, K], scales [N, K / 32], minimums [N, K / 32], order
-        int64 [K]): column k of the codes is stored input order[k] (the identity but for GPTQ's act-order)."""
+        """One projection's packed tensors -> (codes uint8 [N, K], scales and minimums [N, K / held group]
+        (held_group_size), order int64 [K]): column k of the codes is stored input order[k] (the identity but for
+        GPTQ's act-order)."""
         qweight, scales = parts["qweight"], parts["scales"].float()
         gptq, per_word = self.method == "gptq", 32 // self.bits
         inputs, outputs = (qweight.shape[0] * per_word if gptq else qweight.shape[0]), scales.shape[1]
@@ -147,10 +154,10 @@ class QuantizedCheckpoint:
         else:
             codes, zeros, order = _awq_unpack(qweight), _awq_unpack(parts["qzeros"]), torch.arange(inputs)
         zeros = zeros.float() + self.zero_offset
-        per_ours = group // OUR_GROUP
-        our_scales = scales.t().repeat_interleave(per_ours, dim=1).contiguous()
-        minimums = (-zeros * scales).t().repeat_interleave(per_ours, dim=1).contiguous()
-        return codes.t().contiguous().to(torch.uint8), our_scales, minimums, order
+        per_held = group // self.held_group_size(inputs)
+        held_scales = scales.t().repeat_interleave(per_held, dim=1).contiguous()
+        minimums = (-zeros * scales).t().repeat_interleave(per_held, dim=1).contiguous()
+        return codes.t().contiguous().to(torch.uint8), held_scales, minimums, order
 
     def unpack_int8(self, module: str, parts: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """An 8-bit GPTQ projection per output channel -> (int8 codes [N, K], code - 128; fp32 scales [N])."""

@@ -23,8 +23,6 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
     with_head=False (embeddings read hidden_states() only): the output head is dropped after loading, so no
     copy of it is quantized, packed or kept."""
     quantization = checkpoint.resolve_quantization(quantization)
-    if quantization in PREQUANTIZED_METHODS and load_format == "dummy":  # random weights through the same layers
-        quantization = checkpoint.stored_layout
     check_supported(quantization, device)  # refused before any weight loads
     if quantization in PREQUANTIZED_METHODS:
         what = f"{checkpoint.source.path} ({checkpoint.stored.name})"
@@ -36,14 +34,16 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
     check_tensor_parallel(config, quantization, tp.size)
     cls = model_class(config.architecture)
     model = cls(config, max_model_len, device, dtype) if tp.size == 1 else cls(config, max_model_len, device, dtype, tp)
-    if load_format == "dummy":
+    if quantization in PREQUANTIZED_METHODS:  # the projections hold the checkpoint's codes as stored
+        prepare_stored_linears(model, checkpoint.stored_layout, checkpoint.stored.input_order,
+                               checkpoint.stored.held_group_size)
+    if load_format == "dummy":  # random weights (random codes for a pre-quantized checkpoint) through the same layers
         fill_dummy_weights(model)
     elif quantization == "gguf":  # the projections take the file's blocks as stored
         weights = checkpoint.require_native_block_weights()
         prepare_gguf_linears(model, checkpoint.native_block_layouts)
         model.load_weights(weights())
-    elif quantization in PREQUANTIZED_METHODS:  # the same, from a pre-quantized checkpoint's codes
-        prepare_stored_linears(model, checkpoint.stored_layout, checkpoint.stored.input_order)
+    elif quantization in PREQUANTIZED_METHODS:
         model.load_weights(checkpoint.weights())
     elif tp.size > 1:
         model.load_weights(checkpoint.weight_parts())

@@ -70,3 +70,31 @@ def test_bf16_int4_on_a_gpu_keeps_tinygemms_layout():
     assert layer.qweight.shape == ((8, 8, 32, 1) if layer.tinygemm else (64, 128))
     fp16 = Int4GPULinear.from_float(torch.randn(64, 256, device=DEVICE, dtype=torch.float16), None)
     assert not fp16.tinygemm and fp16.qweight.shape == (64, 128)
+
+
+@pytest.mark.parametrize("group", [64, 128, 256])
+@pytest.mark.parametrize("tokens", [1, 16, 40])
+def test_int4_holds_a_checkpoints_wider_groups_and_multiplies_their_weight(group, tokens):
+    """A GPTQ / AWQ checkpoint's groups of 64-256 stay that wide (a quarter of the scale bytes of 32 at 128) and the
+    layer multiplies the weight they stand for, as closely as with the same scales repeated over groups of 32."""
+    n, k = 64, 512
+    generator = torch.Generator().manual_seed(group)
+    codes = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=generator)
+    scales = torch.rand(n, k // group, generator=generator) * 0.01 + 0.001
+    minimums = -8 * scales + torch.randn(n, k // group, generator=generator) * 0.001
+    repeat = lambda t: t.repeat_interleave(group, dim=1)  # noqa: E731
+    weight = codes.float() * repeat(scales) + repeat(minimums)
+    held = Int4GPULinear(codes.to(DEVICE), scales.to(DEVICE), minimums.to(DEVICE), None, DTYPE)
+    as_32 = Int4GPULinear(codes.to(DEVICE), *(t.repeat_interleave(group // 32, dim=1).to(DEVICE)
+                                              for t in (scales, minimums)), None, DTYPE)
+    assert held.group_size == group and as_32.group_size == 32
+    x = torch.randn(tokens, k, generator=generator).to(DEVICE, DTYPE)
+    exact = x.float() @ weight.to(DEVICE).t()
+    errors = [((layer(x).float() - exact).norm() / exact.norm()).item() for layer in (held, as_32)]
+    assert errors[0] <= max(2 * errors[1], 1e-3) and errors[0] < 0.01
+
+
+def test_int4_refuses_groups_it_does_not_hold():
+    codes = torch.zeros(8, 384, dtype=torch.uint8, device=DEVICE)
+    with pytest.raises(ValueError, match="groups must be one of \\(32, 64, 128, 256\\) inputs"):
+        Int4GPULinear(codes, torch.ones(8, 4, device=DEVICE), torch.zeros(8, 4, device=DEVICE), None, DTYPE)

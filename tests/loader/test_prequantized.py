@@ -187,8 +187,10 @@ GREEDY_TOKENS = 8
 
 
 def loaded_weight(unpacked: dict[str, torch.Tensor], module: str) -> torch.Tensor:
-    """The loader's codes * scale + minimum [N, K], its columns put back in stored order by qorder."""
-    repeat = lambda t: t.repeat_interleave(32, dim=1)  # noqa: E731
+    """The loader's codes * scale + minimum [N, K] (in the groups it holds), its columns put back in stored order by
+    qorder."""
+    codes = unpacked[f"{module}.qcodes"]
+    repeat = lambda t: t.repeat_interleave(codes.shape[1] // t.shape[1], dim=1)  # noqa: E731
     sorted_weight = unpacked[f"{module}.qcodes"].float() * repeat(unpacked[f"{module}.qscales"]) + repeat(
         unpacked[f"{module}.qmins"])
     weight = torch.empty_like(sorted_weight)
@@ -233,6 +235,9 @@ def test_an_act_order_checkpoint_runs_as_its_dequantized_weights(tmp_path, cpu_k
     unpacked = dict(stored_quantization(tmp_path).weights(tmp_path))
     for module in codes_of:  # the loader's sorted codes and scales are the stored weight, exactly
         assert torch.equal(loaded_weight(unpacked, module), gptq_dequantize(stored, module, 4, checkpoint_format))
+        # in the checkpoint's own groups (a whole row: the widest the layer holds, 256 here)
+        held = 256 if group_size == -1 else group_size
+        assert unpacked[f"{module}.qscales"].shape[1] == unpacked[f"{module}.qcodes"].shape[1] // held
         in_group_order = torch.equal(unpacked[f"{module}.qorder"], torch.arange(len(unpacked[f"{module}.qorder"])))
         assert in_group_order == (group_size == -1)  # one group: every order is group order
     llm = LLM(str(tmp_path), dtype="float32", device="cpu", num_kv_blocks=64)
@@ -377,3 +382,33 @@ def test_on_the_gpu_an_8bit_gptq_checkpoint_runs_as_its_dequantized_weights(tmp_
     qkv = llm.engine.executor.runner.model.layers[0].qkv_proj
     assert type(qkv.layer if group_size != -1 else qkv).__name__ == layer
     assert_prompt_logprobs_match(llm, model, [random_prompt(n, spec.vocab_size, 400 + n) for n in (5, 23)], 0.2)
+
+
+# ---- random weights of a pre-quantized configuration (load_format='dummy': what a speed benchmark runs) ------------
+
+@pytest.mark.parametrize("quantization_config, layer", [
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True, "sym": True}, "Int4WeightOnlyLinear"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True, "version": "gemm"},
+     "Int4WeightOnlyLinear"),
+    ({"quant_method": "gptq", "bits": 8, "group_size": -1, "sym": True}, "Int8WeightOnlyLinear"),
+    ({"quant_method": "gptq", "bits": 8, "group_size": 128, "sym": False}, "Uint8GroupedLinear")])
+def test_random_weights_of_a_prequantized_configuration_run_as_its_layers(tmp_path, quantization_config, layer):
+    """A directory with a GPTQ / AWQ quantization_config and no weights, run with load_format='dummy': random codes
+    through the layers the checkpoint would run as (not re-quantized floats), generating finite logprobs."""
+    from fasterllm import SamplingParams
+
+    spec = next(s for s in TINY_SPECS if s.name == "llama3_gqa")
+    build_tiny_model(spec, tmp_path, **WIDE)
+    for weights in tmp_path.glob("*.safetensors"):
+        weights.unlink()
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": quantization_config}))
+    llm = LLM(str(tmp_path), load_format="dummy", device="cpu", num_kv_blocks=64)
+    model = llm.engine.executor.runner.model
+    assert {type(model.layers[0].qkv_proj).__name__, type(model.layers[1].down_proj).__name__} == {layer}
+    assert type(model.lm_head).__name__ != layer  # the head runs float, as such checkpoints store it
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)
+    output = llm.generate([{"prompt_token_ids": random_prompt(9, spec.vocab_size, 7)}], params, use_tqdm=False)[0]
+    token_logprobs = [step[token].logprob for step, token in zip(output.outputs[0].logprobs,
+                                                                 output.outputs[0].token_ids)]
+    assert len(token_logprobs) == 6 and all(np.isfinite(token_logprobs))

@@ -56,6 +56,14 @@ class GroupedCodesLinear(nn.Module):
         self.qmins = nn.Parameter(torch.empty(groups, device=device), requires_grad=False)
         self.bias = linear.bias
 
+    def fill_random(self, generator: torch.Generator, spread: float) -> None:
+        """Random codes over the layout's range, scales and minimums that centre them with about this standard
+        deviation (load_format='dummy')."""
+        levels = 16 if self.layout == "int4" else 256
+        self.qcodes.random_(0, levels, generator=generator)
+        self.qscales.uniform_(0.5, 1.5, generator=generator).mul_(spread / (levels / 12 ** 0.5))
+        torch.mul(self.qscales, -(levels - 1) / 2, out=self.qmins)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("GroupedCodesLinear holds blocks during loading only; quantize_model(model, 'gguf', ...) "
                            "repacks it before the first forward")

@@ -4,7 +4,7 @@ and grouped 8-bit codes (a GGUF's Q8_0 / Q5_K / Q6_K blocks as stored).
   int8  Int8GPULinear   int8 weights per output channel, read and widened inside Triton kernels
                         (kernels/quant_weight_only.py: one row, 2-64 rows, prefill; one bf16 row on Hopper
                         and later: the Gluon kernel of kernels/int8_gemv.py)
-  int4  Int4GPULinear   4-bit codes (groups of 32, scale + minimum, the CPU layer's and GGUF Q4_1's convention),
+  int4  Int4GPULinear   4-bit codes (groups of 32-256, scale + minimum, the CPU layer's and GGUF Q4_1's convention),
                         two per byte, dequantized inside the same kernels; bf16 layers (NVIDIA, 8.0+) keep
                         tinygemm's byte order and bf16 scale + zero, read by the Gluon kernels of
                         kernels/int4_gemv.py (one row) and int4_mma.py (2-64 rows)
@@ -31,7 +31,7 @@ from fasterllm.kernels.quant_weight_only import (pack_int4_codes, pack_int4_tiny
 from fasterllm.layers.linear import FlatLinear
 from fasterllm.layers.quantization.experts import quantize_e4m3_per_channel
 from fasterllm.layers.quantization.fused_activation import QuantizedRows
-from fasterllm.layers.quantization.int4 import GROUP_SIZE, quantize_int4_grouped, scales_and_zeros
+from fasterllm.layers.quantization.int4 import group_size_of, quantize_int4_grouped, scales_and_zeros
 from fasterllm.layers.quantization.int8 import quantize_int8_per_channel
 from fasterllm.layers.quantization.uint8_grouped import check_grouped_codes
 
@@ -57,9 +57,10 @@ class Int8GPULinear(FlatLinear):
 
 
 class Int4GPULinear(FlatLinear):
-    """Built from codes uint8 [N, K] (0..15), per-group scales and minimums [N, K/32] (codes * scale + minimum),
-    the CPU Int4WeightOnlyLinear's arguments: quantized from a float weight by from_float, or GGUF's Q4_0 / Q4_1 /
-    Q4_K blocks.
+    """Built from codes uint8 [N, K] (0..15), per-group scales and minimums [N, K/group] (codes * scale + minimum,
+    the CPU Int4WeightOnlyLinear's arguments; group one of HELD_GROUP_SIZES): quantized from a float weight by
+    from_float (groups of 32), GGUF's Q4_0 / Q4_1 / Q4_K blocks (32), or a GPTQ / AWQ / W4A16 checkpoint's codes in
+    its own groups (64-256: a quarter of the scale bytes of 32 at 128).
     A bf16 layer on an NVIDIA GPU of compute capability 8.0+ (out_features % 8 == 0) keeps tinygemm's layout, which
     our Gluon kernels read at 1-64 rows and torch's kernel reads too (tinygemm_matmul); others keep the row-major
     bytes and fp16 scales and minimums."""
@@ -69,9 +70,10 @@ class Int4GPULinear(FlatLinear):
         super().__init__()
         n, k = codes.shape
         self.out_features = n
+        self.group_size = group_size_of(codes, scales)
         self.tinygemm = (dtype == torch.bfloat16 and n % 8 == 0 and k % 32 == 0
                          and tinygemm_kernel_available(codes.device))
-        if self.tinygemm:  # qweight int32 [N/8, K/32, 32, 1], bf16 (scale, zero) [K/32, N, 2]; the codes kept
+        if self.tinygemm:  # qweight int32 [N/8, K/32, 32, 1], bf16 (scale, zero) [K/group, N, 2]; the codes kept
             self.qweight = pack_int4_tinygemm(codes)
             self.scale_zeros = scales_and_zeros(scales, minimums, dtype)
         else:
@@ -85,8 +87,8 @@ class Int4GPULinear(FlatLinear):
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.tinygemm:
-            return tinygemm_matmul(x, self.qweight, self.scale_zeros, GROUP_SIZE, self.bias)
-        return weight_only_matmul(x, self.qweight, self.scales, self.bias, self.minimums, GROUP_SIZE)
+            return tinygemm_matmul(x, self.qweight, self.scale_zeros, self.group_size, self.bias)
+        return weight_only_matmul(x, self.qweight, self.scales, self.bias, self.minimums, self.group_size)
 
 
 class Uint8GroupedGPULinear(FlatLinear):

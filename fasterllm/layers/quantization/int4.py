@@ -2,7 +2,10 @@
 
 Each group of 32 weights of a row keeps a scale and a minimum (w ~= code * scale + minimum, codes 0..15). Groups
 of 32 match GGUF's Q4_0/Q4_1 blocks, so those repack into this layer without rounding the codes
-(layers/quantization/gguf.py), and 32 divides every SmolLM2 width (576 is not a multiple of 128).
+(layers/quantization/gguf.py), and 32 divides every SmolLM2 width (576 is not a multiple of 128). A pre-quantized
+checkpoint's wider groups (GPTQ / AWQ / W4A16 groups of 64-256, or whole rows) are kept as wide as HELD_GROUP_SIZES
+allow (held_group_size): the GPU layer reads fewer scale bytes then; this CPU layer repeats each scale over groups of
+32 (its kernels' one width).
 
 Two kernels, one chosen per layer at load: our C++ one where it is built (unless FASTERLLM_CPU_KERNELS=off)
 (kernels/native/cpu_gemv.py: the inputs multiplied as they come with fp32 FMAs, faster than torch's at 1 to 128 rows
@@ -19,6 +22,33 @@ from fasterllm.layers.linear import FlatLinear
 from fasterllm.layers.quantization.int8 import PACKED_KERNEL_DTYPE
 
 GROUP_SIZE = 32
+# the group widths a layer holds: every tinygemm kernel (torch's and ours) reads these
+HELD_GROUP_SIZES = (32, 64, 128, 256)
+
+
+def held_group_size(group_size: int, inputs: int) -> int:
+    """The widest of HELD_GROUP_SIZES that a checkpoint's groups of group_size inputs (<= 0: one group a row of
+    inputs) split into, so its scales repeat over held groups with no rounding (a multiple of 32: the loaders check)."""
+    group = inputs if group_size <= 0 else group_size
+    if group % GROUP_SIZE:
+        raise ValueError(f"int4 groups of {group} inputs do not split into groups of {GROUP_SIZE}; this layer holds "
+                         f"groups of {HELD_GROUP_SIZES} (a checkpoint quantized with groups of a multiple of 32 runs)")
+    return max(held for held in HELD_GROUP_SIZES if group % held == 0)
+
+
+def group_size_of(codes: torch.Tensor, scales: torch.Tensor) -> int:
+    """The group width of a layer's codes [N, K] and scales [N, K / group], checked to be one of HELD_GROUP_SIZES."""
+    k, groups = codes.shape[1], scales.shape[1]
+    group = k // groups if groups else 0
+    if group not in HELD_GROUP_SIZES or group * groups != k or scales.shape[0] != codes.shape[0]:
+        raise ValueError(f"int4 codes {tuple(codes.shape)} with scales {tuple(scales.shape)}: groups must be one of "
+                         f"{HELD_GROUP_SIZES} inputs; repeat the scales over groups of {GROUP_SIZE}")
+    return group
+
+
+def as_groups_of_32(values: torch.Tensor, group: int) -> torch.Tensor:
+    """Per-group values [N, K / group] -> [N, K / 32], each repeated over the groups of 32 it covers."""
+    return values if group == GROUP_SIZE else values.repeat_interleave(group // GROUP_SIZE, dim=1).contiguous()
 
 
 def quantize_int4_grouped(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -36,21 +66,24 @@ def quantize_int4_grouped(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 
 def scales_and_zeros(scales: torch.Tensor, minimums: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Per-group scales and minimums [N, K/32] -> [K/32, N, 2] (scale, zero) in dtype, torch's packed int4 kernels'
-    form (CPU and CUDA): they centre codes at 8, codes * s + m == (codes - 8) * s + (m + 8 s)."""
+    """Per-group scales and minimums [N, G] -> [G, N, 2] (scale, zero) in dtype, torch's packed int4 kernels' form
+    (CPU and CUDA): they centre codes at 8, codes * s + m == (codes - 8) * s + (m + 8 s)."""
     zeros = minimums.float() + 8 * scales.float()
     return torch.stack([scales.float(), zeros], dim=-1).transpose(0, 1).contiguous().to(dtype)
 
 
 class Int4WeightOnlyLinear(FlatLinear):
-    """Built from codes, per-group scales and minimums (codes * scale + minimum): quantized from a
-    float weight by from_float, or repacked from GGUF blocks. native: run our C++ kernel (None: where it is
-    on and built, cpu_extension.available()); False keeps torch's."""
+    """Built from codes, per-group scales and minimums (codes * scale + minimum; groups of HELD_GROUP_SIZES, run as
+    groups of 32): quantized from a float weight by from_float, or repacked from GGUF blocks or a pre-quantized
+    checkpoint. native: run our C++ kernel (None: where it is on and built, cpu_extension.available()); False keeps
+    torch's."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor,
                  bias: torch.Tensor | None, native: bool | None = None):
         super().__init__()
         self.out_features = codes.shape[0]
+        group = group_size_of(codes, scales)
+        scales, minimums = as_groups_of_32(scales, group), as_groups_of_32(minimums, group)
         self.native = cpu_gemv.pack_int4(codes, scales, minimums) if (
             cpu_extension.available() if native is None else native) else None
         if self.native is None:

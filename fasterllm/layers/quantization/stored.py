@@ -1,8 +1,9 @@
 """Linears that load a pre-quantized checkpoint's codes as stored (loader/prequantized.py, loader/compressed_tensors.py),
 then run as the layer of its layout: "int4" (GPTQ, AWQ, compressed-tensors W4A16: 4-bit codes, scales and minimums
-in groups of 32) and "uint8_grouped" (8-bit GPTQ in groups, or asymmetric: 8-bit codes, scales and minimums in groups
-of 32), both held by gguf.py's GroupedCodesLinear; "int8" / "w8a8" (int8 codes per output channel: 8-bit GPTQ per
-channel, symmetric, too) or "fp8" (e4m3 codes per output channel), held by StoredCodesLinear.
+in the checkpoint's groups, 32-256 inputs wide) and "uint8_grouped" (8-bit GPTQ in groups, or asymmetric: 8-bit
+codes, scales and minimums in groups of 32), both held by gguf.py's GroupedCodesLinear; "int8" / "w8a8" (int8 codes
+per output channel: 8-bit GPTQ per channel, symmetric, too) or "fp8" (e4m3 codes per output channel), held by
+StoredCodesLinear.
 
 The holders' tensors are indexed by output row, so the model's ordinary load_weights fuses Q/K/V and gate/up on them
 as on a float weight. The output head is not held: these checkpoints store it float.
@@ -14,6 +15,8 @@ fused by a model share their input, so their orders must agree (the model's load
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -22,7 +25,7 @@ from fasterllm.layers.quantization.gguf import BlockLayout, GroupedCodesLinear, 
 from fasterllm.layers.quantization.int4 import GROUP_SIZE
 
 CODE_DTYPES = {"int8": torch.int8, "w8a8": torch.int8, "fp8": torch.float8_e4m3fn}
-GROUPED_LAYOUTS = ("int4", "uint8_grouped")  # held as codes, scales and minimums in groups of 32 (GROUP_SIZE)
+GROUPED_LAYOUTS = ("int4", "uint8_grouped")  # held as codes, scales and minimums in groups (of 32: GROUP_SIZE)
 # a held projection's tensors indexed by its input, not its output rows: one for all the projections a model fuses
 INPUT_INDEXED = ("qorder",)
 
@@ -39,6 +42,15 @@ class StoredCodesLinear(nn.Module):
         self.qscales = nn.Parameter(torch.empty(linear.out_features, device=device), requires_grad=False)
         self.bias = linear.bias
 
+    def fill_random(self, generator: torch.Generator, spread: float) -> None:
+        """Random codes and per-row scales giving weights of about this standard deviation (load_format='dummy')."""
+        if self.qweight.dtype == torch.int8:
+            self.qweight.random_(-127, 128, generator=generator)
+            self.qscales.fill_(spread / 73.3)  # the codes' own deviation, 255 / sqrt(12)
+        else:  # e4m3 codes of normal values
+            self.qweight.copy_(torch.randn(self.qweight.shape, generator=generator, device=self.qweight.device))
+            self.qscales.fill_(spread)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("StoredCodesLinear holds codes during loading only; quantize_model repacks it before the "
                            "first forward")
@@ -52,6 +64,10 @@ class OrderedCodesLinear(GroupedCodesLinear):
         super().__init__(linear, layout)
         self.qorder = nn.Parameter(torch.empty(linear.in_features, dtype=torch.int64, device=linear.weight.device),
                                    requires_grad=False)
+
+    def fill_random(self, generator: torch.Generator, spread: float) -> None:
+        super().fill_random(generator, spread)
+        torch.arange(self.qorder.numel(), out=self.qorder)  # the stored order
 
 
 class InputOrderedLinear(nn.Module):
@@ -73,12 +89,15 @@ def with_input_order(layer: nn.Module, order: torch.Tensor) -> nn.Module:
     return InputOrderedLinear(layer, order)
 
 
-def prepare_stored_linears(model: nn.Module, layout: str, input_order: bool = False) -> None:
+def prepare_stored_linears(model: nn.Module, layout: str, input_order: bool = False,
+                           held_group_size: Callable[[int], int] = lambda inputs: GROUP_SIZE) -> None:
     """Before load_weights: the decoder layers' projections take the codes of layout (input_order: grouped codes with
-    their input order, qorder)."""
+    their input order, qorder; held_group_size: the group width a projection of so many inputs holds, the
+    checkpoint's loader's)."""
     if layout in GROUPED_LAYOUTS:
         holder = OrderedCodesLinear if input_order else GroupedCodesLinear
-        replace_linears(model.layers, lambda linear: holder(linear, BlockLayout(layout, GROUP_SIZE)))
+        replace_linears(model.layers, lambda linear: holder(
+            linear, BlockLayout(layout, held_group_size(linear.in_features))))
     else:
         replace_linears(model.layers, lambda linear: StoredCodesLinear(linear, CODE_DTYPES[layout]))
 
