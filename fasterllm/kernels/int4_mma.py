@@ -1,5 +1,5 @@
 """A few rows times an int4 weight in tinygemm's layout on tensor cores (Gluon, NVIDIA GPUs of compute capability
-8.0+): batched decode's 4-bit products, 2-64 rows.
+8.0+): batched decode's 4-bit products, 1-64 rows (the engine sends it 2-64: one row takes int4_gemv.py).
 
 tinygemm's layout (pack_int4_tinygemm, quant_weight_only.py) was made for mma.sync m16n8k16: in each block of 8
 weight rows and tile of 32 k, word l = 4 r + j holds row r's nibbles p and p + 4 at k = 8 p + 2 j and 8 p + 2 j + 1,
@@ -7,8 +7,14 @@ exactly the k pair (b0, b1) or (b2, b3) that the mma's B fragment gives lane l f
 reads word l from shared memory and makes its B fragments in registers: one lop3 a pair turns the two codes into
 the bf16 values 128 + q (magic 0x4300), one bf16x2 fused multiply-add subtracts 136 (exact: q - 8), one more
 multiplies by the group's scale and adds its zero (one rounding, as the reference's weight is rounded once); the
-register relabelling into the mma's layout is free (asserted at compile time). The out product is x W^T: A = x
-[BM, 32] a tile (BM 16-64 rows, padding rows zero), B = W^T [32, BN], a warp taking NB blocks of 8 output columns.
+register relabelling into the mma's layout is free (asserted at compile time). Above 8 rows the product is x W^T:
+A = x [BM, 32] a tile (BM 16-64 rows, padding rows zero), B = W^T [32, BN], a warp taking NB blocks of 8 output
+columns. At 1-8 rows it is W x^T (WEIGHT_A): the same words make the A fragments of 16-row tiles (lane 4 r + j's
+words of two blocks of 8 rows are its registers (a0, a2) and (a1, a3)), x^T [32, 8] is B, and no mma row is padding
+but x's rows past M. H200, 8B projections: 2-16% faster a product than x W^T at 2-8 rows (a batch of 8 decodes in
+2.84 ms against 3.17), 7-13% faster than int4_gemv.py at one row alone, yet slower in the one-row decode step (its
+split of K adds a launch where int4_gemv has none, and int4_gemv prefetches weights under programmatic dependent
+launch).
 
 Words, (scale, zero) pairs and x tiles stream into shared memory through cp.async, STAGES steps of TK tiles in
 flight: with one step at a time (loads, then the arithmetic) the kernel ran at 1.0-1.2x bf16 cuBLAS where the copies
@@ -76,6 +82,19 @@ def _weight_tile(words, scales, zeros, BN: gl.constexpr, B_LAYOUT: gl.constexpr)
 
 
 @gluon.jit
+def _weight_tile_a(words, scales, zeros, BN: gl.constexpr, A_LAYOUT: gl.constexpr):
+    """words [4 (j), BN / 16, 2, 8 (r)] of one 32-k tile (row n = 16 (n // 16) + 8 half + r: two blocks of 8 rows
+    form a 16-row A tile) and their group's scales and zeros (bf16x2, same shape) -> W [BN, 32] in the mma's A
+    layout, with no data movement: lane 4 r + j's words of the two blocks are its A registers (a0, a2) and (a1, a3)."""
+    w0, w1, w2, w3 = gl.inline_asm_elementwise(_DEQUANTIZE, "=r,=r,=r,=r,r,r,r", [words, scales, zeros],
+                                               dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+    by_i = gl.join(gl.join(w0, w1), gl.join(w2, w3))  # [j, n // 16, half, r, i % 2, i // 2]
+    by_k = gl.permute(by_i, (1, 2, 3, 5, 4, 0))  # k / 2 = 8 (i // 2) + 4 (i % 2) + j
+    halves = gl.reshape(_bf16_halves(gl.reshape(by_k, (BN, 16))), (BN, 32))  # k = 2 (k / 2) + half
+    return gl.convert_layout(halves, A_LAYOUT, assert_trivial=True)
+
+
+@gluon.jit
 def _issue_step(words_at, words_live, pairs_at, pairs_live, x_at, x_live, words_smem, pairs_smem, x_smem, slot, t0,
                 t_end, N, TK: gl.constexpr, TP: gl.constexpr, TILES_PER_GROUP: gl.constexpr, EVEN: gl.constexpr):
     """Start copying one step's words, (scale, zero) pairs and x tiles (tiles t0 .. t0 + TK) into shared-memory
@@ -100,15 +119,20 @@ def _issue_step(words_at, words_live, pairs_at, pairs_live, x_at, x_live, words_
 def _int4_mma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, tiles_per_split,
                      GROUP: gl.constexpr, BM: gl.constexpr, NB: gl.constexpr, TK: gl.constexpr,
                      WARPS: gl.constexpr, STAGES: gl.constexpr, EVEN: gl.constexpr, SPLIT: gl.constexpr,
-                     HAS_BIAS: gl.constexpr):
+                     HAS_BIAS: gl.constexpr, WEIGHT_A: gl.constexpr):
     BN: gl.constexpr = 8 * NB * WARPS
     TILES_PER_GROUP: gl.constexpr = GROUP // 32
     TP: gl.constexpr = 1 if TILES_PER_GROUP >= TK else TK  # (scale, zero) rows a step: one group, or one a tile
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
+    if WEIGHT_A:  # W x^T: acc [BN, 8] (8 rows of x at most), warps along the weight rows
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+        # a tile's words [4, BN / 16, 2, 8]: lane 4 r + j, warp (n // 16) % WARPS, registers the half and NB // 2
+        WORDS: gl.constexpr = gl.BlockedLayout([1, 1, 2, 1], [4, 1, 1, 8], [1, WARPS, 1, 1], [0, 3, 2, 1])
+    else:  # x W^T: acc [BM, BN], warps along the output columns
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
+        # a tile's words [4, BN]: lane = 4 (n % 8) + j, warp = (n // 8) % WARPS, registers the warp's NB blocks
+        WORDS: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [1, WARPS], [0, 1])
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     B_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-    # a tile's words [4, BN]: lane = 4 (n % 8) + j, warp = (n // 8) % WARPS, registers the warp's NB blocks
-    WORDS: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [1, WARPS], [0, 1])
     PLAIN: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     X_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=2, max_phase=4, order=[1, 0])
     words_smem = gl.allocate_shared_memory(gl.int32, [STAGES * TK, BN, 4], PLAIN)
@@ -138,7 +162,10 @@ def _int4_mma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, tiles_per
             _issue_step(words_at, words_live, sz_ptr + pn, pairs_live, x_at, x_live, words_smem, pairs_smem, x_smem,
                         s, t_begin + s * TK, t_end, N, TK, TP, TILES_PER_GROUP, EVEN)
         async_copy.commit_group()
-    acc = gl.zeros([BM, BN], gl.float32, layout=MMA)
+    if WEIGHT_A:
+        acc = gl.zeros([BN, 8], gl.float32, layout=MMA)
+    else:
+        acc = gl.zeros([BM, BN], gl.float32, layout=MMA)
     for i in range(steps):
         async_copy.wait_group(STAGES - 2)  # step i's copies are in
         gl.thread_barrier()  # ... everyone's, and every warp is done with the slot the next copies overwrite
@@ -149,15 +176,27 @@ def _int4_mma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, tiles_per
         async_copy.commit_group()
         slot = i % STAGES
         for t in gl.static_range(TK):
-            if t < TP:
-                scales, zeros = _scales_and_zeros(pairs_smem.index(slot * TP + t).load(WORDS))
-            words = words_smem.index(slot * TK + t).permute([1, 0]).load(WORDS)
-            acc = mma_v2(x_smem.index(slot * TK + t).load(A_LAYOUT), _weight_tile(words, scales, zeros, BN, B_LAYOUT),
-                         acc)
+            pairs = pairs_smem.index(slot * TP + t)
+            words = words_smem.index(slot * TK + t).permute([1, 0])
+            if WEIGHT_A:
+                if t < TP:
+                    scales, zeros = _scales_and_zeros(pairs.reshape([1, BN // 16, 2, 8]).load(WORDS))
+                x_t = x_smem.index(slot * TK + t).slice(0, 8, dim=0).permute([1, 0]).load(B_LAYOUT)
+                w_t = _weight_tile_a(words.reshape([4, BN // 16, 2, 8]).load(WORDS), scales, zeros, BN, A_LAYOUT)
+                acc = mma_v2(w_t, x_t, acc)
+            else:
+                if t < TP:
+                    scales, zeros = _scales_and_zeros(pairs.load(WORDS))
+                acc = mma_v2(x_smem.index(slot * TK + t).load(A_LAYOUT),
+                             _weight_tile(words.load(WORDS), scales, zeros, BN, B_LAYOUT), acc)
     async_copy.wait_group(0)
 
-    om = gl.expand_dims(gl.arange(0, BM, layout=gl.SliceLayout(1, MMA)), 1)
-    on = pid_n * BN + gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(0, MMA)), 0)
+    if WEIGHT_A:
+        on = pid_n * BN + gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(1, MMA)), 1)
+        om = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, MMA)), 0)
+    else:
+        om = gl.expand_dims(gl.arange(0, BM, layout=gl.SliceLayout(1, MMA)), 1)
+        on = pid_n * BN + gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(0, MMA)), 0)
     mask = (om < M) & (on < N)
     if SPLIT:
         gl.store(out_ptr + pid_k * M * N + om * N + on, acc, mask=mask)
@@ -168,11 +207,16 @@ def _int4_mma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, tiles_per
 
 
 MAX_ROWS = 64
+WEIGHT_A_MAX_ROWS = 8  # up to here W x^T (the weight as the A operand, x^T as an 8-column B), above x W^T
 # (NB blocks of 8 columns a warp, TK tiles of 32 k a step, warps, programs per SM the split of K aims at, pipeline
 # stages): tile_timer's candidates, each the fastest at one of the Llama-3-8B projections at 16 or 64 rows on an H200
 # (benchmarks/RESULTS.md)
 CANDIDATES = [(2, 2, 4, 4, 4), (2, 2, 4, 2, 3), (4, 4, 4, 2, 4), (4, 2, 4, 2, 4)]
 DEFAULT = (4, 4, 4, 2, 4)  # a shape timed nowhere (a graph capture's first call), where it fits
+# the same for 1-8 rows (NB even: two blocks of 8 weight rows make a 16-row A tile), each the fastest at one of those
+# projections at 1-8 rows on an H200
+WEIGHT_A_CANDIDATES = [(4, 2, 4, 4, 4), (4, 4, 4, 2, 4), (2, 4, 4, 4, 4)]
+WEIGHT_A_DEFAULT = (4, 2, 4, 4, 4)
 
 
 def shared_bytes(tile: tuple[int, int, int, int, int], block_m: int, group_size: int) -> int:
@@ -185,11 +229,12 @@ def shared_bytes(tile: tuple[int, int, int, int, int], block_m: int, group_size:
 
 
 def tiles_that_fit(shared_limit: int, block_m: int, group_size: int) -> list[tuple[int, int, int, int, int]]:
-    """The candidates whose shared memory a program may take on a GPU that allows shared_limit bytes (99 KiB on
-    consumer Ampere and Ada GPUs: the largest candidate at 64 rows needs 104 KiB); the smallest always fits an
-    NVIDIA GPU of compute capability 8.0+."""
-    fitting = [tile for tile in CANDIDATES if shared_bytes(tile, block_m, group_size) <= shared_limit]
-    return fitting or [min(CANDIDATES, key=lambda tile: shared_bytes(tile, block_m, group_size))]
+    """The candidates (block_m 8: W x^T's, which copy x in tiles of 16 rows) whose shared memory a program may take
+    on a GPU that allows shared_limit bytes (99 KiB on consumer Ampere and Ada GPUs: the largest candidate at 64 rows
+    needs 104 KiB); the smallest always fits an NVIDIA GPU of compute capability 8.0+."""
+    candidates = WEIGHT_A_CANDIDATES if block_m < 16 else CANDIDATES
+    fitting = [tile for tile in candidates if shared_bytes(tile, max(block_m, 16), group_size) <= shared_limit]
+    return fitting or [min(candidates, key=lambda tile: shared_bytes(tile, max(block_m, 16), group_size))]
 
 
 
@@ -206,7 +251,8 @@ def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, g
                          f"with groups of a multiple of 32, got x {tuple(x.shape)} {x.dtype}, words "
                          f"{tuple(packed.shape)}, group {group_size}")
     x = x.contiguous()  # the kernel addresses row m at m K
-    block_m = max(16, triton.next_power_of_2(m))
+    weight_a = m <= WEIGHT_A_MAX_ROWS
+    block_m = 8 if weight_a else max(16, triton.next_power_of_2(m))  # x rows a program multiplies
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
 
     def launch(config: tuple[int, int, int, int, int]) -> torch.Tensor:
@@ -217,12 +263,14 @@ def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, g
         split = target is not out
         _int4_mma_kernel[plan.grid(m, n)[:2]](
             x, packed, scale_zeros.view(torch.int32), bias if bias is not None else out, target, m, n, k,
-            plan.k_per_split // 32, GROUP=group_size, BM=block_m, NB=nb, TK=tk, WARPS=warps, STAGES=stages,
-            EVEN=n % block_n == 0 and k % block_k == 0, SPLIT=split, HAS_BIAS=bias is not None, num_warps=warps)
+            plan.k_per_split // 32, GROUP=group_size, BM=max(block_m, 16), NB=nb, TK=tk, WARPS=warps,
+            STAGES=stages, EVEN=n % block_n == 0 and k % block_k == 0, SPLIT=split, HAS_BIAS=bias is not None,
+            WEIGHT_A=weight_a, num_warps=warps)
         return reduce_splits(target, out, None, None, bias) if split else out
 
     if tile is None:
         fitting = tiles_that_fit(shared_memory_limit(x.device), block_m, group_size)
+        default = WEIGHT_A_DEFAULT if weight_a else DEFAULT
         tile = timed_tile(("int4_mma", n, k, group_size, block_m, x.device), launch, fitting,
-                          DEFAULT if DEFAULT in fitting else fitting[0])
+                          default if default in fitting else fitting[0])
     return launch(tile)

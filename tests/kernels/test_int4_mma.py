@@ -82,7 +82,7 @@ def test_tiles_are_those_the_gpus_shared_memory_holds():
     """At 64 rows the largest candidate takes 104 KiB (groups of 32), more than a consumer Ampere or Ada GPU lets a
     program have (99 KiB): it is left out there, kept on a Hopper GPU (227 KiB); with too little for any, the
     smallest is taken."""
-    from fasterllm.kernels.int4_mma import CANDIDATES, shared_bytes, tiles_that_fit
+    from fasterllm.kernels.int4_mma import CANDIDATES, WEIGHT_A_CANDIDATES, shared_bytes, tiles_that_fit
 
     consumer, hopper = 99 * 1024, 227 * 1024
     largest = max(CANDIDATES, key=lambda tile: shared_bytes(tile, 64, 32))
@@ -90,22 +90,23 @@ def test_tiles_are_those_the_gpus_shared_memory_holds():
     assert tiles_that_fit(hopper, 64, 32) == CANDIDATES
     assert tiles_that_fit(consumer, 64, 32) == [tile for tile in CANDIDATES if tile != largest]
     assert tiles_that_fit(consumer, 16, 32) == CANDIDATES
+    assert tiles_that_fit(consumer, 8, 32) == WEIGHT_A_CANDIDATES  # 1-8 rows: W x^T's own, x copied 16 rows a tile
     smallest = min(CANDIDATES, key=lambda tile: shared_bytes(tile, 64, 128))
     assert tiles_that_fit(1024, 64, 128) == [smallest]
 
 
 @gpu_only
-@pytest.mark.parametrize("m", [5, 16, 33, 64])
+@pytest.mark.parametrize("m", [1, 5, 8, 16, 33, 64])
 @pytest.mark.parametrize("n, k, group_size", [(72, 576, 32), (64, 640, 128), (136, 768, 256), (4096, 14336, 32)])
 def test_int4_mma_every_tile_against_the_reference(n, k, group_size, m):
     """Partial column blocks (72, 136), tile counts that are not a multiple of a step's tiles (18-24), groups of
-    32-256, the down projection's K (split K), padding rows; bias or not."""
-    from fasterllm.kernels.int4_mma import CANDIDATES, int4_mma
+    32-256, the down projection's K (split K), padding rows; bias or not; 1-8 rows as W x^T."""
+    from fasterllm.kernels.int4_mma import CANDIDATES, WEIGHT_A_CANDIDATES, WEIGHT_A_MAX_ROWS, int4_mma
 
     _, packed, scale_zeros, weight = int4_weight(n, k, group_size)
     x = torch.randn(m, k, device=DEVICE).to(torch.bfloat16)
     bias = torch.randn(n, device=DEVICE).to(torch.bfloat16)
-    for tile in CANDIDATES:
+    for tile in WEIGHT_A_CANDIDATES if m <= WEIGHT_A_MAX_ROWS else CANDIDATES:
         for b in (None, bias):
             expected = x.float() @ weight.t() + (0 if b is None else b.float())
             got = int4_mma(x, packed, scale_zeros, group_size, b, tile=tile)
@@ -114,11 +115,12 @@ def test_int4_mma_every_tile_against_the_reference(n, k, group_size, m):
 
 
 @gpu_only
-def test_int4_mma_agrees_with_torchs_kernel():
+@pytest.mark.parametrize("m", [1, 16])
+def test_int4_mma_agrees_with_torchs_kernel(m):
     from fasterllm.kernels.int4_mma import int4_mma
 
     _, packed, scale_zeros, _ = int4_weight(4096, 4096, 32)
-    x = torch.randn(16, 4096, device=DEVICE).to(torch.bfloat16)
+    x = torch.randn(m, 4096, device=DEVICE).to(torch.bfloat16)
     theirs = torch._weight_int4pack_mm(x, packed, 32, scale_zeros).float()
     torch.testing.assert_close(int4_mma(x, packed, scale_zeros, 32).float(), theirs,
                                atol=1e-2 * theirs.abs().max().item(), rtol=0)
