@@ -11,7 +11,7 @@ register relabelling into the mma's layout is free (asserted at compile time). A
 A = x [BM, 32] a tile (BM 16-64 rows, padding rows zero), B = W^T [32, BN], a warp taking NB blocks of 8 output
 columns. At 1-8 rows it is W x^T (WEIGHT_A): the same words make the A fragments of 16-row tiles (lane 4 r + j's
 words of two blocks of 8 rows are its registers (a0, a2) and (a1, a3)), x^T [32, 8] is B, and no mma row is padding
-but x's rows past M. H200, 8B projections: 2-16% faster a product than x W^T at 2-8 rows (a batch of 8 decodes in
+but x's rows past M. H200, 8B projections: 2-17% faster a product than x W^T at 2-8 rows (a batch of 8 decodes in
 2.84 ms against 3.17), 7-13% faster than int4_gemv.py at one row alone, yet slower in the one-row decode step (its
 split of K adds a launch where int4_gemv has none, and int4_gemv prefetches weights under programmatic dependent
 launch).
