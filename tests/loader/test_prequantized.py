@@ -386,18 +386,20 @@ def test_on_the_gpu_an_8bit_gptq_checkpoint_runs_as_its_dequantized_weights(tmp_
 
 # ---- random weights of a pre-quantized configuration (load_format='dummy': what a speed benchmark runs) ------------
 
-@pytest.mark.parametrize("quantization_config, layer", [
-    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True, "sym": True}, "Int4WeightOnlyLinear"),
-    ({"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True, "version": "gemm"},
+@pytest.mark.parametrize("spec_name, quantization_config, layer", [
+    ("llama3_gqa", {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True, "sym": True},
      "Int4WeightOnlyLinear"),
-    ({"quant_method": "gptq", "bits": 8, "group_size": -1, "sym": True}, "Int8WeightOnlyLinear"),
-    ({"quant_method": "gptq", "bits": 8, "group_size": 128, "sym": False}, "Uint8GroupedLinear")])
-def test_random_weights_of_a_prequantized_configuration_run_as_its_layers(tmp_path, quantization_config, layer):
+    ("qwen2_bias_tied", {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True, "version": "gemm"},
+     "Int4WeightOnlyLinear"),  # q/k/v biases: drawn as floats, not left as allocated
+    ("llama3_gqa", {"quant_method": "gptq", "bits": 8, "group_size": -1, "sym": True}, "Int8WeightOnlyLinear"),
+    ("llama3_gqa", {"quant_method": "gptq", "bits": 8, "group_size": 128, "sym": False}, "Uint8GroupedLinear")])
+def test_random_weights_of_a_prequantized_configuration_run_as_its_layers(tmp_path, spec_name, quantization_config,
+                                                                          layer):
     """A directory with a GPTQ / AWQ quantization_config and no weights, run with load_format='dummy': random codes
     through the layers the checkpoint would run as (not re-quantized floats), generating finite logprobs."""
     from fasterllm import SamplingParams
 
-    spec = next(s for s in TINY_SPECS if s.name == "llama3_gqa")
+    spec = next(s for s in TINY_SPECS if s.name == spec_name)
     build_tiny_model(spec, tmp_path, **WIDE)
     for weights in tmp_path.glob("*.safetensors"):
         weights.unlink()
@@ -406,6 +408,8 @@ def test_random_weights_of_a_prequantized_configuration_run_as_its_layers(tmp_pa
     llm = LLM(str(tmp_path), load_format="dummy", device="cpu", num_kv_blocks=64)
     model = llm.engine.executor.runner.model
     assert {type(model.layers[0].qkv_proj).__name__, type(model.layers[1].down_proj).__name__} == {layer}
+    bias = model.layers[0].qkv_proj.bias
+    assert bias is None or 0.01 < bias.float().std().item() < 0.03  # the float draw, N(0, 0.02)
     assert type(model.lm_head).__name__ != layer  # the head runs float, as such checkpoints store it
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)
     output = llm.generate([{"prompt_token_ids": random_prompt(9, spec.vocab_size, 7)}], params, use_tqdm=False)[0]
