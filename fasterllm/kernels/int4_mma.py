@@ -242,8 +242,8 @@ def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, g
              bias: torch.Tensor | None = None, tile: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """x [M, K] bf16 (1 <= M <= MAX_ROWS; copied if its rows are not contiguous) times the int4 weight
     pack_int4_tinygemm made (int32 [N/8, K/32, 32, 1]; scale_zeros bf16 [K/group, N, 2], group_size a multiple of
-    32) -> [M, N] bf16. NVIDIA GPUs of compute capability 8.0+. tile: one of CANDIDATES instead of the one timed
-    fastest (tests, benchmarks)."""
+    32) -> [M, N] bf16. NVIDIA GPUs of compute capability 8.0+. tile: one of CANDIDATES (1-8 rows:
+    WEIGHT_A_CANDIDATES) instead of the one timed fastest (tests, benchmarks)."""
     m, k = x.shape
     n = packed.shape[0] * 8
     if not 1 <= m <= MAX_ROWS or packed.shape[1] * 32 != k or x.dtype != torch.bfloat16 or group_size % 32:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from fasterllm.layers.quantization.int4 import GROUP_SIZE as OUR_GROUP, held_group_size
+from fasterllm.layers.quantization.int4 import GROUP_SIZE as OUR_GROUP, held_group_size, repeat_groups
 from fasterllm.loader.hf_checkpoint import iter_safetensors
 
 SUPPORTED = ("compressed-tensors checkpoints of one scheme over the Linear layers with the output head ignored: W8A8 "
@@ -101,7 +101,7 @@ class CompressedTensorsCheckpoint:
     def weights(self, model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
         """(Hugging Face name, tensor) for every weight. A quantized projection comes as the holder's tensors
         (layers/quantization/stored.py): <module>.qweight (int8 or e4m3 [N, K]) and .qscales (fp32 [N]); or, for
-        W4A16, <module>.qcodes (uint8 [N, K]), .qscales and .qmins (fp32 [N, K / 32]). The rest as stored."""
+        W4A16, <module>.qcodes (uint8 [N, K]), .qscales and .qmins (fp32 [N, K / held group]). The rest as stored."""
         parts: dict[str, dict[str, torch.Tensor]] = {}
         for name, tensor in iter_safetensors(model_dir):
             module, _, leaf = name.rpartition(".")
@@ -123,7 +123,12 @@ class CompressedTensorsCheckpoint:
                 yield f"{module}.qscales", scales.expand(codes.shape[0]).contiguous()  # a tensor's scale, per row
 
     def held_group_size(self, inputs: int) -> int:
-        """The group width a W4A16 projection of this many inputs holds (int4.py's held_group_size)."""
+        """The group width a W4A16 projection of this many inputs holds (int4.py's held_group_size); a group that
+        does not divide the inputs is a ValueError naming both."""
+        if self.group_size > 0 and inputs % self.group_size:
+            raise ValueError(f"a {self.name} checkpoint in groups of {self.group_size} cannot hold a projection of "
+                             f"{inputs} inputs (not a multiple of it); the checkpoint and its quantization_config "
+                             "disagree, or (load_format='dummy') the config does not fit this model's widths")
         return held_group_size(self.group_size, inputs)
 
     def unpack_int4(self, module: str, stored: dict[str, torch.Tensor]
@@ -144,7 +149,6 @@ class CompressedTensorsCheckpoint:
         if "weight_zero_point" in stored:  # packed along the outputs, stored plus 8 as the codes are
             packed = stored["weight_zero_point"]
             zeros = unpack_nibbles(packed.t().contiguous()).reshape(scales.shape[1], -1)[:, :outputs].t() - 8.0
-        per_held = group // self.held_group_size(inputs)
-        minimums = -(8.0 + zeros) * scales
-        return (codes.to(torch.uint8), scales.repeat_interleave(per_held, dim=1).contiguous(),
-                minimums.repeat_interleave(per_held, dim=1).contiguous())
+        held = self.held_group_size(inputs)
+        return codes.to(torch.uint8), repeat_groups(scales, group, held), repeat_groups(-(8.0 + zeros) * scales, group,
+                                                                                       held)

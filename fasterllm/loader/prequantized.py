@@ -7,7 +7,7 @@ same scale, and weight = scale * (code - zero)
 channel and symmetric (group_size -1, every zero point 128), the int8 layer's codes (code - 128, as int8) and scales
 (int8.py, whose CPU kernels include our C++ ones, where uint8_grouped's dequantizes on the fly); in groups (a
 multiple of 32), or asymmetric per channel, the uint8_grouped layer's codes (0..255), scales and minimums in groups
-of 32, as the int4 layer's.
+of 32.
 
 Storage, per projection (input width K, output width N, G groups of inputs), weight[n, k] from group g of input k:
   GPTQ  qweight int32 [K / 8, N]: input k = 8 i + j in bits 4 j .. 4 j + 3 of row i (8-bit: [K / 4, N], input
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from fasterllm.config import PREQUANTIZED_METHODS
-from fasterllm.layers.quantization.int4 import GROUP_SIZE as OUR_GROUP, held_group_size
+from fasterllm.layers.quantization.int4 import GROUP_SIZE as OUR_GROUP, held_group_size, repeat_groups
 from fasterllm.loader.compressed_tensors import CompressedTensorsCheckpoint, unpack_nibbles
 from fasterllm.loader.hf_checkpoint import iter_safetensors, read_json
 
@@ -100,7 +100,7 @@ class QuantizedCheckpoint:
 
     def weights(self, model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
         """(Hugging Face name, tensor) for every weight: a quantized projection as three row-indexed tensors,
-        <module>.qcodes uint8 [N, K], .qscales and .qmins fp32 [N, K / 32] (what layers/quantization/gguf.py's
+        <module>.qcodes uint8 [N, K], .qscales and .qmins fp32 [N, K / held group] (what layers/quantization/gguf.py's
         holders take), GPTQ's with .qorder int64 [K] (the stored input each of the K sorted ones is); for the int8
         layout as .qweight int8 [N, K] and .qscales fp32 [N] (layers/quantization/stored.py's code holders); the rest
         as stored."""
@@ -130,7 +130,12 @@ class QuantizedCheckpoint:
 
     def held_group_size(self, inputs: int) -> int:
         """The group width a projection of this many inputs holds: the checkpoint's (at most 256, int4.py's
-        held_group_size) for 4-bit codes, 32 for 8-bit ones (uint8_grouped's)."""
+        held_group_size) for 4-bit codes, 32 for 8-bit ones (uint8_grouped's); a group that does not divide the
+        inputs is a ValueError naming both."""
+        if self.group_size > 0 and inputs % self.group_size:
+            raise ValueError(f"a {self.name} checkpoint of group_size={self.group_size} cannot hold a projection of "
+                             f"{inputs} inputs (not a multiple of it); the checkpoint and its quantization_config "
+                             "disagree, or (load_format='dummy') the config does not fit this model's widths")
         return held_group_size(self.group_size, inputs) if self.layout == "int4" else OUR_GROUP
 
     def unpack(self, module: str, parts: dict[str, torch.Tensor]
@@ -154,10 +159,9 @@ class QuantizedCheckpoint:
         else:
             codes, zeros, order = _awq_unpack(qweight), _awq_unpack(parts["qzeros"]), torch.arange(inputs)
         zeros = zeros.float() + self.zero_offset
-        per_held = group // self.held_group_size(inputs)
-        held_scales = scales.t().repeat_interleave(per_held, dim=1).contiguous()
-        minimums = (-zeros * scales).t().repeat_interleave(per_held, dim=1).contiguous()
-        return codes.t().contiguous().to(torch.uint8), held_scales, minimums, order
+        held = self.held_group_size(inputs)
+        minimums = repeat_groups((-zeros * scales).t(), group, held)
+        return codes.t().contiguous().to(torch.uint8), repeat_groups(scales.t(), group, held), minimums, order
 
     def unpack_int8(self, module: str, parts: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """An 8-bit GPTQ projection per output channel -> (int8 codes [N, K], code - 128; fp32 scales [N])."""

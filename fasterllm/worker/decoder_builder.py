@@ -29,7 +29,8 @@ def build_decoder(checkpoint: Checkpoint, max_model_len: int, device: torch.devi
         check_stored_supported(checkpoint.stored_layout, device, what)
         if getattr(checkpoint.config, "num_experts", 0):
             raise ValueError(f"{what} is a mixture of experts, whose stored expert codes are not loaded yet; use a "
-                             "float checkpoint of it")
+                             "float checkpoint of it (with load_format='dummy': a config without quantization_config, "
+                             "and quantization='int4' to quantize its random weights)")
     config = checkpoint.config
     check_tensor_parallel(config, quantization, tp.size)
     cls = model_class(config.architecture)

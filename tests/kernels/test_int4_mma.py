@@ -1,8 +1,8 @@
-"""The Gluon int4 tensor-core kernel for 2-64 rows (kernels/int4_mma.py). Triton's interpreter cannot run Gluon, so on
-a CPU the two facts the kernel stands on are replayed in torch: tinygemm's words hold, lane by lane, the mma B
-fragments (which k each nibble pair is), and the kernel's PTX dequantization (magic, minus 136, scale and zero, bf16
-roundings) gives the reference's weights; on a GPU the kernel itself, every tile candidate, against
-tinygemm_reference and torch's kernel."""
+"""The Gluon int4 tensor-core kernel for 1-64 rows (kernels/int4_mma.py). Triton's interpreter cannot run Gluon, so on
+a CPU the facts the kernel stands on are replayed in torch: tinygemm's words hold, lane by lane, the mma B
+fragments (which k each nibble pair is) and, two blocks together, the A fragments of W x^T, and the kernel's PTX
+dequantization (magic, minus 136, scale and zero, bf16 roundings) gives the reference's weights; on a GPU the kernel
+itself, every tile candidate, against tinygemm_reference and torch's kernel."""
 from __future__ import annotations
 
 import re
@@ -36,6 +36,27 @@ def test_each_lanes_word_is_its_mma_b_fragments():
                     k = 32 * tile + 16 * (i // 2) + 8 * (i % 2) + 2 * (lane % 4)
                     pair = ((word >> (4 * i)) & 0xF, (word >> (4 * i + 16)) & 0xF)
                     assert pair == (int(codes[n, k]), int(codes[n, k + 1])), (block, tile, lane, i)
+
+
+def test_two_blocks_words_are_the_mma_a_fragments_of_a_16_row_tile():
+    """W x^T (1-8 rows): mma.sync m16n8k16's A fragment gives lane l rows g = l // 4 and g + 8 of its 16-row tile and
+    the k pairs 2 (l % 4) + {0, 1} (registers a0: row g, a1: row g + 8) and those + 8 (a2: row g, a3: row g + 8) of
+    its k tile of 16; the kernel takes lane l's word of the tile's first block of 8 rows for a0 / a2 and of its
+    second block for a1 / a3, nibble pair i of each for k tile i // 2, register i % 2 of the pair."""
+    codes, packed, _, _ = int4_weight(32, 64, 32)
+    words = packed.cpu().view(4, 2, 32)  # [block of 8 rows, tile of 32 k, lane]
+    for tile16 in range(2):
+        for k32 in range(2):
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                for k16 in range(2):
+                    for register, (row, extra_k) in enumerate([(g, 0), (g + 8, 0), (g, 8), (g + 8, 8)]):
+                        block = 2 * tile16 + (row >= 8)
+                        word = int(words[block, k32, lane]) & 0xFFFFFFFF
+                        i = 2 * k16 + register // 2  # the kernel's pair for this register
+                        pair = ((word >> (4 * i)) & 0xF, (word >> (4 * i + 16)) & 0xF)
+                        n, k = 16 * tile16 + row, 32 * k32 + 16 * k16 + extra_k + 2 * t
+                        assert pair == (int(codes[n, k]), int(codes[n, k + 1])), (tile16, k32, lane, k16, register)
 
 
 def bf16_of(bits: int) -> float:

@@ -96,5 +96,6 @@ def test_int4_holds_a_checkpoints_wider_groups_and_multiplies_their_weight(group
 
 def test_int4_refuses_groups_it_does_not_hold():
     codes = torch.zeros(8, 384, dtype=torch.uint8, device=DEVICE)
-    with pytest.raises(ValueError, match="groups must be one of \\(32, 64, 128, 256\\) inputs"):
+    with pytest.raises(ValueError, match="need scales \\[8, 384 / group\\] with group one of \\(32, 64, 128, 256\\), "
+                                         "got \\(8, 4\\)"):
         Int4GPULinear(codes, torch.ones(8, 4, device=DEVICE), torch.zeros(8, 4, device=DEVICE), None, DTYPE)

@@ -102,8 +102,8 @@ def test_a_compressed_tensors_checkpoint_runs_as_its_dequantized_weights(tmp_pat
     module = "model.layers.1.self_attn.k_proj"  # 32 outputs: four words of packed zero points
     if layer == "Int4WeightOnlyLinear":  # the loader's unpacking against the library's
         codes, scales, minimums = (stored[f"{module}.{leaf}"] for leaf in ("qcodes", "qscales", "qmins"))
-        group = codes.shape[1] // scales.shape[1]  # the checkpoint's own (a whole row: the layer's widest)
-        assert group == (scheme.weights.group_size or min(codes.shape[1], 256))
+        group = codes.shape[1] // scales.shape[1]  # held as the checkpoint's own groups
+        assert codes.shape[1] == 64 and group == (scheme.weights.group_size or 64)  # per channel: the whole row
         ours = (codes.float().view(32, -1, group) * scales[..., None] + minimums[..., None]).view(32, -1)
         torch.testing.assert_close(ours, dequantized[f"{module}.weight"], rtol=1e-6, atol=1e-7)
     else:

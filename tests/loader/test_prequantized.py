@@ -410,9 +410,24 @@ def test_random_weights_of_a_prequantized_configuration_run_as_its_layers(tmp_pa
     assert {type(model.layers[0].qkv_proj).__name__, type(model.layers[1].down_proj).__name__} == {layer}
     bias = model.layers[0].qkv_proj.bias
     assert bias is None or 0.01 < bias.float().std().item() < 0.03  # the float draw, N(0, 0.02)
+    down = model.layers[1].down_proj  # its weight, read back through the layer: spread about as a float model's
+    inputs = torch.eye(WIDE["intermediate_size"], dtype=model.embed_tokens.weight.dtype)
+    weight = down(inputs).float()
+    assert weight.shape == (WIDE["intermediate_size"], WIDE["hidden_size"]) and torch.isfinite(weight).all()
+    assert 0.01 < weight.std().item() < 0.03 and abs(weight.mean().item()) < 0.005
     assert type(model.lm_head).__name__ != layer  # the head runs float, as such checkpoints store it
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)
     output = llm.generate([{"prompt_token_ids": random_prompt(9, spec.vocab_size, 7)}], params, use_tqdm=False)[0]
     token_logprobs = [step[token].logprob for step, token in zip(output.outputs[0].logprobs,
                                                                  output.outputs[0].token_ids)]
     assert len(token_logprobs) == 6 and all(np.isfinite(token_logprobs))
+
+
+def test_a_group_size_that_does_not_divide_a_projection_is_an_error_naming_both(tmp_path):
+    spec = next(s for s in TINY_SPECS if s.name == "llama3_gqa")
+    build_tiny_model(spec, tmp_path)  # hidden 64: q/k/v take 64 inputs
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="GPTQ checkpoint of group_size=128 cannot hold a projection of 64 inputs"):
+        LLM(str(tmp_path), load_format="dummy", device="cpu", num_kv_blocks=16)

@@ -32,8 +32,8 @@ from fasterllm.layers.linear import replace_linears
 
 @dataclass(frozen=True)
 class BlockLayout:
-    """The layer a projection's grouped codes run as: "int4" (codes 0..15, groups of 32: int4.py) or
-    "uint8_grouped" (codes 0..255, groups of group_size: uint8_grouped.py)."""
+    """The layer a projection's grouped codes run as, in groups of group_size: "int4" (codes 0..15; 32-256: int4.py)
+    or "uint8_grouped" (codes 0..255; 16 or 32: uint8_grouped.py)."""
     layout: str
     group_size: int
 

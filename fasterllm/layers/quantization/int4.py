@@ -28,11 +28,13 @@ HELD_GROUP_SIZES = (32, 64, 128, 256)
 
 def held_group_size(group_size: int, inputs: int) -> int:
     """The widest of HELD_GROUP_SIZES that a checkpoint's groups of group_size inputs (<= 0: one group a row of
-    inputs) split into, so its scales repeat over held groups with no rounding (a multiple of 32: the loaders check)."""
+    inputs) split into, so its scales repeat over held groups with no rounding (the loaders check that group_size
+    is a multiple of 32 and divides the projection's inputs)."""
+    if group_size <= 0 and inputs % GROUP_SIZE:
+        raise ValueError(f"a projection of {inputs} inputs quantized per row (group_size {group_size}) cannot run as "
+                         f"int4 codes: the int4 layer holds groups of a multiple of {GROUP_SIZE} inputs and "
+                         f"{inputs} is not one; run a float checkpoint of this model with quantization='int8'")
     group = inputs if group_size <= 0 else group_size
-    if group % GROUP_SIZE:
-        raise ValueError(f"int4 groups of {group} inputs do not split into groups of {GROUP_SIZE}; this layer holds "
-                         f"groups of {HELD_GROUP_SIZES} (a checkpoint quantized with groups of a multiple of 32 runs)")
     return max(held for held in HELD_GROUP_SIZES if group % held == 0)
 
 
@@ -41,14 +43,16 @@ def group_size_of(codes: torch.Tensor, scales: torch.Tensor) -> int:
     k, groups = codes.shape[1], scales.shape[1]
     group = k // groups if groups else 0
     if group not in HELD_GROUP_SIZES or group * groups != k or scales.shape[0] != codes.shape[0]:
-        raise ValueError(f"int4 codes {tuple(codes.shape)} with scales {tuple(scales.shape)}: groups must be one of "
-                         f"{HELD_GROUP_SIZES} inputs; repeat the scales over groups of {GROUP_SIZE}")
+        raise ValueError(f"int4 codes {tuple(codes.shape)} need scales [{codes.shape[0]}, {k} / group] with group one "
+                         f"of {HELD_GROUP_SIZES}, got {tuple(scales.shape)}; repeat wider groups' scales "
+                         "(repeat_groups)")
     return group
 
 
-def as_groups_of_32(values: torch.Tensor, group: int) -> torch.Tensor:
-    """Per-group values [N, K / group] -> [N, K / 32], each repeated over the groups of 32 it covers."""
-    return values if group == GROUP_SIZE else values.repeat_interleave(group // GROUP_SIZE, dim=1).contiguous()
+def repeat_groups(values: torch.Tensor, group: int, held: int = GROUP_SIZE) -> torch.Tensor:
+    """Per-group values [N, K / group] -> [N, K / held] (held divides group), each repeated over the held groups it
+    covers."""
+    return values if group == held else values.repeat_interleave(group // held, dim=1).contiguous()
 
 
 def quantize_int4_grouped(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -83,7 +87,7 @@ class Int4WeightOnlyLinear(FlatLinear):
         super().__init__()
         self.out_features = codes.shape[0]
         group = group_size_of(codes, scales)
-        scales, minimums = as_groups_of_32(scales, group), as_groups_of_32(minimums, group)
+        scales, minimums = repeat_groups(scales, group), repeat_groups(minimums, group)
         self.native = cpu_gemv.pack_int4(codes, scales, minimums) if (
             cpu_extension.available() if native is None else native) else None
         if self.native is None:

@@ -22,10 +22,9 @@ from torch import nn
 
 from fasterllm.layers.linear import replace_linears
 from fasterllm.layers.quantization.gguf import BlockLayout, GroupedCodesLinear, repack_gguf_linears
-from fasterllm.layers.quantization.int4 import GROUP_SIZE
 
 CODE_DTYPES = {"int8": torch.int8, "w8a8": torch.int8, "fp8": torch.float8_e4m3fn}
-GROUPED_LAYOUTS = ("int4", "uint8_grouped")  # held as codes, scales and minimums in groups (of 32: GROUP_SIZE)
+GROUPED_LAYOUTS = ("int4", "uint8_grouped")  # held as codes, scales and minimums in groups
 # a held projection's tensors indexed by its input, not its output rows: one for all the projections a model fuses
 INPUT_INDEXED = ("qorder",)
 
@@ -66,8 +65,10 @@ class OrderedCodesLinear(GroupedCodesLinear):
                                    requires_grad=False)
 
     def fill_random(self, generator: torch.Generator, spread: float) -> None:
+        """The codes' and scales' fill, in the stored input order: a random act-order checkpoint runs without the
+        gather of its activation's columns (one index_select a projection) that a real one with groups pays."""
         super().fill_random(generator, spread)
-        torch.arange(self.qorder.numel(), out=self.qorder)  # the stored order
+        torch.arange(self.qorder.numel(), out=self.qorder)
 
 
 class InputOrderedLinear(nn.Module):
@@ -89,8 +90,8 @@ def with_input_order(layer: nn.Module, order: torch.Tensor) -> nn.Module:
     return InputOrderedLinear(layer, order)
 
 
-def prepare_stored_linears(model: nn.Module, layout: str, input_order: bool = False,
-                           held_group_size: Callable[[int], int] = lambda inputs: GROUP_SIZE) -> None:
+def prepare_stored_linears(model: nn.Module, layout: str, input_order: bool,
+                           held_group_size: Callable[[int], int]) -> None:
     """Before load_weights: the decoder layers' projections take the codes of layout (input_order: grouped codes with
     their input order, qorder; held_group_size: the group width a projection of so many inputs holds, the
     checkpoint's loader's)."""

@@ -7,7 +7,8 @@ from torch import nn
 from fasterllm import LLM
 from fasterllm.config import PREQUANTIZED_METHODS, QUANTIZATION_METHODS
 from fasterllm.layers.quantization import QUANTIZED_LINEARS, STORED_LINEARS, check_supported
-from fasterllm.layers.quantization.int4 import GROUP_SIZE, Int4WeightOnlyLinear, quantize_int4_grouped
+from fasterllm.layers.quantization.int4 import (GROUP_SIZE, Int4WeightOnlyLinear, held_group_size,
+                                                quantize_int4_grouped)
 from fasterllm.layers.quantization.int8 import Int8WeightOnlyLinear, quantize_int8_per_channel
 from fasterllm.layers.quantization.uint8_grouped import GROUP_SIZES, Uint8GroupedLinear
 from fasterllm.layers.quantization.w8a8 import W8A8Linear, quantize_per_token
@@ -69,6 +70,20 @@ def test_w8a8_is_off_by_the_weight_and_the_activation_steps(dtype):
              + x_scales / 2 * (qweight.float().abs() * w_scales[:, None]).sum(dim=1)[None, :]
              + dtype_rounding(want, dtype))
     assert_within(got, want, bound)
+
+
+@pytest.mark.parametrize("group_size, inputs, held", [(32, 4096, 32), (128, 4096, 128), (384, 4608, 128),
+                                                      (512, 4096, 256), (-1, 576, 64), (-1, 11008, 256),
+                                                      (0, 64, 64)])
+def test_int4_holds_a_checkpoints_groups_as_wide_as_its_kernels_read(group_size, inputs, held):
+    """A checkpoint's groups of 32-256 stay as they are; wider ones and whole rows (-1 GPTQ, 0 compressed-tensors)
+    become the widest of 32-256 that divides them, with the same scale repeated."""
+    assert held_group_size(group_size, inputs) == held
+
+
+def test_int4_refuses_whole_rows_it_cannot_group():
+    with pytest.raises(ValueError, match="a projection of 1000 inputs quantized per row .* quantization='int8'"):
+        held_group_size(-1, 1000)
 
 
 def test_int4_rejects_a_width_its_groups_do_not_divide():
