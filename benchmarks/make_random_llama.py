@@ -154,7 +154,8 @@ def main() -> None:
     config.architectures = [AutoModelForCausalLM._model_mapping[type(config)].__name__]
     if ns.gptq_group is not None and not ns.config_only:
         parser.error("--gptq-group writes a configuration only: add --config-only")
-    if ns.gptq_group is not None and ns.shape in ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"):
+    experts = any(getattr(config, name, 0) for name in ("num_experts", "num_local_experts", "n_routed_experts"))
+    if ns.gptq_group is not None and experts:
         parser.error(f"--gptq-group: {ns.shape}'s experts do not run from stored codes yet; bench it with "
                      "--quantization int4 on a float config instead")
     if ns.gptq_group is not None:

@@ -228,13 +228,15 @@ def shared_bytes(tile: tuple[int, int, int, int, int], block_m: int, group_size:
     return stages * (tk * (block_n * 16 + block_m * 64) + pair_rows * block_n * 4)
 
 
-def tiles_that_fit(shared_limit: int, block_m: int, group_size: int) -> list[tuple[int, int, int, int, int]]:
-    """The candidates (block_m 8: W x^T's, which copy x in tiles of 16 rows) whose shared memory a program may take
-    on a GPU that allows shared_limit bytes (99 KiB on consumer Ampere and Ada GPUs: the largest candidate at 64 rows
-    needs 104 KiB); the smallest always fits an NVIDIA GPU of compute capability 8.0+."""
-    candidates = WEIGHT_A_CANDIDATES if block_m < 16 else CANDIDATES
-    fitting = [tile for tile in candidates if shared_bytes(tile, max(block_m, 16), group_size) <= shared_limit]
-    return fitting or [min(candidates, key=lambda tile: shared_bytes(tile, max(block_m, 16), group_size))]
+Tile = tuple[int, int, int, int, int]
+
+
+def tiles_that_fit(shared_limit: int, block_m: int, group_size: int, candidates: list[Tile] = CANDIDATES) -> list[Tile]:
+    """The candidates (CANDIDATES, or W x^T's WEIGHT_A_CANDIDATES) whose shared memory a program may take on a GPU
+    that allows shared_limit bytes (99 KiB on consumer Ampere and Ada GPUs: the largest candidate at 64 rows needs
+    104 KiB); the smallest always fits an NVIDIA GPU of compute capability 8.0+."""
+    fitting = [tile for tile in candidates if shared_bytes(tile, block_m, group_size) <= shared_limit]
+    return fitting or [min(candidates, key=lambda tile: shared_bytes(tile, block_m, group_size))]
 
 
 
@@ -252,7 +254,7 @@ def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, g
                          f"{tuple(packed.shape)}, group {group_size}")
     x = x.contiguous()  # the kernel addresses row m at m K
     weight_a = m <= WEIGHT_A_MAX_ROWS
-    block_m = 8 if weight_a else max(16, triton.next_power_of_2(m))  # x rows a program multiplies
+    block_m = max(16, triton.next_power_of_2(m))  # x rows a program copies (W x^T multiplies the first 8)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
 
     def launch(config: tuple[int, int, int, int, int]) -> torch.Tensor:
@@ -263,14 +265,14 @@ def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, g
         split = target is not out
         _int4_mma_kernel[plan.grid(m, n)[:2]](
             x, packed, scale_zeros.view(torch.int32), bias if bias is not None else out, target, m, n, k,
-            plan.k_per_split // 32, GROUP=group_size, BM=max(block_m, 16), NB=nb, TK=tk, WARPS=warps,
+            plan.k_per_split // 32, GROUP=group_size, BM=block_m, NB=nb, TK=tk, WARPS=warps,
             STAGES=stages, EVEN=n % block_n == 0 and k % block_k == 0, SPLIT=split, HAS_BIAS=bias is not None,
             WEIGHT_A=weight_a, num_warps=warps)
         return reduce_splits(target, out, None, None, bias) if split else out
 
     if tile is None:
-        fitting = tiles_that_fit(shared_memory_limit(x.device), block_m, group_size)
-        default = WEIGHT_A_DEFAULT if weight_a else DEFAULT
-        tile = timed_tile(("int4_mma", n, k, group_size, block_m, x.device), launch, fitting,
+        candidates, default = (WEIGHT_A_CANDIDATES, WEIGHT_A_DEFAULT) if weight_a else (CANDIDATES, DEFAULT)
+        fitting = tiles_that_fit(shared_memory_limit(x.device), block_m, group_size, candidates)
+        tile = timed_tile(("int4_mma", n, k, group_size, block_m, weight_a, x.device), launch, fitting,
                           default if default in fitting else fitting[0])
     return launch(tile)

@@ -125,11 +125,7 @@ class CompressedTensorsCheckpoint:
     def held_group_size(self, inputs: int) -> int:
         """The group width a W4A16 projection of this many inputs holds (int4.py's held_group_size); a group that
         does not divide the inputs is a ValueError naming both."""
-        if self.group_size > 0 and inputs % self.group_size:
-            raise ValueError(f"a {self.name} checkpoint in groups of {self.group_size} cannot hold a projection of "
-                             f"{inputs} inputs (not a multiple of it); the checkpoint and its quantization_config "
-                             "disagree, or (load_format='dummy') the config does not fit this model's widths")
-        return held_group_size(self.group_size, inputs)
+        return held_group_size(self.group_size, inputs, self.name)
 
     def unpack_int4(self, module: str, stored: dict[str, torch.Tensor]
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

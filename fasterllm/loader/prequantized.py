@@ -132,11 +132,8 @@ class QuantizedCheckpoint:
         """The group width a projection of this many inputs holds: the checkpoint's (at most 256, int4.py's
         held_group_size) for 4-bit codes, 32 for 8-bit ones (uint8_grouped's); a group that does not divide the
         inputs is a ValueError naming both."""
-        if self.group_size > 0 and inputs % self.group_size:
-            raise ValueError(f"a {self.name} checkpoint of group_size={self.group_size} cannot hold a projection of "
-                             f"{inputs} inputs (not a multiple of it); the checkpoint and its quantization_config "
-                             "disagree, or (load_format='dummy') the config does not fit this model's widths")
-        return held_group_size(self.group_size, inputs) if self.layout == "int4" else OUR_GROUP
+        held = held_group_size(self.group_size, inputs, self.name)
+        return held if self.layout == "int4" else OUR_GROUP
 
     def unpack(self, module: str, parts: dict[str, torch.Tensor]
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

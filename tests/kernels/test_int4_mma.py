@@ -111,7 +111,7 @@ def test_tiles_are_those_the_gpus_shared_memory_holds():
     assert tiles_that_fit(hopper, 64, 32) == CANDIDATES
     assert tiles_that_fit(consumer, 64, 32) == [tile for tile in CANDIDATES if tile != largest]
     assert tiles_that_fit(consumer, 16, 32) == CANDIDATES
-    assert tiles_that_fit(consumer, 8, 32) == WEIGHT_A_CANDIDATES  # 1-8 rows: W x^T's own, x copied 16 rows a tile
+    assert tiles_that_fit(consumer, 16, 32, WEIGHT_A_CANDIDATES) == WEIGHT_A_CANDIDATES  # 1-8 rows: W x^T's own
     smallest = min(CANDIDATES, key=lambda tile: shared_bytes(tile, 64, 128))
     assert tiles_that_fit(1024, 64, 128) == [smallest]
 

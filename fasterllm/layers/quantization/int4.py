@@ -26,10 +26,15 @@ GROUP_SIZE = 32
 HELD_GROUP_SIZES = (32, 64, 128, 256)
 
 
-def held_group_size(group_size: int, inputs: int) -> int:
+def held_group_size(group_size: int, inputs: int, checkpoint: str = "pre-quantized") -> int:
     """The widest of HELD_GROUP_SIZES that a checkpoint's groups of group_size inputs (<= 0: one group a row of
-    inputs) split into, so its scales repeat over held groups with no rounding (the loaders check that group_size
-    is a multiple of 32 and divides the projection's inputs)."""
+    inputs) split into, so its scales repeat over held groups with no rounding (the loaders check that group_size is
+    a multiple of 32); a group that does not divide the projection's inputs is a ValueError naming both and the
+    checkpoint (its kind, for the message)."""
+    if group_size > 0 and inputs % group_size:
+        raise ValueError(f"a {checkpoint} checkpoint of group_size={group_size} cannot hold a projection of {inputs} "
+                         "inputs (not a multiple of it); the checkpoint and its quantization_config disagree, or "
+                         "(load_format='dummy') the config does not fit this model's widths")
     if group_size <= 0 and inputs % GROUP_SIZE:
         raise ValueError(f"a projection of {inputs} inputs quantized per row (group_size {group_size}) cannot run as "
                          f"int4 codes: the int4 layer holds groups of a multiple of {GROUP_SIZE} inputs and "
