@@ -152,13 +152,12 @@ def main() -> None:
     make_config, default_layers = SHAPES[ns.shape]
     config = make_config(ns.num_layers or default_layers)
     config.architectures = [AutoModelForCausalLM._model_mapping[type(config)].__name__]
-    if ns.gptq_group is not None and not ns.config_only:
-        parser.error("--gptq-group writes a configuration only: add --config-only")
-    experts = any(getattr(config, name, 0) for name in ("num_experts", "num_local_experts", "n_routed_experts"))
-    if ns.gptq_group is not None and experts:
-        parser.error(f"--gptq-group: {ns.shape}'s experts do not run from stored codes yet; bench it with "
-                     "--quantization int4 on a float config instead")
     if ns.gptq_group is not None:
+        if not ns.config_only:
+            parser.error("--gptq-group writes a configuration only: add --config-only")
+        if any(getattr(config, name, 0) for name in ("num_experts", "num_local_experts", "n_routed_experts")):
+            parser.error(f"--gptq-group: {ns.shape}'s experts do not run from stored codes yet; bench it with "
+                         "--quantization int4 on a float config instead")
         config.quantization_config = {"quant_method": "gptq", "bits": 4, "group_size": ns.gptq_group, "sym": True,
                                       "desc_act": False, "checkpoint_format": "gptq"}
     if ns.config_only:

@@ -12,9 +12,9 @@ A = x [BM, 32] a tile (BM 16-64 rows, padding rows zero), B = W^T [32, BN], a wa
 columns. At 1-8 rows it is W x^T (WEIGHT_A): the same words make the A fragments of 16-row tiles (lane 4 r + j's
 words of two blocks of 8 rows are its registers (a0, a2) and (a1, a3)), x^T [32, 8] is B, and no mma row is padding
 but x's rows past M. H200, 8B projections: 2-17% faster a product than x W^T at 2-8 rows (a batch of 8 decodes in
-2.84 ms against 3.17), 7-13% faster than int4_gemv.py at one row alone, yet slower in the one-row decode step (its
-split of K adds a launch where int4_gemv has none, and int4_gemv prefetches weights under programmatic dependent
-launch).
+2.84 ms against 3.17), 7-13% faster than int4_gemv.py at one row alone, yet slower in the one-row decode step in
+every form tried (its split of K summed by a second launch or inside this one, with int4_gemv's weight prefetch under
+programmatic dependent launch, or for some projections only: RESULTS.md, thirtieth session).
 
 Words, (scale, zero) pairs and x tiles stream into shared memory through cp.async, STAGES steps of TK tiles in
 flight: with one step at a time (loads, then the arithmetic) the kernel ran at 1.0-1.2x bf16 cuBLAS where the copies
@@ -176,17 +176,17 @@ def _int4_mma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, tiles_per
         async_copy.commit_group()
         slot = i % STAGES
         for t in gl.static_range(TK):
-            pairs = pairs_smem.index(slot * TP + t)
+            if t < TP:  # a (scale, zero) row: the step's group, or this tile's
+                pairs = pairs_smem.index(slot * TP + t)
+                if WEIGHT_A:
+                    pairs = pairs.reshape([1, BN // 16, 2, 8])
+                scales, zeros = _scales_and_zeros(pairs.load(WORDS))
             words = words_smem.index(slot * TK + t).permute([1, 0])
             if WEIGHT_A:
-                if t < TP:
-                    scales, zeros = _scales_and_zeros(pairs.reshape([1, BN // 16, 2, 8]).load(WORDS))
                 x_t = x_smem.index(slot * TK + t).slice(0, 8, dim=0).permute([1, 0]).load(B_LAYOUT)
                 w_t = _weight_tile_a(words.reshape([4, BN // 16, 2, 8]).load(WORDS), scales, zeros, BN, A_LAYOUT)
                 acc = mma_v2(w_t, x_t, acc)
             else:
-                if t < TP:
-                    scales, zeros = _scales_and_zeros(pairs.load(WORDS))
                 acc = mma_v2(x_smem.index(slot * TK + t).load(A_LAYOUT),
                              _weight_tile(words.load(WORDS), scales, zeros, BN, B_LAYOUT), acc)
     async_copy.wait_group(0)
