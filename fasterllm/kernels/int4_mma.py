@@ -14,15 +14,21 @@ words of two blocks of 8 rows are its registers (a0, a2) and (a1, a3)), x^T [32,
 but x's rows past M. H200, 8B projections: 2-17% faster a product than x W^T at 2-8 rows (a batch of 8 decodes in
 2.84 ms against 3.17), 7-13% faster than int4_gemv.py at one row alone, yet slower in the one-row decode step in
 every form tried (its split of K summed by a second launch or inside this one, with int4_gemv's weight prefetch under
-programmatic dependent launch, or for some projections only: RESULTS.md, thirtieth session).
+programmatic dependent launch, or for some projections only: RESULTS.md, thirtieth session). On Hopper (sm_90;
+Blackwell has no wgmma) 9-64 rows may also take W x^T through wgmma: the same words are the register A operand (a
+warpgroup's 4 warps, 16 weight rows each of a 64-row instruction), x^T [32, BM] is B, read by the tensor cores
+straight from shared memory in wgmma's swizzle. A step's tiles are dequantized first, then their wgmmas issued
+together and waited for at the step's end (with one left in flight across the loop's back edge, ptxas serializes
+every wgmma). H200, 64 rows: gate_up 1.42x, down 1.25x, qkv 1.15x faster than x W^T through mma.sync (4 m-tiles
+of mma.sync a word there), o 5% slower: the form is timed with the tile.
 
 Words, (scale, zero) pairs and x tiles stream into shared memory through cp.async, STAGES steps of TK tiles in
 flight: with one step at a time (loads, then the arithmetic) the kernel ran at 1.0-1.2x bf16 cuBLAS where the copies
 ahead give 1.6-2.0x (16 rows, H200). K is split across programs (quant_split_k.plan_split_k) when the columns alone
 would leave SMs idle; reduce_splits adds the fp32 partials in a fixed order. The kernel is launched without
 programmatic dependent launch: with it, the 8B shape's 64-row decode step took 5.75-6.09 ms, without it 5.25 ms
-(H200; the next kernel's waiting programs take places this one needs). Its tile is timed per shape (tile_timer.py)
-among the candidates whose shared memory the GPU allows.
+(H200; the next kernel's waiting programs take places this one needs). Its form and tile are timed per shape
+(tile_timer.py) among the candidates whose shared memory the GPU allows.
 Triton's interpreter cannot run Gluon: CI checks the two facts above in torch (tests/kernels/test_int4_mma.py), the
 GPU tests run the kernel against tinygemm_reference and torch's kernel.
 """
@@ -33,8 +39,9 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from fasterllm.kernels.quant_split_k import plan_split_k, reduce_splits, shared_memory_limit
+from fasterllm.kernels.quant_split_k import nvidia_capability, plan_split_k, reduce_splits, shared_memory_limit
 from fasterllm.kernels.tile_timer import timed_tile
 
 
@@ -95,22 +102,22 @@ def _weight_tile_a(words, scales, zeros, BN: gl.constexpr, A_LAYOUT: gl.constexp
 
 
 @gluon.jit
-def _issue_step(words_at, words_live, pairs_at, pairs_live, x_at, x_live, words_smem, pairs_smem, x_smem, slot, t0,
+def _issue_step(words_at, words_live, pairs_at, pairs_live, x_at, x_live, words_bufs, pairs_bufs, x_bufs, slot, t0,
                 t_end, N, TK: gl.constexpr, TP: gl.constexpr, TILES_PER_GROUP: gl.constexpr, EVEN: gl.constexpr):
-    """Start copying one step's words, (scale, zero) pairs and x tiles (tiles t0 .. t0 + TK) into shared-memory
-    slot. Rows past M copy as zeros; so do tiles past t_end and columns past N unless EVEN (none there)."""
+    """Start copying one step's words, (scale, zero) pairs and x tiles (tiles t0 .. t0 + TK) into slot of each tile's
+    own buffers. Rows past M copy as zeros; so do tiles past t_end and columns past N unless EVEN (none there)."""
     for t in gl.static_range(TK):
         tile_live = t0 + t < t_end
-        async_copy.async_copy_global_to_shared(words_smem.index(slot * TK + t), words_at + (t0 + t) * 32,
+        async_copy.async_copy_global_to_shared(words_bufs[t].index(slot), words_at + (t0 + t) * 32,
                                                mask=words_live if EVEN else words_live & tile_live)
-        async_copy.async_copy_global_to_shared(x_smem.index(slot * TK + t), x_at + (t0 + t) * 32,
+        async_copy.async_copy_global_to_shared(x_bufs[t].index(slot), x_at + (t0 + t) * 32,
                                                mask=x_live if EVEN else x_live & tile_live)
     for t in gl.static_range(TP):
         rows_at = pairs_at + ((t0 + t) // TILES_PER_GROUP) * N
         if EVEN:
-            async_copy.async_copy_global_to_shared(pairs_smem.index(slot * TP + t), rows_at)
+            async_copy.async_copy_global_to_shared(pairs_bufs[t].index(slot), rows_at)
         else:
-            async_copy.async_copy_global_to_shared(pairs_smem.index(slot * TP + t), rows_at,
+            async_copy.async_copy_global_to_shared(pairs_bufs[t].index(slot), rows_at,
                                                    mask=pairs_live & (t0 + t < t_end))
 
 
@@ -119,11 +126,16 @@ def _issue_step(words_at, words_live, pairs_at, pairs_live, x_at, x_live, words_
 def _int4_mma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, tiles_per_split,
                      GROUP: gl.constexpr, BM: gl.constexpr, NB: gl.constexpr, TK: gl.constexpr,
                      WARPS: gl.constexpr, STAGES: gl.constexpr, EVEN: gl.constexpr, SPLIT: gl.constexpr,
-                     HAS_BIAS: gl.constexpr, WEIGHT_A: gl.constexpr):
+                     HAS_BIAS: gl.constexpr, WEIGHT_A: gl.constexpr, WGMMA: gl.constexpr):
     BN: gl.constexpr = 8 * NB * WARPS
     TILES_PER_GROUP: gl.constexpr = GROUP // 32
     TP: gl.constexpr = 1 if TILES_PER_GROUP >= TK else TK  # (scale, zero) rows a step: one group, or one a tile
-    if WEIGHT_A:  # W x^T: acc [BN, 8] (8 rows of x at most), warps along the weight rows
+    ACC_ROWS: gl.constexpr = BM if WGMMA else 8  # x rows W x^T multiplies: wgmma's N, or mma.sync's 8
+    if WGMMA:  # W x^T on Hopper: acc [BN, BM], a warpgroup's 4 warps along the weight rows (16 each of 64)
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                      instr_shape=[16, BM, 16])
+        WORDS: gl.constexpr = gl.BlockedLayout([1, 1, 2, 1], [4, 1, 1, 8], [1, WARPS, 1, 1], [0, 3, 2, 1])
+    elif WEIGHT_A:  # W x^T: acc [BN, 8] (8 rows of x at most), warps along the weight rows
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
         # a tile's words [4, BN / 16, 2, 8]: lane 4 r + j, warp (n // 16) % WARPS, registers the half and NB // 2
         WORDS: gl.constexpr = gl.BlockedLayout([1, 1, 2, 1], [4, 1, 1, 8], [1, WARPS, 1, 1], [0, 3, 2, 1])
@@ -134,10 +146,20 @@ def _int4_mma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, tiles_per
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     B_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
     PLAIN: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-    X_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=2, max_phase=4, order=[1, 0])
-    words_smem = gl.allocate_shared_memory(gl.int32, [STAGES * TK, BN, 4], PLAIN)
-    pairs_smem = gl.allocate_shared_memory(gl.int32, [STAGES * TP, 1, BN], PLAIN)
-    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES * TK, BM, 32], X_SHARED)
+    if WGMMA:  # x^T is wgmma's B, read from shared memory: its own swizzle (a row of 32 bf16 is 64 bytes)
+        X_SHARED: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    else:
+        X_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=2, max_phase=4, order=[1, 0])
+    # one allocation a tile of a step (its STAGES slots): Triton 3.6 waits at a barrier after each cp.async into
+    # part of an allocation, so one allocation for all tiles cost TK - 1 more barriers a step (3-10% at 16 rows)
+    words_bufs = ()
+    x_bufs = ()
+    pairs_bufs = ()
+    for t in gl.static_range(TK):
+        words_bufs = words_bufs + (gl.allocate_shared_memory(gl.int32, [STAGES, BN, 4], PLAIN),)
+        x_bufs = x_bufs + (gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, 32], X_SHARED),)
+    for t in gl.static_range(TP):
+        pairs_bufs = pairs_bufs + (gl.allocate_shared_memory(gl.int32, [STAGES, 1, BN], PLAIN),)
     KT = K // 32
     pid_n, pid_k = gl.program_id(0), gl.program_id(1)
     t_begin = pid_k * tiles_per_split
@@ -159,41 +181,55 @@ def _int4_mma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, tiles_per
 
     for s in gl.static_range(STAGES - 1):
         if s < steps:
-            _issue_step(words_at, words_live, sz_ptr + pn, pairs_live, x_at, x_live, words_smem, pairs_smem, x_smem,
+            _issue_step(words_at, words_live, sz_ptr + pn, pairs_live, x_at, x_live, words_bufs, pairs_bufs, x_bufs,
                         s, t_begin + s * TK, t_end, N, TK, TP, TILES_PER_GROUP, EVEN)
         async_copy.commit_group()
     if WEIGHT_A:
-        acc = gl.zeros([BN, 8], gl.float32, layout=MMA)
+        acc = gl.zeros([BN, ACC_ROWS], gl.float32, layout=MMA)
     else:
         acc = gl.zeros([BM, BN], gl.float32, layout=MMA)
     for i in range(steps):
         async_copy.wait_group(STAGES - 2)  # step i's copies are in
+        if WGMMA:
+            fence_async_shared()  # ... and visible to wgmma's reads
         gl.thread_barrier()  # ... everyone's, and every warp is done with the slot the next copies overwrite
         ahead = i + STAGES - 1
         if ahead < steps:
-            _issue_step(words_at, words_live, sz_ptr + pn, pairs_live, x_at, x_live, words_smem, pairs_smem, x_smem,
+            _issue_step(words_at, words_live, sz_ptr + pn, pairs_live, x_at, x_live, words_bufs, pairs_bufs, x_bufs,
                         ahead % STAGES, t_begin + ahead * TK, t_end, N, TK, TP, TILES_PER_GROUP, EVEN)
         async_copy.commit_group()
         slot = i % STAGES
-        for t in gl.static_range(TK):
-            if t < TP:  # a (scale, zero) row: the step's group, or this tile's
-                pairs = pairs_smem.index(slot * TP + t)
+        if WGMMA:  # the step's tiles dequantized, then its wgmmas issued together and waited for
+            tiles = ()
+            for t in gl.static_range(TK):
+                if t < TP:
+                    pairs = pairs_bufs[t].index(slot).reshape([1, BN // 16, 2, 8])
+                    scales, zeros = _scales_and_zeros(pairs.load(WORDS))
+                words = words_bufs[t].index(slot).permute([1, 0]).reshape([4, BN // 16, 2, 8]).load(WORDS)
+                tiles = tiles + (_weight_tile_a(words, scales, zeros, BN, A_LAYOUT),)
+            for t in gl.static_range(TK):
+                acc = warpgroup_mma(tiles[t], x_bufs[t].index(slot).permute([1, 0]), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc,) + tiles)[0]
+        else:
+            for t in gl.static_range(TK):
+                if t < TP:  # a (scale, zero) row: the step's group, or this tile's
+                    pairs = pairs_bufs[t].index(slot)
+                    if WEIGHT_A:
+                        pairs = pairs.reshape([1, BN // 16, 2, 8])
+                    scales, zeros = _scales_and_zeros(pairs.load(WORDS))
+                words = words_bufs[t].index(slot).permute([1, 0])
                 if WEIGHT_A:
-                    pairs = pairs.reshape([1, BN // 16, 2, 8])
-                scales, zeros = _scales_and_zeros(pairs.load(WORDS))
-            words = words_smem.index(slot * TK + t).permute([1, 0])
-            if WEIGHT_A:
-                x_t = x_smem.index(slot * TK + t).slice(0, 8, dim=0).permute([1, 0]).load(B_LAYOUT)
-                w_t = _weight_tile_a(words.reshape([4, BN // 16, 2, 8]).load(WORDS), scales, zeros, BN, A_LAYOUT)
-                acc = mma_v2(w_t, x_t, acc)
-            else:
-                acc = mma_v2(x_smem.index(slot * TK + t).load(A_LAYOUT),
-                             _weight_tile(words.load(WORDS), scales, zeros, BN, B_LAYOUT), acc)
+                    x_t = x_bufs[t].index(slot).slice(0, 8, dim=0).permute([1, 0]).load(B_LAYOUT)
+                    w_t = _weight_tile_a(words.reshape([4, BN // 16, 2, 8]).load(WORDS), scales, zeros, BN, A_LAYOUT)
+                    acc = mma_v2(w_t, x_t, acc)
+                else:
+                    acc = mma_v2(x_bufs[t].index(slot).load(A_LAYOUT),
+                                 _weight_tile(words.load(WORDS), scales, zeros, BN, B_LAYOUT), acc)
     async_copy.wait_group(0)
 
     if WEIGHT_A:
         on = pid_n * BN + gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(1, MMA)), 1)
-        om = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, MMA)), 0)
+        om = gl.expand_dims(gl.arange(0, ACC_ROWS, layout=gl.SliceLayout(0, MMA)), 0)
     else:
         om = gl.expand_dims(gl.arange(0, BM, layout=gl.SliceLayout(1, MMA)), 1)
         on = pid_n * BN + gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(0, MMA)), 0)
@@ -217,6 +253,23 @@ DEFAULT = (4, 4, 4, 2, 4)  # a shape timed nowhere (a graph capture's first call
 # projections at 1-8 rows on an H200
 WEIGHT_A_CANDIDATES = [(4, 2, 4, 4, 4), (4, 4, 4, 2, 4), (2, 4, 4, 4, 4)]
 WEIGHT_A_DEFAULT = (4, 2, 4, 4, 4)
+# the same for 9-64 rows through wgmma (one warpgroup a program), each the fastest at one of those projections at
+# 16-64 rows on an H200
+WGMMA_CANDIDATES = [(4, 4, 4, 2, 4), (2, 4, 4, 4, 4), (4, 2, 4, 4, 4)]
+WGMMA_DEFAULT = (4, 4, 4, 2, 4)
+# the kernel's forms: (W x^T?, through wgmma?, its candidates, its default)
+FORMS = {"w_xt": (True, False, WEIGHT_A_CANDIDATES, WEIGHT_A_DEFAULT), "x_wt": (False, False, CANDIDATES, DEFAULT),
+         "w_xt_wgmma": (True, True, WGMMA_CANDIDATES, WGMMA_DEFAULT)}
+
+
+def forms_for(m: int, device: torch.device) -> list[str]:
+    """The forms that multiply m rows on this GPU (int4_mma times their tiles together and keeps the fastest): W x^T
+    through mma.sync at 1-8 rows; above, W x^T through wgmma on Hopper (sm_90 only: Blackwell has no wgmma; H200,
+    Llama-3-8B's projections: gate_up 1.4x faster than x W^T at 64 rows, o 5-9% slower at 16-64: RESULTS.md) and
+    x W^T through mma.sync everywhere."""
+    if m <= WEIGHT_A_MAX_ROWS:
+        return ["w_xt"]
+    return (["w_xt_wgmma"] if nvidia_capability(device) == (9, 0) else []) + ["x_wt"]
 
 
 def shared_bytes(tile: tuple[int, int, int, int, int], block_m: int, group_size: int) -> int:
@@ -232,7 +285,7 @@ Tile = tuple[int, int, int, int, int]
 
 
 def tiles_that_fit(shared_limit: int, block_m: int, group_size: int, candidates: list[Tile] = CANDIDATES) -> list[Tile]:
-    """The candidates (CANDIDATES, or W x^T's WEIGHT_A_CANDIDATES) whose shared memory a program may take on a GPU
+    """The candidates (CANDIDATES, or another form's: FORMS) whose shared memory a program may take on a GPU
     that allows shared_limit bytes (99 KiB on consumer Ampere and Ada GPUs: the largest candidate at 64 rows needs
     104 KiB); the smallest always fits an NVIDIA GPU of compute capability 8.0+."""
     fitting = [tile for tile in candidates if shared_bytes(tile, block_m, group_size) <= shared_limit]
@@ -241,11 +294,13 @@ def tiles_that_fit(shared_limit: int, block_m: int, group_size: int, candidates:
 
 
 def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, group_size: int,
-             bias: torch.Tensor | None = None, tile: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+             bias: torch.Tensor | None = None, tile: tuple[int, int, int, int, int] | None = None,
+             form: str | None = None) -> torch.Tensor:
     """x [M, K] bf16 (1 <= M <= MAX_ROWS; copied if its rows are not contiguous) times the int4 weight
     pack_int4_tinygemm made (int32 [N/8, K/32, 32, 1]; scale_zeros bf16 [K/group, N, 2], group_size a multiple of
-    32) -> [M, N] bf16. NVIDIA GPUs of compute capability 8.0+. tile: one of CANDIDATES (1-8 rows:
-    WEIGHT_A_CANDIDATES) instead of the one timed fastest (tests, benchmarks)."""
+    32) -> [M, N] bf16. NVIDIA GPUs of compute capability 8.0+. The form (forms_for: those the GPU runs at M rows)
+    and tile are the pair timed fastest for the shape; form (one of forms_for's) and tile (one of its candidates)
+    instead: tests, benchmarks."""
     m, k = x.shape
     n = packed.shape[0] * 8
     if not 1 <= m <= MAX_ROWS or packed.shape[1] * 32 != k or x.dtype != torch.bfloat16 or group_size % 32:
@@ -253,12 +308,12 @@ def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, g
                          f"with groups of a multiple of 32, got x {tuple(x.shape)} {x.dtype}, words "
                          f"{tuple(packed.shape)}, group {group_size}")
     x = x.contiguous()  # the kernel addresses row m at m K
-    weight_a = m <= WEIGHT_A_MAX_ROWS
-    block_m = max(16, triton.next_power_of_2(m))  # x rows a program copies (W x^T multiplies the first 8)
+    block_m = max(16, triton.next_power_of_2(m))  # x rows a program copies (mma.sync's W x^T multiplies the first 8)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
 
-    def launch(config: tuple[int, int, int, int, int]) -> torch.Tensor:
-        nb, tk, warps, programs_per_sm, stages = config
+    def launch(choice: tuple[str, Tile]) -> torch.Tensor:
+        form, (nb, tk, warps, programs_per_sm, stages) = choice
+        weight_a, wgmma, _, _ = FORMS[form]
         block_n, block_k = 8 * nb * warps, 32 * tk
         plan = plan_split_k(m, n, k, block_m, block_n, block_k, programs_per_sm, x.device)
         target = plan.partial_sums(out)
@@ -267,12 +322,14 @@ def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, g
             x, packed, scale_zeros.view(torch.int32), bias if bias is not None else out, target, m, n, k,
             plan.k_per_split // 32, GROUP=group_size, BM=block_m, NB=nb, TK=tk, WARPS=warps,
             STAGES=stages, EVEN=n % block_n == 0 and k % block_k == 0, SPLIT=split, HAS_BIAS=bias is not None,
-            WEIGHT_A=weight_a, num_warps=warps)
+            WEIGHT_A=weight_a, WGMMA=wgmma, num_warps=warps)
         return reduce_splits(target, out, None, None, bias) if split else out
 
-    if tile is None:
-        candidates, default = (WEIGHT_A_CANDIDATES, WEIGHT_A_DEFAULT) if weight_a else (CANDIDATES, DEFAULT)
-        fitting = tiles_that_fit(shared_memory_limit(x.device), block_m, group_size, candidates)
-        tile = timed_tile(("int4_mma", n, k, group_size, block_m, weight_a, x.device), launch, fitting,
-                          default if default in fitting else fitting[0])
-    return launch(tile)
+    forms = [form] if form else forms_for(m, x.device)
+    if tile is not None:
+        return launch((forms[0], tile))
+    limit = shared_memory_limit(x.device)
+    choices = [(f, t) for f in forms for t in tiles_that_fit(limit, block_m, group_size, FORMS[f][2])]
+    first_default = FORMS[forms[0]][3]
+    default = (forms[0], first_default) if (forms[0], first_default) in choices else choices[0]
+    return launch(timed_tile(("int4_mma", n, k, group_size, block_m, tuple(forms), x.device), launch, choices, default))

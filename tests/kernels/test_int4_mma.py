@@ -121,18 +121,33 @@ def test_tiles_are_those_the_gpus_shared_memory_holds():
 @pytest.mark.parametrize("n, k, group_size", [(72, 576, 32), (64, 640, 128), (136, 768, 256), (4096, 14336, 32)])
 def test_int4_mma_every_tile_against_the_reference(n, k, group_size, m):
     """Partial column blocks (72, 136), tile counts that are not a multiple of a step's tiles (18-24), groups of
-    32-256, the down projection's K (split K), padding rows; bias or not; 1-8 rows as W x^T."""
-    from fasterllm.kernels.int4_mma import CANDIDATES, WEIGHT_A_CANDIDATES, WEIGHT_A_MAX_ROWS, int4_mma
+    32-256, the down projection's K (split K), padding rows; bias or not; every form the GPU runs at m rows (1-8 rows
+    W x^T; above, x W^T and, on Hopper, W x^T through wgmma)."""
+    from fasterllm.kernels.int4_mma import FORMS, forms_for, int4_mma
 
     _, packed, scale_zeros, weight = int4_weight(n, k, group_size)
     x = torch.randn(m, k, device=DEVICE).to(torch.bfloat16)
     bias = torch.randn(n, device=DEVICE).to(torch.bfloat16)
-    for tile in WEIGHT_A_CANDIDATES if m <= WEIGHT_A_MAX_ROWS else CANDIDATES:
-        for b in (None, bias):
-            expected = x.float() @ weight.t() + (0 if b is None else b.float())
-            got = int4_mma(x, packed, scale_zeros, group_size, b, tile=tile)
-            assert got.shape == (m, n) and got.dtype == torch.bfloat16
-            torch.testing.assert_close(got.float(), expected, atol=1e-2 * expected.abs().max().item(), rtol=0)
+    for form in forms_for(m, DEVICE):
+        for tile in FORMS[form][2]:
+            for b in (None, bias):
+                expected = x.float() @ weight.t() + (0 if b is None else b.float())
+                got = int4_mma(x, packed, scale_zeros, group_size, b, tile=tile, form=form)
+                assert got.shape == (m, n) and got.dtype == torch.bfloat16
+                torch.testing.assert_close(got.float(), expected, atol=1e-2 * expected.abs().max().item(), rtol=0,
+                                           msg=lambda text: f"{form} {tile}: {text}")
+
+
+def test_wgmma_only_where_the_gpu_has_it(monkeypatch):
+    """9-64 rows go through wgmma on Hopper (sm_90) only: Ampere, Ada and Blackwell (sm_100, sm_120) have no wgmma
+    and take x W^T; 1-8 rows are W x^T through mma.sync everywhere."""
+    from fasterllm.kernels import int4_mma
+
+    for capability, above_8 in [((9, 0), ["w_xt_wgmma", "x_wt"]), ((8, 0), ["x_wt"]), ((8, 9), ["x_wt"]),
+                                ((10, 0), ["x_wt"]), ((12, 0), ["x_wt"]), (None, ["x_wt"])]:
+        monkeypatch.setattr(int4_mma, "nvidia_capability", lambda device, capability=capability: capability)
+        assert int4_mma.forms_for(8, DEVICE) == ["w_xt"]
+        assert int4_mma.forms_for(9, DEVICE) == int4_mma.forms_for(64, DEVICE) == above_8, capability
 
 
 @gpu_only
