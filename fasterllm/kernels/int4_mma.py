@@ -151,7 +151,7 @@ def _int4_mma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, tiles_per
     else:
         X_SHARED: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=2, max_phase=4, order=[1, 0])
     # one allocation a tile of a step (its STAGES slots): Triton 3.6 waits at a barrier after each cp.async into
-    # part of an allocation, so one allocation for all tiles cost TK - 1 more barriers a step (3-10% at 16 rows)
+    # part of an allocation, so one allocation for all tiles cost TK - 1 more barriers a step (up to 10% at 16 rows)
     words_bufs = ()
     x_bufs = ()
     pairs_bufs = ()

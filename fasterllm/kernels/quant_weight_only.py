@@ -316,9 +316,9 @@ def tinygemm_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Te
     row through int4_gemv.py's kernel (8B shape, H100: batch-1 TPOT 3.27 -> 2.65 ms; int4_mma's W x^T alone is
     faster, 7-13% a layer, but not in the decode step in any form tried: H200, 2.41-2.60 against 2.27-2.39 ms), 2
     to FUSED_MAX_ROWS rows through int4_mma.py's tensor-core kernel (H200, Llama-3-8B's projections: 1.7-2.4x bf16
-    cuBLAS at 2-8 rows, 1.4-1.9x at 16, 1.05-1.3x at 64, ahead of torch._weight_int4pack_mm at every one:
-    RESULTS.md); without Gluon, up to TINYGEMM_MAX_ROWS rows through torch's kernel. Other rows and dtypes through
-    this file's Triton kernels reading the same bytes."""
+    cuBLAS at 2-8 rows, 1.4-2.3x at 16, 1.0-1.7x at 64 with Hopper's wgmma, ahead of torch._weight_int4pack_mm at
+    every one: RESULTS.md); without Gluon, up to TINYGEMM_MAX_ROWS rows through torch's kernel. Other rows and dtypes
+    through this file's Triton kernels reading the same bytes."""
     w = _tinygemm(packed, scale_zeros, group_size)
     m, k = x.shape
     if x.stride(-1) != 1 or w.k != k:

@@ -1,16 +1,16 @@
 """The tile of a matrix-vector kernel, timed on the GPU per shape (gemv.py, fused_moe.py's few-slot launches,
-int4_gemv.py, int8_gemv.py): the best tile depends on the shape and the GPU, so a shape's first call times each
-candidate (CUDA events, outside any graph capture, L2 flushed between runs) and keeps the fastest for every later
-call."""
+int4_gemv.py, int8_gemv.py, int4_mma.py with its form): the best tile depends on the shape and the GPU, so a shape's
+first call times each candidate (CUDA events, outside any graph capture, L2 flushed between runs) and keeps the
+fastest for every later call."""
 from __future__ import annotations
 
 import torch
 
-_chosen: dict[tuple, tuple[int, ...]] = {}
+_chosen: dict[tuple, tuple] = {}
 _QUEUE_CYCLES = 10_000_000  # ~5 ms of GPU clock: enough to queue the timed runs behind it
 
 
-def timed_tile(key: tuple, launch, candidates: list[tuple[int, ...]], default: tuple[int, ...]) -> tuple[int, ...]:
+def timed_tile(key: tuple, launch, candidates: list[tuple], default: tuple) -> tuple:
     """The fastest of candidates (a kernel's tiles) for key (a shape; the device last), launch(tile) timed on its first
     call on a GPU; default where none is timed (the CPU interpreter, a graph capture's first call)."""
     if key in _chosen:
