@@ -129,14 +129,16 @@ def _int4_mma_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, tiles_per
                      HAS_BIAS: gl.constexpr, WEIGHT_A: gl.constexpr, WGMMA: gl.constexpr):
     BN: gl.constexpr = 8 * NB * WARPS
     TILES_PER_GROUP: gl.constexpr = GROUP // 32
-    TP: gl.constexpr = 1 if TILES_PER_GROUP >= TK else TK  # (scale, zero) rows a step: one group, or one a tile
+    # (scale, zero) rows a step: one where a step lies inside one group, else one a tile
+    TP: gl.constexpr = 1 if TILES_PER_GROUP % TK == 0 else TK
     ACC_ROWS: gl.constexpr = BM if WGMMA else 8  # x rows W x^T multiplies: wgmma's N, or mma.sync's 8
-    if WGMMA:  # W x^T on Hopper: acc [BN, BM], a warpgroup's 4 warps along the weight rows (16 each of 64)
-        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                      instr_shape=[16, BM, 16])
-        WORDS: gl.constexpr = gl.BlockedLayout([1, 1, 2, 1], [4, 1, 1, 8], [1, WARPS, 1, 1], [0, 3, 2, 1])
-    elif WEIGHT_A:  # W x^T: acc [BN, 8] (8 rows of x at most), warps along the weight rows
-        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    if WEIGHT_A:  # W x^T: acc [BN, ACC_ROWS], warps along the weight rows
+        if WGMMA:  # on Hopper: a warpgroup's 4 warps, 16 weight rows each of a 64-row instruction
+            MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                          instr_shape=[16, BM, 16])
+        else:
+            MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
+                                                          instr_shape=[16, 8])
         # a tile's words [4, BN / 16, 2, 8]: lane 4 r + j, warp (n // 16) % WARPS, registers the half and NB // 2
         WORDS: gl.constexpr = gl.BlockedLayout([1, 1, 2, 1], [4, 1, 1, 8], [1, WARPS, 1, 1], [0, 3, 2, 1])
     else:  # x W^T: acc [BM, BN], warps along the output columns
@@ -253,8 +255,8 @@ DEFAULT = (4, 4, 4, 2, 4)  # a shape timed nowhere (a graph capture's first call
 # projections at 1-8 rows on an H200
 WEIGHT_A_CANDIDATES = [(4, 2, 4, 4, 4), (4, 4, 4, 2, 4), (2, 4, 4, 4, 4)]
 WEIGHT_A_DEFAULT = (4, 2, 4, 4, 4)
-# the same for 9-64 rows through wgmma (one warpgroup a program), each the fastest at one of those projections at
-# 16-64 rows on an H200
+# the same for 9-64 rows through wgmma (one warpgroup a program): the first two the fastest at every one of those
+# projections at 16-64 rows on an H200 (benchmarks/RESULTS.md), the third a narrower tile for other shapes
 WGMMA_CANDIDATES = [(4, 4, 4, 2, 4), (2, 4, 4, 4, 4), (4, 2, 4, 4, 4)]
 WGMMA_DEFAULT = (4, 4, 4, 2, 4)
 # the kernel's forms: (W x^T?, through wgmma?, its candidates, its default)
@@ -277,7 +279,7 @@ def shared_bytes(tile: tuple[int, int, int, int, int], block_m: int, group_size:
     rows (equal to what Triton 3.6 allocates for every candidate, compiled for sm_90: RESULTS.md)."""
     nb, tk, warps, _, stages = tile
     block_n = 8 * nb * warps
-    pair_rows = 1 if group_size // 32 >= tk else tk
+    pair_rows = 1 if (group_size // 32) % tk == 0 else tk
     return stages * (tk * (block_n * 16 + block_m * 64) + pair_rows * block_n * 4)
 
 
@@ -299,21 +301,27 @@ def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, g
     """x [M, K] bf16 (1 <= M <= MAX_ROWS; copied if its rows are not contiguous) times the int4 weight
     pack_int4_tinygemm made (int32 [N/8, K/32, 32, 1]; scale_zeros bf16 [K/group, N, 2], group_size a multiple of
     32) -> [M, N] bf16. NVIDIA GPUs of compute capability 8.0+. The form (forms_for: those the GPU runs at M rows)
-    and tile are the pair timed fastest for the shape; form (one of forms_for's) and tile (one of its candidates)
-    instead: tests, benchmarks."""
+    and tile are the pair timed fastest for the shape; form (one of forms_for's) instead, with or without tile (one of
+    its candidates): tests, benchmarks."""
     m, k = x.shape
     n = packed.shape[0] * 8
     if not 1 <= m <= MAX_ROWS or packed.shape[1] * 32 != k or x.dtype != torch.bfloat16 or group_size % 32:
         raise ValueError(f"int4_mma takes 1..{MAX_ROWS} bf16 rows of K values and tinygemm's [N/8, K/32, 32, 1] words "
                          f"with groups of a multiple of 32, got x {tuple(x.shape)} {x.dtype}, words "
                          f"{tuple(packed.shape)}, group {group_size}")
+    forms = forms_for(m, x.device)
+    if tile is not None and (form not in forms or tile not in FORMS[form][2]):
+        raise ValueError(f"int4_mma at {m} rows on this GPU takes a tile of one of its forms {forms}, named with it "
+                         f"(form=, tile= one of FORMS[form]'s candidates), got form {form!r}, tile {tile}")
+    if form is not None and form not in forms:
+        raise ValueError(f"int4_mma at {m} rows on this GPU runs the forms {forms}, got form {form!r}")
     x = x.contiguous()  # the kernel addresses row m at m K
     block_m = max(16, triton.next_power_of_2(m))  # x rows a program copies (mma.sync's W x^T multiplies the first 8)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
 
     def launch(choice: tuple[str, Tile]) -> torch.Tensor:
-        form, (nb, tk, warps, programs_per_sm, stages) = choice
-        weight_a, wgmma, _, _ = FORMS[form]
+        chosen_form, (nb, tk, warps, programs_per_sm, stages) = choice
+        weight_a, wgmma, _, _ = FORMS[chosen_form]
         block_n, block_k = 8 * nb * warps, 32 * tk
         plan = plan_split_k(m, n, k, block_m, block_n, block_k, programs_per_sm, x.device)
         target = plan.partial_sums(out)
@@ -325,9 +333,9 @@ def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, g
             WEIGHT_A=weight_a, WGMMA=wgmma, num_warps=warps)
         return reduce_splits(target, out, None, None, bias) if split else out
 
-    forms = [form] if form else forms_for(m, x.device)
     if tile is not None:
-        return launch((forms[0], tile))
+        return launch((form, tile))
+    forms = [form] if form else forms
     limit = shared_memory_limit(x.device)
     choices = [(f, t) for f in forms for t in tiles_that_fit(limit, block_m, group_size, FORMS[f][2])]
     first_default = FORMS[forms[0]][3]

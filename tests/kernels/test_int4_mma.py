@@ -117,12 +117,14 @@ def test_tiles_are_those_the_gpus_shared_memory_holds():
 
 
 @gpu_only
-@pytest.mark.parametrize("m", [1, 5, 8, 16, 33, 64])
-@pytest.mark.parametrize("n, k, group_size", [(72, 576, 32), (64, 640, 128), (136, 768, 256), (4096, 14336, 32)])
+@pytest.mark.parametrize("m", [1, 5, 8, 16, 17, 33, 64])
+@pytest.mark.parametrize("n, k, group_size", [(72, 576, 32), (64, 640, 128), (136, 768, 256), (4096, 14336, 32),
+                                              (72, 576, 96)])
 def test_int4_mma_every_tile_against_the_reference(n, k, group_size, m):
     """Partial column blocks (72, 136), tile counts that are not a multiple of a step's tiles (18-24), groups of
-    32-256, the down projection's K (split K), padding rows; bias or not; every form the GPU runs at m rows (1-8 rows
-    W x^T; above, x W^T and, on Hopper, W x^T through wgmma)."""
+    32-256 and of 96 (a step of 2 or 4 tiles crosses a group's end), the down projection's K (split K), padding rows;
+    bias or not; every form the GPU runs at m rows (1-8 rows W x^T; above, x W^T and, on Hopper, W x^T through wgmma,
+    whose rows past M sit in a block of 16, 32 or 64)."""
     from fasterllm.kernels.int4_mma import FORMS, forms_for, int4_mma
 
     _, packed, scale_zeros, weight = int4_weight(n, k, group_size)
@@ -172,3 +174,8 @@ def test_int4_mma_refuses_what_it_cannot_read():
         int4_mma(torch.randn(MAX_ROWS + 1, 128, device=DEVICE).to(torch.bfloat16), packed, scale_zeros, 32)
     with pytest.raises(ValueError, match="bf16 rows"):
         int4_mma(torch.randn(2, 96, device=DEVICE).to(torch.bfloat16), packed, scale_zeros, 32)
+    rows = torch.randn(16, 128, device=DEVICE).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="named with it"):  # a tile means nothing without its form
+        int4_mma(rows, packed, scale_zeros, 32, tile=(2, 2, 4, 4, 4))
+    with pytest.raises(ValueError, match="runs the forms"):  # mma.sync's W x^T multiplies 8 rows at most
+        int4_mma(rows, packed, scale_zeros, 32, form="w_xt")
