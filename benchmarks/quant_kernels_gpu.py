@@ -7,10 +7,12 @@ matmul, measured in the same run (one GPU call answers both "is it right" and "h
 Each line: kernel, shape, GPU time (see time_it: CUDA graphs, L2 flushed before every call), GB/s of weight bytes
 read (scales included) and the speed-up over bf16 F.linear of the same shape, and the worst error against its
 reference relative to the output's largest value (NaN fails). "int4" is the layer the engine builds for bf16
-(tinygemm's layout on NVIDIA GPUs of compute capability 8.0+: torch's kernel up to 4 rows, ours above),
-"int4-rows" the row-major layout of fp16 and fp32 models; at one row "int8" is int8_gemv.py's Gluon kernel on
-NVIDIA GPUs and "gemv-int8" gemv.py's Triton kernel on the same codes. A kernel that raises prints its error and the
-run goes on. Random weights (std 0.02) and activations; bf16.
+(tinygemm's layout on NVIDIA GPUs of compute capability 8.0+: int4_gemv.py's Gluon kernel at one row, int4_mma.py's
+at 2-64 rows; where Triton has no Gluon, torch's kernel up to 4 rows and our Triton kernel above), "int4-rows" the
+row-major layout of fp16 and fp32 models, "int4:FORM" (2-64 rows, where Triton has Gluon) each form of int4_mma.py
+the GPU runs at those rows with its tile timed fastest ("int4" takes the fastest form); at one row "int8" is
+int8_gemv.py's Gluon kernel on NVIDIA GPUs and "gemv-int8" gemv.py's Triton kernel on the same codes. A kernel that
+raises prints its error and the run goes on. Random weights (std 0.02) and activations; bf16.
 """
 from __future__ import annotations
 
@@ -31,6 +33,11 @@ from fasterllm.layers.norm import RMSNorm
 from fasterllm.layers.quantization.gpu import FP8Linear, Int4GPULinear
 from fasterllm.layers.quantization.int4 import GROUP_SIZE, quantize_int4_grouped
 from fasterllm.layers.quantization.int8 import quantize_int8_per_channel
+
+try:
+    from fasterllm.kernels import int4_mma
+except ImportError:  # Triton without Gluon: no "int4:FORM" rows
+    int4_mma = None
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (2 * 14336, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}
@@ -130,6 +137,11 @@ def bench_layer(layer: str, n: int, k: int, rows: list[int]) -> None:
         if fp8 is not None:  # Hopper only: the line above said why it is missing
             cases["fp8"] = (lambda: fp8(x), lambda: x.float() @ (fp8.qweight.float() * fp8.scales.t()).t(),
                             n * k + 4 * n)
+        if int4_mma is not None and int4.tinygemm and 2 <= m <= int4_mma.MAX_ROWS:  # each form of the Gluon kernel
+            for form in int4_mma.forms_for(m, x.device):
+                cases[f"int4:{form}"] = (
+                    lambda form=form: int4_mma.int4_mma(x, int4.qweight, int4.scale_zeros, int4.group_size, form=form),
+                    lambda: x.float() @ int4_weight.t(), n * k // 2 + 4 * n * k // GROUP_SIZE)
         if m == 1:  # the matrix-vector kernel on the bf16 weight itself, against cuBLAS (the bf16 row)
             cases["gemv-bf16"] = (lambda: gemv.gemv(x, weight),
                                   lambda: (x.float() @ weight.float().t()).to(x.dtype), 2 * n * k)
