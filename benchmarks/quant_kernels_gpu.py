@@ -110,6 +110,7 @@ def bench_layer(layer: str, n: int, k: int, rows: list[int]) -> None:
     int4_weight = (tinygemm_reference(codes, int4.scale_zeros, GROUP_SIZE) if int4.tinygemm
                    else dequantize_reference(q4, s4, m4, GROUP_SIZE))
     del codes
+    int4_bytes = n * k // 2 + 4 * n * k // GROUP_SIZE  # codes, and a 4-byte scale and zero a group
     try:
         fp8 = FP8Linear.from_float(weight, None)
     except ValueError as exc:  # not a Hopper GPU: the fp8 rows print this
@@ -124,10 +125,9 @@ def bench_layer(layer: str, n: int, k: int, rows: list[int]) -> None:
         cases = {
             "int8": (lambda: weight_only_matmul(x, q8, s8), lambda: weight_only_matmul_reference(x, q8, s8),
                      n * k + 4 * n),
-            "int4": (lambda: int4.matmul(x), lambda: x.float() @ int4_weight.t(), n * k // 2 + 4 * n * k // GROUP_SIZE),
+            "int4": (lambda: int4.matmul(x), lambda: x.float() @ int4_weight.t(), int4_bytes),
             "int4-rows": (lambda: weight_only_matmul(x, q4, s4, None, m4, GROUP_SIZE),
-                          lambda: weight_only_matmul_reference(x, q4, s4, None, m4, GROUP_SIZE),
-                          n * k // 2 + 4 * n * k // GROUP_SIZE),
+                          lambda: weight_only_matmul_reference(x, q4, s4, None, m4, GROUP_SIZE), int4_bytes),
             "w8a8": (lambda: int8_gemm(*quantize_per_token(x), q8, s8, None, x.dtype),
                      lambda: int8_gemm_reference(*quantize_per_token_reference(x), q8, s8, None, x.dtype),
                      n * k + 4 * n),
@@ -141,7 +141,7 @@ def bench_layer(layer: str, n: int, k: int, rows: list[int]) -> None:
             for form in int4_mma.forms_for(m, x.device):
                 cases[f"int4:{form}"] = (
                     lambda form=form: int4_mma.int4_mma(x, int4.qweight, int4.scale_zeros, int4.group_size, form=form),
-                    lambda: x.float() @ int4_weight.t(), n * k // 2 + 4 * n * k // GROUP_SIZE)
+                    lambda: x.float() @ int4_weight.t(), int4_bytes)
         if m == 1:  # the matrix-vector kernel on the bf16 weight itself, against cuBLAS (the bf16 row)
             cases["gemv-bf16"] = (lambda: gemv.gemv(x, weight),
                                   lambda: (x.float() @ weight.float().t()).to(x.dtype), 2 * n * k)

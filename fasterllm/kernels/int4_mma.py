@@ -34,6 +34,8 @@ GPU tests run the kernel against tinygemm_reference and torch's kernel.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -259,9 +261,19 @@ WEIGHT_A_DEFAULT = (4, 2, 4, 4, 4)
 # projections at 16-64 rows on an H200 (benchmarks/RESULTS.md), the third a narrower tile for other shapes
 WGMMA_CANDIDATES = [(4, 4, 4, 2, 4), (2, 4, 4, 4, 4), (4, 2, 4, 4, 4)]
 WGMMA_DEFAULT = (4, 4, 4, 2, 4)
-# the kernel's forms: (W x^T?, through wgmma?, its candidates, its default)
-FORMS = {"w_xt": (True, False, WEIGHT_A_CANDIDATES, WEIGHT_A_DEFAULT), "x_wt": (False, False, CANDIDATES, DEFAULT),
-         "w_xt_wgmma": (True, True, WGMMA_CANDIDATES, WGMMA_DEFAULT)}
+
+
+class Form(NamedTuple):
+    """One way the kernel multiplies: W x^T or x W^T, through wgmma or mma.sync, and the tiles it is timed over."""
+    weight_a: bool
+    wgmma: bool
+    candidates: list[tuple[int, int, int, int, int]]
+    default: tuple[int, int, int, int, int]
+
+
+FORMS = {"w_xt": Form(True, False, WEIGHT_A_CANDIDATES, WEIGHT_A_DEFAULT),
+         "x_wt": Form(False, False, CANDIDATES, DEFAULT),
+         "w_xt_wgmma": Form(True, True, WGMMA_CANDIDATES, WGMMA_DEFAULT)}
 
 
 def forms_for(m: int, device: torch.device) -> list[str]:
@@ -310,9 +322,9 @@ def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, g
                          f"with groups of a multiple of 32, got x {tuple(x.shape)} {x.dtype}, words "
                          f"{tuple(packed.shape)}, group {group_size}")
     forms = forms_for(m, x.device)
-    if tile is not None and (form not in forms or tile not in FORMS[form][2]):
+    if tile is not None and (form not in forms or tile not in FORMS[form].candidates):
         raise ValueError(f"int4_mma at {m} rows on this GPU takes a tile of one of its forms {forms}, named with it "
-                         f"(form=, tile= one of FORMS[form]'s candidates), got form {form!r}, tile {tile}")
+                         f"(form=, tile= one of FORMS[form].candidates), got form {form!r}, tile {tile}")
     if form is not None and form not in forms:
         raise ValueError(f"int4_mma at {m} rows on this GPU runs the forms {forms}, got form {form!r}")
     x = x.contiguous()  # the kernel addresses row m at m K
@@ -321,7 +333,7 @@ def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, g
 
     def launch(choice: tuple[str, Tile]) -> torch.Tensor:
         chosen_form, (nb, tk, warps, programs_per_sm, stages) = choice
-        weight_a, wgmma, _, _ = FORMS[chosen_form]
+        kind = FORMS[chosen_form]
         block_n, block_k = 8 * nb * warps, 32 * tk
         plan = plan_split_k(m, n, k, block_m, block_n, block_k, programs_per_sm, x.device)
         target = plan.partial_sums(out)
@@ -330,14 +342,14 @@ def int4_mma(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, g
             x, packed, scale_zeros.view(torch.int32), bias if bias is not None else out, target, m, n, k,
             plan.k_per_split // 32, GROUP=group_size, BM=block_m, NB=nb, TK=tk, WARPS=warps,
             STAGES=stages, EVEN=n % block_n == 0 and k % block_k == 0, SPLIT=split, HAS_BIAS=bias is not None,
-            WEIGHT_A=weight_a, WGMMA=wgmma, num_warps=warps)
+            WEIGHT_A=kind.weight_a, WGMMA=kind.wgmma, num_warps=warps)
         return reduce_splits(target, out, None, None, bias) if split else out
 
     if tile is not None:
         return launch((form, tile))
     forms = [form] if form else forms
     limit = shared_memory_limit(x.device)
-    choices = [(f, t) for f in forms for t in tiles_that_fit(limit, block_m, group_size, FORMS[f][2])]
-    first_default = FORMS[forms[0]][3]
-    default = (forms[0], first_default) if (forms[0], first_default) in choices else choices[0]
+    choices = [(f, t) for f in forms for t in tiles_that_fit(limit, block_m, group_size, FORMS[f].candidates)]
+    default = (forms[0], FORMS[forms[0]].default)
+    default = default if default in choices else choices[0]
     return launch(timed_tile(("int4_mma", n, k, group_size, block_m, tuple(forms), x.device), launch, choices, default))

@@ -131,7 +131,7 @@ def test_int4_mma_every_tile_against_the_reference(n, k, group_size, m):
     x = torch.randn(m, k, device=DEVICE).to(torch.bfloat16)
     bias = torch.randn(n, device=DEVICE).to(torch.bfloat16)
     for form in forms_for(m, DEVICE):
-        for tile in FORMS[form][2]:
+        for tile in FORMS[form].candidates:
             for b in (None, bias):
                 expected = x.float() @ weight.t() + (0 if b is None else b.float())
                 got = int4_mma(x, packed, scale_zeros, group_size, b, tile=tile, form=form)
